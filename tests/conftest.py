@@ -1,0 +1,66 @@
+"""Shared fixtures: a real GCS emulator on loopback, and the pipeline run once on the embedded dump."""
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """Starts `gcp-storage-emulator` on loopback and points every GCS client at it.
+
+    Yields a function that returns a fresh `gs://` prefix in the emulator's bucket.
+    """
+    port = _free_port()
+    bucket = "wikisim-test"
+    proc = subprocess.Popen(
+        [
+            os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator"),
+            "start", "--host", "127.0.0.1", "--port", str(port),
+            "--in-memory", "--default-bucket", bucket,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise RuntimeError("gcp-storage-emulator did not start")
+            time.sleep(0.2)
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+    try:
+        yield lambda: f"gs://{bucket}/{uuid.uuid4().hex}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if previous is None:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+        else:
+            os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture(scope="session")
+def embedded_pipeline_output(tmp_path_factory) -> Path:
+    """The pipeline's outputs on the embedded real Wikipedia excerpt (DirectRunner), run once per session."""
+    from pipeline import run as pipeline_run
+
+    out = tmp_path_factory.mktemp("pipeline-out")
+    pipeline_run.main(["--output", str(out), "--runner", "DirectRunner"])
+    return out
