@@ -1,0 +1,58 @@
+"""One way to encode sentences: objects with `encode(list[str]) -> np.ndarray`.
+
+`SavedModelEncoder` loads the trainer's export (`<model-dir>/encoder`), whose
+`serving_default` signature maps a 1-D tf.string tensor of raw sentences to
+`{"embeddings": float32 [n, d]}`; tokenisation and the vocabulary live inside the graph.
+"""
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import tensorflow as tf
+
+SIGNATURE = "serving_default"
+OUTPUT_KEY = "embeddings"
+INPUT_KEY = "sentences"
+
+
+@runtime_checkable
+class SentenceEncoder(Protocol):
+    """Anything that turns sentences into float32 [n, d] vectors."""
+
+    name: str
+
+    def encode(self, sentences: list[str]) -> np.ndarray: ...
+
+
+def _encoder_dir(path: str) -> str:
+    """Accepts the SavedModel folder itself or the model dir holding `encoder/`."""
+    path = str(path)
+    if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    nested = os.path.join(path, "encoder")
+    if tf.io.gfile.exists(os.path.join(nested, "saved_model.pb")):
+        return nested
+    raise FileNotFoundError(f"no SavedModel encoder at {path} (nor at {nested})")
+
+
+class SavedModelEncoder:
+    """Encodes with an exported encoder SavedModel, in batches of `batch_size` sentences."""
+
+    def __init__(self, path: str, name: str | None = None, batch_size: int = 512):
+        self.path = _encoder_dir(path)
+        self.name = name or os.path.basename(os.path.dirname(self.path.rstrip("/"))) or "saved"
+        self.batch_size = batch_size
+        self._module = tf.saved_model.load(self.path)
+        self._serve = self._module.signatures[SIGNATURE]
+        self.dim = int(self._module.embedding_dim.numpy())
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        if not sentences:
+            return np.zeros((0, self.dim), np.float32)
+        chunks = []
+        for start in range(0, len(sentences), self.batch_size):
+            batch = tf.constant(list(sentences[start:start + self.batch_size]), dtype=tf.string)
+            chunks.append(self._serve(**{INPUT_KEY: batch})[OUTPUT_KEY].numpy())
+        return np.concatenate(chunks).astype(np.float32, copy=False)
