@@ -1,0 +1,204 @@
+"""Multistream dumps: the index -> byte ranges of whole bz2 streams, and writing such dumps.
+
+Wikimedia publishes `pages-articles-multistream.xml.bz2` as thousands of independent bz2
+streams (the first holds the `<siteinfo>` header, then 100 pages per stream, the last holds
+`</mediawiki>`), with `...-multistream-index.txt.bz2` whose lines are `offset:page_id:title`.
+Every stream is decodable on its own, so a worker can seek to its offset and read it without
+the rest of the file; `plan_read_units` turns the index into such ranges, and
+`pipeline.dumps.decode_pages` decodes one. The pages of a range are parsed one by one (each
+`<page>` element alone, via mwxml), so a range needs no header of its own.
+
+`write_multistream_dump` produces the same layout from any page source; tests and the benchmark
+use it to turn the embedded excerpt into a real multistream file with its index.
+"""
+from __future__ import annotations
+
+import bz2
+import io
+import os
+import posixpath
+import re
+from typing import Iterable, Iterator
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.dumps import (DumpInputError, match_dump_files, open_decompressed, parse_page,
+                            read_chunks, split_pages, _HEADER)
+
+_MULTISTREAM_NAME = re.compile(r"multistream(\d*)\.xml")
+_FOOTER = b"\n</mediawiki>\n"
+
+# One read unit: (dump path, first byte, end byte or None for end of file,
+#                 ((page_id, title), ...) the index lists in it).
+ReadUnit = tuple[str, int, "int | None", tuple[tuple[int, str], ...]]
+
+
+def index_path_for(dump_path: str) -> str | None:
+    """The conventional index name beside a multistream dump, or None if the name is not one.
+
+    `x-pages-articles-multistream.xml.bz2` -> `x-pages-articles-multistream-index.txt.bz2`,
+    `x-multistream3.xml-p1p2.bz2` -> `x-multistream-index3.txt-p1p2.bz2` (part files).
+    """
+    directory, name = posixpath.split(dump_path) if "://" in dump_path else os.path.split(dump_path)
+    if not _MULTISTREAM_NAME.search(name) or not name.endswith(".bz2"):
+        return None
+    index_name = _MULTISTREAM_NAME.sub(r"multistream-index\1.txt", name, count=1)
+    return FileSystems.join(directory, index_name) if directory else index_name
+
+
+def find_index(dump_path: str) -> str | None:
+    """The index lying beside a multistream dump, if there is one."""
+    candidate = index_path_for(dump_path)
+    return candidate if candidate is not None and FileSystems.exists(candidate) else None
+
+
+def read_index(index_path: str) -> Iterator[tuple[int, int, str]]:
+    """(offset, page_id, title) per line of a multistream index (bz2 or plain), streamed."""
+    with io.TextIOWrapper(open_decompressed(index_path), encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            line = line.rstrip("\n")
+            if not line:
+                continue
+            try:
+                offset, page_id, title = line.split(":", 2)
+                yield int(offset), int(page_id), title
+            except ValueError as err:
+                raise DumpInputError(f"{index_path} line {number} is not 'offset:page_id:title': "
+                                     f"{line[:200]!r}") from err
+
+
+def plan_read_units(dump_and_index: tuple[str, str | None]) -> Iterator[ReadUnit]:
+    """Read units of one dump file: each bz2 stream range from its index, or the whole file.
+
+    With an index, the bytes before the first indexed offset (the header stream) form a unit
+    of their own, and the last unit runs to the end of the file (taking the footer stream).
+    Holds one stream's index lines at a time.
+    """
+    dump_path, index_path = dump_and_index
+    if index_path is None:
+        yield dump_path, 0, None, ()
+        return
+    (_, size), = match_dump_files(dump_path)
+    start, pages, previous = None, [], -1
+    for offset, page_id, title in read_index(index_path):
+        if offset < previous or offset >= size:
+            raise DumpInputError(f"{index_path}: offset {offset} is out of order or beyond the "
+                                 f"{size} bytes of {dump_path}; is it the index of this dump?")
+        if start is None:
+            if offset > 0:
+                yield dump_path, 0, offset, ()
+            start = offset
+        elif offset != start:
+            yield dump_path, start, offset, tuple(pages)
+            start, pages = offset, []
+        pages.append((page_id, title))
+        previous = offset
+    if start is None:
+        raise DumpInputError(f"multistream index {index_path} is empty")
+    yield dump_path, start, None, tuple(pages)
+
+
+def dump_parts(source_path: str) -> tuple[bytes, Iterator[bytes]]:
+    """A dump's `<mediawiki>...</siteinfo>` header and an iterator over its `<page>` elements."""
+    failures: list[BaseException] = []
+    stream = open_decompressed(source_path)
+    segments = split_pages(read_chunks(stream, failures))
+    header = b""
+    first_page = None
+    for segment in segments:
+        if segment.kind == "outside":
+            match = _HEADER.search(segment.data)
+            header = header or (match.group(0) if match else b"")
+            continue
+        first_page = segment.data
+        break
+    if not header:
+        stream.close()
+        raise DumpInputError(f"{source_path} has no MediaWiki header")
+
+    def pages() -> Iterator[bytes]:
+        with stream:
+            if first_page is not None:
+                yield first_page
+            for segment in segments:
+                if segment.kind != "outside":
+                    yield segment.data
+        if failures:
+            raise DumpInputError(f"{source_path}: {failures[0]}")
+
+    return header, pages()
+
+
+_ID = re.compile(rb"<id>\s*\d+\s*</id>")
+_TITLE = re.compile(rb"<title>([^<]*)</title>")
+
+
+def renumber_page(page_xml: bytes, copy: int, id_stride: int) -> bytes:
+    """The page as its `copy`-th duplicate: page id + copy * id_stride, title + " (copy N)".
+
+    Copy 0 is the page unchanged. Used to build larger dumps from a real excerpt.
+    """
+    if copy == 0:
+        return page_xml
+    match = _ID.search(page_xml)
+    page_id = int(re.search(rb"\d+", match.group(0)).group(0))
+    page_xml = page_xml[:match.start()] + b"<id>%d</id>" % (page_id + copy * id_stride) + page_xml[match.end():]
+    return _TITLE.sub(lambda m: b"<title>%s (copy %d)</title>" % (m.group(1), copy), page_xml, count=1)
+
+
+def write_multistream_dump(header: bytes, pages: Iterable[bytes], dump_path: str,
+                           index_path: str, pages_per_stream: int = 100) -> int:
+    """Writes pages as a multistream `.xml.bz2` (header stream, page streams, footer stream)
+    and its `offset:page_id:title` index (bz2), local or gs://. Returns the number of streams.
+
+    Each page's id and title for the index come from parsing it with `parse_page`.
+    """
+    streams = 0
+    index_lines = []
+    with FileSystems.create(dump_path, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        offset = 0
+
+        def write_stream(data: bytes) -> int:
+            compressed = bz2.compress(data)
+            out.write(compressed)
+            return len(compressed)
+
+        offset += write_stream(header + b"\n")
+        batch: list[bytes] = []
+
+        def flush() -> int:
+            nonlocal streams
+            for page_xml in batch:
+                page = parse_page(page_xml, dump_path)
+                index_lines.append(f"{offset}:{page.page_id}:{page.title}\n")
+            streams += 1
+            return write_stream(b"".join(b"  " + page_xml + b"\n" for page_xml in batch))
+
+        for page_xml in pages:
+            batch.append(page_xml)
+            if len(batch) == pages_per_stream:
+                offset += flush()
+                batch = []
+        if batch:
+            offset += flush()
+        write_stream(_FOOTER)
+    with FileSystems.create(index_path, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        out.write(bz2.compress("".join(index_lines).encode("utf-8")))
+    return streams
+
+
+def write_plain_dump(header: bytes, pages: Iterable[bytes], dump_path: str) -> None:
+    """Writes pages as one ordinary dump (a single bz2 stream for `.bz2`, else plain XML)."""
+    with FileSystems.create(dump_path, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        compressor = bz2.BZ2Compressor() if dump_path.endswith(".bz2") else None
+
+        def write(data: bytes) -> None:
+            out.write(compressor.compress(data) if compressor else data)
+
+        write(header + b"\n")
+        for page_xml in pages:
+            write(b"  " + page_xml + b"\n")
+        write(_FOOTER)
+        if compressor:
+            out.write(compressor.flush())

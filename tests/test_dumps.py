@@ -1,0 +1,106 @@
+"""Reading dumps: the pages match mwxml's own reading of the real excerpt; bad inputs name the path."""
+import bz2
+
+import apache_beam as beam
+import mwxml
+import pytest
+from dump_support import as_tuples, run_read
+
+from pipeline import multistream
+from pipeline.dumps import (DumpInputError, Page, ReadDumpPages, check_input, decode_pages,
+                            embedded_dump_path, split_pages)
+
+
+def reference_pages(path: str) -> list[tuple]:
+    """The excerpt as mwxml reads it in one pass over the whole file (no page splitting)."""
+    with bz2.open(path, "rt", encoding="utf-8") as stream:
+        pages = []
+        for page in mwxml.Dump.from_file(stream):
+            revision = list(page)[-1]
+            pages.append((page.id, page.title, page.namespace, page.redirect, revision.text or ""))
+        return pages
+
+
+@pytest.fixture(scope="module")
+def embedded_reference():
+    return reference_pages(embedded_dump_path())
+
+
+def test_decode_pages_matches_mwxml_whole_file_reading(embedded_reference):
+    items = list(decode_pages(embedded_dump_path()))
+    assert all(isinstance(item, Page) for item in items)
+    assert as_tuples(items) == embedded_reference
+    assert {p.source for p in items} == {embedded_dump_path()}
+    assert len(embedded_reference) == 206
+    assert sum(1 for p in items if p.redirect) == 100
+
+
+def test_read_dump_pages_transform_yields_every_page_and_counts_them(tmp_path, embedded_reference):
+    pages, dead, counters = run_read(embedded_dump_path(), str(tmp_path / "out"))
+    assert as_tuples(pages) == sorted(embedded_reference)
+    assert dead == []
+    assert counters["pages_read"] == len(embedded_reference)
+
+
+def test_glob_of_plain_xml_and_bz2_parts(tmp_path, embedded_reference):
+    header, page_iter = multistream.dump_parts(embedded_dump_path())
+    page_bytes = list(page_iter)
+    multistream.write_plain_dump(header, page_bytes[:80], str(tmp_path / "part1.xml"))
+    multistream.write_plain_dump(header, page_bytes[80:], str(tmp_path / "part2.xml.bz2"))
+    pages, dead, counters = run_read(str(tmp_path / "part*"), str(tmp_path / "out"))
+    assert as_tuples(pages) == sorted(embedded_reference)
+    assert {p.source for p in pages} == {str(tmp_path / "part1.xml"), str(tmp_path / "part2.xml.bz2")}
+    assert dead == [] and counters["pages_read"] == 206
+
+
+def test_split_pages_holds_pages_whole_across_chunk_boundaries():
+    data = b"<mediawiki><siteinfo></siteinfo>\n<page>a</page>\n<page>bb</page></mediawiki>"
+    chunks = [data[i:i + 3] for i in range(0, len(data), 3)]
+    segments = list(split_pages(chunks))
+    assert [(s.kind, s.data) for s in segments] == [
+        ("outside", b"<mediawiki><siteinfo></siteinfo>\n"), ("page", b"<page>a</page>"),
+        ("outside", b"\n"), ("page", b"<page>bb</page>"), ("outside", b"</mediawiki>")]
+    assert all(data[s.offset:s.offset + len(s.data)] == s.data for s in segments)
+
+
+def test_split_pages_separates_a_page_that_never_closes():
+    data = b"<page>one<page>two</page>"
+    assert [(s.kind, s.data) for s in split_pages([data])] == [
+        ("unterminated", b"<page>one"), ("page", b"<page>two</page>")]
+
+
+def test_missing_path_and_empty_glob_name_the_input(tmp_path):
+    missing = str(tmp_path / "nope.xml.bz2")
+    with pytest.raises(DumpInputError, match="nope.xml.bz2"):
+        check_input(missing)
+    with pytest.raises(DumpInputError, match=r"dump-\*\.xml"):
+        check_input(str(tmp_path / "dump-*.xml"))
+
+
+def test_not_a_mediawiki_dump_names_the_file(tmp_path):
+    bogus = tmp_path / "notes.xml.bz2"
+    bogus.write_bytes(bz2.compress(b"<html><body>hello</body></html>"))
+    with pytest.raises(DumpInputError, match="notes.xml.bz2.*not a MediaWiki"):
+        check_input(str(bogus))
+    plain_text = tmp_path / "plain.xml.bz2"
+    plain_text.write_bytes(b"this is not bz2 at all")
+    with pytest.raises(DumpInputError, match="plain.xml.bz2"):
+        check_input(str(plain_text))
+
+
+def test_empty_dump_names_the_file(tmp_path):
+    header, _ = multistream.dump_parts(embedded_dump_path())
+    empty = tmp_path / "empty.xml.bz2"
+    multistream.write_plain_dump(header, [], str(empty))
+    with pytest.raises(DumpInputError, match="empty.xml.bz2.*empty"):
+        check_input(str(empty))
+    zero_bytes = tmp_path / "zero.xml"
+    zero_bytes.write_bytes(b"")
+    with pytest.raises(DumpInputError, match="zero.xml"):
+        check_input(str(zero_bytes))
+
+
+def test_read_dump_pages_fails_at_construction_on_bad_input(tmp_path):
+    with pytest.raises(DumpInputError, match="absent.xml"):
+        with beam.Pipeline(runner="DirectRunner") as pipeline:
+            _ = pipeline | ReadDumpPages(str(tmp_path / "absent.xml"))
