@@ -1,0 +1,244 @@
+"""Scores QS3M subtopic clustering against unsupervised baselines, as in the second seed's Table 1.
+
+Each test-split article is a query; its passages are clustered by average-link agglomerative
+clustering into k = the true number of clusters, on a distance that each method supplies:
+embedding Euclidean (the reference), embedding cosine, TF-IDF cosine, LDA topics with the
+Jensen-Shannon divergence, and 1 - predicted similarity for every trained QS3M / QSS /
+QS3M-no-q model. ARI is macro-averaged over queries and each method is compared with the
+reference by a paired t-test, on the flat (top-level section) and hierarchical (heading path)
+benchmarks.
+
+    python -m eval.qs3m --passages 'OUT/passages/*.jsonl.gz' --model-dir MODEL_DIR --output EVAL_DIR
+
+Writes `qs3m.json`, `qs3m.md` and `qs3m-<labeling>.png` (per-query ARI helps / hurts) to
+`--output`, local or gs://.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from scipy import stats
+from scipy.special import rel_entr
+from sklearn.cluster import AgglomerativeClustering
+from sklearn.decomposition import LatentDirichletAllocation
+from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
+from tqdm import tqdm
+
+from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, SentenceEncoder, embed_queries, load_model,
+                        parser_for, read_bytes, read_queries, similarity_matrix, write_bytes)
+from model.qs3m_pairs import LABELINGS, Query
+
+REFERENCE = "embedding Euclidean"
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """Every flag of `python -m eval.qs3m` (flag = field name with dashes)."""
+
+    passages: str = ""
+    model_dir: str = ""
+    output: str = ""
+    split: str = "test"
+    encoder: str = "from-model"
+    lda_topics: int = 20
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- clustering and scoring
+
+def cluster(distances: np.ndarray, num_clusters: int) -> np.ndarray:
+    """Average-link agglomerative clustering of a precomputed distance matrix into `num_clusters`."""
+    distances = np.clip((distances + distances.T) / 2.0, 0.0, None)
+    np.fill_diagonal(distances, 0.0)
+    return AgglomerativeClustering(n_clusters=num_clusters, metric="precomputed", linkage="average").fit_predict(distances)
+
+
+def jensen_shannon_divergences(topic_mixtures: np.ndarray) -> np.ndarray:
+    """Pairwise JS divergence in bits (in [0, 1]) from scipy's `rel_entr`.
+
+    Not `pdist(..., "jensenshannon") ** 2`: that distance takes a square root of a rounding-level
+    negative for near-identical topic mixtures (common with LDA) and returns NaN.
+    """
+    first, second = topic_mixtures[:, None, :], topic_mixtures[None, :, :]
+    middle = (first + second) / 2.0
+    divergence = (rel_entr(first, middle) + rel_entr(second, middle)).sum(axis=-1) / (2.0 * np.log(2.0))
+    return np.clip(divergence, 0.0, 1.0)
+
+
+def compare_with_reference(scores: dict[str, list[float]], reference: str = REFERENCE) -> dict[str, dict[str, Any]]:
+    """Macro-averaged ARI per method and a paired t-test of each method against the reference."""
+    base = np.asarray(scores[reference])
+    summary = {}
+    for method, values in scores.items():
+        values = np.asarray(values)
+        difference = values - base
+        row = {"ari": float(values.mean()), "sem": float(stats.sem(values)) if len(values) > 1 else None,
+               "delta": float(difference.mean()), "helps": int((difference > 1e-9).sum()),
+               "hurts": int((difference < -1e-9).sum()), "ties": int((np.abs(difference) <= 1e-9).sum()),
+               "t": None, "p": None}
+        if method != reference and len(values) > 1 and np.any(np.abs(difference) > 1e-12):
+            test = stats.ttest_rel(values, base)
+            row["t"], row["p"] = float(test.statistic), float(test.pvalue)
+        summary[method] = row
+    return summary
+
+
+# ---------------------------------------------------------------- distance methods
+
+DistanceFn = Callable[[int], np.ndarray]  # query index -> passage distance matrix
+
+
+def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], np.ndarray],
+                     corpus: list[str], lda_topics: int, seed: int) -> dict[str, DistanceFn]:
+    """The four unsupervised baselines; TF-IDF and LDA are fitted on every passage of the file (no labels)."""
+    tfidf = TfidfVectorizer(sublinear_tf=True).fit(corpus)
+    counts = CountVectorizer(stop_words="english").fit(corpus)
+    lda = LatentDirichletAllocation(n_components=lda_topics, random_state=seed).fit(counts.transform(corpus))
+    return {
+        REFERENCE: lambda i: euclidean_distances(passage_vectors(i)),
+        "embedding cosine": lambda i: cosine_distances(passage_vectors(i)),
+        "TF-IDF cosine": lambda i: cosine_distances(tfidf.transform(queries[i].passages)),
+        "LDA + JS divergence": lambda i: jensen_shannon_divergences(
+            lda.transform(counts.transform(queries[i].passages))),
+    }
+
+
+def model_methods(model_dir: str, trained: dict[str, dict[str, Any]], embeddings) -> dict[str, DistanceFn]:
+    """1 - predicted same-cluster probability for each model listed in the model dir's config.json."""
+    methods = {}
+    for name, spec in trained.items():
+        model = load_model(f"{model_dir.rstrip('/')}/{spec['path']}")
+        label = MODEL_LABELS[spec["kind"]] + (f" ({spec['query']})" if spec["query"] else "")
+        query_table = embeddings.queries[spec["query"] or "P"]
+        methods[label] = (lambda i, model=model, kind=spec["kind"], table=query_table:
+                          1.0 - similarity_matrix(model, kind, embeddings.passages_of(i), table[i]))
+    return methods
+
+
+# ---------------------------------------------------------------- report
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """Rows = methods, columns = ARI and p per benchmark; p from the paired t-test vs the reference."""
+    def cell(row: dict[str, Any]) -> str:
+        sem = f" ± {row['sem']:.3f}" if row["sem"] is not None else ""
+        marker = "†" if row["p"] is not None and row["p"] < 0.05 else ""
+        return f"{row['ari']:.3f}{sem}{marker}"
+
+    def p_cell(row: dict[str, Any]) -> str:
+        return "—" if row["p"] is None else f"{row['p']:.3g}"
+
+    benchmarks = [b for b in LABELINGS if results["benchmarks"][b]["methods"]]
+    lines = [
+        f"QS3M subtopic clustering, split `{results['split']}`, encoder `{results['encoder']}`; "
+        "ARI macro-averaged over queries (± standard error); † = p < 0.05 in a paired t-test "
+        f"against {REFERENCE}.",
+        "",
+        "| Method | " + " | ".join(f"{b} ARI (n={results['benchmarks'][b]['queries']}) | {b} Δ | {b} p"
+                                  for b in benchmarks) + " |",
+        "|---|" + "---:|---:|---:|" * len(benchmarks),
+    ]
+    for method in results["benchmarks"][benchmarks[0]]["methods"] if benchmarks else []:
+        cells = []
+        for benchmark in benchmarks:
+            row = results["benchmarks"][benchmark]["methods"][method]
+            cells += [cell(row), f"{row['delta']:+.3f}", p_cell(row)]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def helps_hurts_plot(per_query: dict[str, list[float]], title: str) -> bytes:
+    """PNG: for each method, per-query ARI minus the reference's, sorted; green helps, red hurts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [method for method in per_query if method != REFERENCE]
+    columns = min(4, max(1, len(methods)))
+    rows = -(-len(methods) // columns) or 1
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), squeeze=False, sharey=True)
+    base = np.asarray(per_query[REFERENCE])
+    for axis, method in zip(axes.ravel(), methods):
+        difference = np.sort(np.asarray(per_query[method]) - base)
+        axis.bar(range(len(difference)), difference,
+                 color=["tab:green" if d > 1e-9 else "tab:red" if d < -1e-9 else "tab:gray" for d in difference])
+        axis.axhline(0.0, color="black", linewidth=0.6)
+        axis.set_title(method, fontsize=8)
+        axis.set_xticks([])
+    for axis in axes.ravel()[len(methods):]:
+        axis.set_visible(False)
+    for axis in axes[:, 0]:
+        axis.set_ylabel(f"ARI − {REFERENCE}", fontsize=7)
+    figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- evaluation
+
+def evaluate(config: EvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
+    """Clusters every query of `config.split` with every method and writes JSON, Markdown and PNGs."""
+    trained = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["models"]
+    all_queries, dead_letters = read_queries(config.passages)
+    queries = [query for query in all_queries if query.split == config.split]
+    if not queries:
+        raise ValueError(f"--passages {config.passages!r} has no article in split {config.split!r}")
+    embeddings = embed_queries(queries, encoder)
+    corpus = [passage for query in all_queries for passage in query.passages]
+    methods = {**baseline_methods(queries, embeddings.passages_of, corpus, config.lda_topics, config.seed),
+               **model_methods(config.model_dir, trained, embeddings)}
+    distances = {method: [] for method in methods}
+    for index in tqdm(range(len(queries)), desc="qs3m distances", unit="query"):
+        for method, distance in methods.items():
+            distances[method].append(distance(index))
+    results: dict[str, Any] = {
+        "split": config.split, "encoder": getattr(encoder, "name", type(encoder).__name__),
+        "query_representations": QUERY_REPRESENTATIONS,
+        "articles_per_split": {split: sum(1 for q in all_queries if q.split == split)
+                               for split in ("train", "validation", "test")},
+        "dead_letters": dead_letters, "benchmarks": {},
+    }
+    out = config.output.rstrip("/")
+    for labeling in LABELINGS:
+        usable = [i for i, query in enumerate(queries) if query.num_clusters(labeling) >= 2]
+        per_query = {method: [adjusted_rand_score(queries[i].labels(labeling),
+                                                  cluster(distances[method][i], queries[i].num_clusters(labeling)))
+                              for i in usable] for method in methods}
+        results["benchmarks"][labeling] = {
+            "queries": len(usable), "skipped_single_cluster": len(queries) - len(usable),
+            "article_ids": [queries[i].article_id for i in usable],
+            "methods": compare_with_reference(per_query) if usable else {},
+            "per_query_ari": per_query,
+        }
+        if usable:
+            write_bytes(f"{out}/qs3m-{labeling}.png", helps_hurts_plot(
+                per_query, f"{labeling} benchmark, {len(usable)} {config.split} queries: per-query ARI vs {REFERENCE}"))
+    write_bytes(f"{out}/qs3m.json", json.dumps(results, indent=2).encode())
+    write_bytes(f"{out}/qs3m.md", markdown_table(results).encode())
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    config = EvalConfig(**vars(parser_for(EvalConfig, __doc__.splitlines()[0]).parse_args(argv)))
+    from eval.encoders import load_encoders
+
+    spec = config.encoder
+    if spec == "from-model":
+        spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
+    (encoder,) = load_encoders([spec])
+    results = evaluate(config, encoder)
+    print(markdown_table(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
