@@ -1,0 +1,419 @@
+"""Submits wikisim's stages to Google Cloud, filled from a few variables (project, region, bucket).
+
+    python -m infra.submit {layout,pipeline,scb,train,image,flex} --project P --region R --bucket B [--dry-run]
+
+Each sub-command prints the exact commands it runs, shell-quoted and runnable as printed from the
+repository root; `--dry-run` prints them (and writes the filled Vertex AI spec) without submitting.
+Before anything is printed the Dataflow options pass Beam's own `PipelineOptionsValidator` with the
+DataflowRunner, and the Vertex AI spec parses into the Vertex client's `CustomJobSpec` message, so
+a malformed project, bucket, job name or accelerator fails here, naming the flag, not in the cloud.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import string
+import subprocess
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+INFRA_DIR = Path(__file__).resolve().parent
+REPO_ROOT = INFRA_DIR.parent
+VERTEX_SPECS = {
+    "gpu": INFRA_DIR / "vertex" / "gpu.yaml",
+    "multi-gpu": INFRA_DIR / "vertex" / "multi_gpu.yaml",
+    "tpu": INFRA_DIR / "vertex" / "tpu.yaml",
+}
+FLEX_METADATA = INFRA_DIR / "flex_template.json"
+CLOUD_BUILD = INFRA_DIR / "cloudbuild.yaml"
+GPU_EXTRA_PIP = "tensorflow[and-cuda]"
+TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct6e-")
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    """The variables every submission is filled from; the CLI flags mirror these fields."""
+
+    project: str
+    region: str
+    bucket: str
+    run: str = "enwiki-latest"  # this run's folder: gs://BUCKET/wikisim/RUN/
+    dump: str | None = None  # None: gs://BUCKET/dumps/enwiki-latest-pages-articles-multistream.xml.bz2
+    index: str | None = None  # None: the pipeline looks for the multistream index beside the dump
+    image: str | None = None  # None: REGION-docker.pkg.dev/PROJECT/wikisim/wikisim[-gpu|-tpu]:latest
+    container: bool = False  # Dataflow workers run the image instead of installing setup.py
+    machine_type: str = "n2-standard-4"  # Dataflow worker machine type
+    max_num_workers: int = 32  # Dataflow autoscaling ceiling
+    accelerator: str = "gpu"  # Vertex AI spec: gpu | multi-gpu | tpu
+    variant: str = "cpu"  # image to build: cpu (Dataflow, Flex Template) | gpu (Vertex GPU)
+    dataset: str = "triplets-sen"  # which triplet dataset model.train reads
+    embeddings: str | None = None  # None: gs://BUCKET/vectors/glove.840B.300d.txt
+    spec_dir: str = "build/vertex"  # where the filled Vertex AI spec is written
+
+
+@dataclass(frozen=True)
+class GcsLayout:
+    """Where each stage reads and writes in the bucket (see infra/README.md)."""
+
+    dump: str
+    index: str | None
+    vectors: str
+    data: str
+    scb: str
+    model_dir: str
+    encoder: str
+    eval_scb: str
+    temp: str
+    staging: str
+    template: str
+
+
+def gcs_layout(cfg: CloudConfig) -> GcsLayout:
+    """The bucket layout of one run: inputs under dumps/ and vectors/, outputs under wikisim/RUN/."""
+    bucket = f"gs://{cfg.bucket}"
+    run_root = f"{bucket}/wikisim/{cfg.run}"
+    data = f"{run_root}/data"
+    model_dir = f"{run_root}/models/{cfg.dataset}"
+    return GcsLayout(
+        dump=cfg.dump or f"{bucket}/dumps/enwiki-latest-pages-articles-multistream.xml.bz2",
+        index=cfg.index,
+        vectors=cfg.embeddings or f"{bucket}/vectors/glove.840B.300d.txt",
+        data=data,
+        scb=f"{data}/scb",
+        model_dir=model_dir,
+        encoder=f"{model_dir}/encoder",
+        eval_scb=f"{run_root}/eval/scb",
+        temp=f"{bucket}/wikisim/dataflow/temp",
+        staging=f"{bucket}/wikisim/dataflow/staging",
+        template=f"{bucket}/wikisim/templates/pipeline.json",
+    )
+
+
+def image_uri(cfg: CloudConfig, variant: str) -> str:
+    """The container image for a variant (cpu, gpu, tpu): --image, or one in Artifact Registry."""
+    if cfg.image:
+        return cfg.image
+    name = "wikisim" if variant == "cpu" else f"wikisim-{variant}"
+    return f"{cfg.region}-docker.pkg.dev/{cfg.project}/wikisim/{name}:latest"
+
+
+def job_name(*parts: str) -> str:
+    """A Dataflow / Vertex job name from parts: lower case, [-a-z0-9], starting with a letter."""
+    name = re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+    return name if name[:1].isalpha() else f"wikisim-{name}"
+
+
+def dataflow_options(cfg: CloudConfig, stage: str) -> list[str]:
+    """Beam options that submit one stage to Dataflow: workers get the code from setup.py or the image."""
+    layout = gcs_layout(cfg)
+    options = [
+        "--runner=DataflowRunner",
+        f"--project={cfg.project}",
+        f"--region={cfg.region}",
+        f"--job_name={job_name('wikisim', stage, cfg.run)}",
+        f"--temp_location={layout.temp}",
+        f"--staging_location={layout.staging}",
+        f"--machine_type={cfg.machine_type}",
+        f"--max_num_workers={cfg.max_num_workers}",
+    ]
+    if cfg.container:
+        options.append(f"--sdk_container_image={image_uri(cfg, 'cpu')}")
+    else:
+        options.append("--setup_file=./setup.py")
+    return options
+
+
+def dataflow_option_errors(beam_args: list[str]) -> list[str]:
+    """Beam's own validation of Dataflow options (PipelineOptionsValidator), with no call to the cloud.
+
+    `--dry_run` is Beam's switch that skips the bucket look-ups; bad temp/staging paths are
+    reported first because Beam would otherwise try to create a default bucket online.
+    """
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    options = PipelineOptions([*beam_args, "--dry_run=True"])
+    validator = PipelineOptionsValidator(options, DataflowRunner())
+    cloud = options.view_as(GoogleCloudOptions)
+    path_errors = validator.validate_gcs_path(cloud, "temp_location") + validator.validate_gcs_path(
+        cloud, "staging_location"
+    )
+    return path_errors or validator.validate()
+
+
+def custom_job_spec_errors(spec: dict) -> list[str]:
+    """Why Vertex AI would reject a CustomJobSpec: its schema, via the Vertex client's own message
+    (field names, types, accelerator enum values), then the fields Vertex AI requires."""
+    from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJobSpec
+    from google.protobuf import json_format
+
+    try:
+        message = json_format.ParseDict(spec, CustomJobSpec.pb(CustomJobSpec()))
+    except json_format.ParseError as err:
+        return [f"not a Vertex AI CustomJobSpec: {err}"]
+    pools = message.worker_pool_specs
+    if not pools:
+        return ["workerPoolSpecs is empty: Vertex AI needs at least one worker pool"]
+    errors = []
+    for i, pool in enumerate(pools):
+        where = f"workerPoolSpecs[{i}]"
+        machine = pool.machine_spec
+        if not machine.machine_type:
+            errors.append(f"{where}.machineSpec.machineType is required")
+        if pool.replica_count < 1 or (i == 0 and pool.replica_count != 1):
+            errors.append(f"{where}.replicaCount is {pool.replica_count}: the first pool needs 1, others >= 1")
+        task = pool.WhichOneof("task")
+        if task is None:
+            errors.append(f"{where} needs containerSpec or pythonPackageSpec")
+        elif task == "container_spec" and not pool.container_spec.image_uri:
+            errors.append(f"{where}.containerSpec.imageUri is required")
+        elif task == "python_package_spec":
+            package = pool.python_package_spec
+            if not (package.executor_image_uri and package.package_uris and package.python_module):
+                errors.append(f"{where}.pythonPackageSpec needs executorImageUri, packageUris and pythonModule")
+        has_type = machine.accelerator_type != AcceleratorType.ACCELERATOR_TYPE_UNSPECIFIED
+        if has_type != (machine.accelerator_count > 0):
+            errors.append(f"{where}.machineSpec: acceleratorType and acceleratorCount go together")
+        if machine.machine_type.startswith(TPU_MACHINE_PREFIXES):
+            if len(pools) != 1 or pool.replica_count != 1:
+                errors.append(f"{where}: a TPU VM job has one worker pool with one replica")
+            if machine.machine_type != "cloud-tpu" and not machine.tpu_topology:
+                errors.append(f"{where}.machineSpec.tpuTopology is required for {machine.machine_type}")
+    return errors
+
+
+def flex_metadata_errors(metadata: dict) -> list[str]:
+    """Why `gcloud dataflow flex-template build --metadata-file` would reject the metadata:
+    its schema via the Dataflow client's TemplateMetadata message, then the required fields."""
+    from google.cloud.dataflow_v1beta3.types import TemplateMetadata
+    from google.protobuf import json_format
+
+    try:
+        message = json_format.ParseDict(metadata, TemplateMetadata.pb(TemplateMetadata()))
+    except json_format.ParseError as err:
+        return [f"not Flex Template metadata: {err}"]
+    errors = [] if message.name else ["name is required"]
+    for i, parameter in enumerate(message.parameters):
+        for field in ("name", "label", "help_text"):
+            if not getattr(parameter, field):
+                errors.append(f"parameters[{i}].{field} is required")
+        for regex in parameter.regexes:
+            try:
+                re.compile(regex)
+            except re.error as err:
+                errors.append(f"parameters[{i}] ({parameter.name}) regex {regex!r}: {err}")
+    return errors
+
+
+def fill_placeholders(node, values: dict[str, str], where: str = "spec"):
+    """Replaces ${NAME} in every string of a parsed YAML document; an unknown name is an error."""
+    if isinstance(node, dict):
+        return {key: fill_placeholders(value, values, f"{where}.{key}") for key, value in node.items()}
+    if isinstance(node, list):
+        return [fill_placeholders(value, values, f"{where}[{i}]") for i, value in enumerate(node)]
+    if isinstance(node, str):
+        try:
+            return string.Template(node).substitute(values)
+        except KeyError as err:
+            raise ValueError(f"{where}: no value for placeholder {err}") from None
+    return node
+
+
+def vertex_spec(cfg: CloudConfig) -> dict:
+    """The filled Vertex AI CustomJobSpec for --accelerator, raising ValueError if Vertex would reject it."""
+    if cfg.accelerator not in VERTEX_SPECS:
+        raise ValueError(f"--accelerator {cfg.accelerator!r}: choose one of {sorted(VERTEX_SPECS)}")
+    path = VERTEX_SPECS[cfg.accelerator]
+    layout = gcs_layout(cfg)
+    variant = "tpu" if cfg.accelerator == "tpu" else "gpu"
+    values = {
+        "IMAGE": image_uri(cfg, variant),
+        "DATA": layout.data,
+        "MODEL_DIR": layout.model_dir,
+        "DATASET": cfg.dataset,
+        "EMBEDDINGS": layout.vectors,
+    }
+    spec = fill_placeholders(yaml.safe_load(path.read_text()), values, path.name)
+    errors = custom_job_spec_errors(spec)
+    if errors:
+        raise ValueError(f"{path.relative_to(REPO_ROOT)} filled for this run: " + "; ".join(errors))
+    return spec
+
+
+def checked_dataflow_options(cfg: CloudConfig, stage: str) -> list[str]:
+    options = dataflow_options(cfg, stage)
+    errors = dataflow_option_errors(options)
+    if errors:
+        raise ValueError(
+            "Beam rejects the Dataflow options built from --project/--region/--bucket/--run/"
+            "--machine-type/--max-num-workers: " + "; ".join(errors)
+        )
+    return options
+
+
+def pipeline_commands(cfg: CloudConfig) -> list[list[str]]:
+    """`python -m pipeline.run` on Dataflow: the dump in, triplets, SCB, passages and stats out."""
+    layout = gcs_layout(cfg)
+    command = ["python", "-m", "pipeline.run", "--input", layout.dump]
+    if layout.index:
+        command += ["--index", layout.index]
+    command += ["--output", layout.data]
+    return [command + checked_dataflow_options(cfg, "pipeline")]
+
+
+def scb_commands(cfg: CloudConfig) -> list[list[str]]:
+    """`python -m eval.scb` on Dataflow over the run's SCB, the trained encoder beside the baselines."""
+    layout = gcs_layout(cfg)
+    command = [
+        "python", "-m", "eval.scb",
+        "--scb", layout.scb,
+        "--encoders", f"saved:{cfg.dataset}={layout.encoder}", "mean-vectors", "tfidf",
+        "--output", layout.eval_scb,
+    ]
+    return [command + checked_dataflow_options(cfg, "scb")]
+
+
+def train_commands(cfg: CloudConfig) -> tuple[list[list[str]], dict[Path, str]]:
+    """`gcloud ai custom-jobs create` with the filled spec (returned as a file to write)."""
+    spec = vertex_spec(cfg)
+    spec_path = Path(cfg.spec_dir) / f"{job_name(cfg.run, cfg.accelerator)}.yaml"
+    command = [
+        "gcloud", "ai", "custom-jobs", "create",
+        f"--project={cfg.project}",
+        f"--region={cfg.region}",
+        f"--display-name={job_name('wikisim', 'train', cfg.run, cfg.accelerator)}",
+        f"--config={spec_path}",
+    ]
+    return [command], {spec_path: yaml.safe_dump(spec, sort_keys=False)}
+
+
+def image_commands(cfg: CloudConfig) -> list[list[str]]:
+    """Cloud Build of infra/Dockerfile: `cpu` for Dataflow workers and the Flex Template, `gpu` for Vertex."""
+    if cfg.variant not in ("cpu", "gpu"):
+        raise ValueError(
+            f"--variant {cfg.variant!r}: this repository builds cpu and gpu images; "
+            "the TPU image needs a TPU build of TensorFlow (see infra/README.md)"
+        )
+    extra_pip = GPU_EXTRA_PIP if cfg.variant == "gpu" else ""
+    return [[
+        "gcloud", "builds", "submit", ".",
+        f"--project={cfg.project}",
+        f"--config={CLOUD_BUILD.relative_to(REPO_ROOT)}",
+        f"--substitutions=_IMAGE={image_uri(cfg, cfg.variant)},_EXTRA_PIP={extra_pip}",
+    ]]
+
+
+def flex_commands(cfg: CloudConfig) -> list[list[str]]:
+    """Builds the Flex Template spec from the cpu image and launches the pipeline from it."""
+    metadata = json.loads(FLEX_METADATA.read_text())
+    errors = flex_metadata_errors(metadata)
+    if errors:
+        raise ValueError(f"{FLEX_METADATA.relative_to(REPO_ROOT)}: " + "; ".join(errors))
+    checked_dataflow_options(cfg, "pipeline")  # the same project/region/bucket checks as a direct run
+    layout = gcs_layout(cfg)
+    image = image_uri(cfg, "cpu")
+    build = [
+        "gcloud", "dataflow", "flex-template", "build", layout.template,
+        f"--project={cfg.project}",
+        f"--image={image}",
+        "--sdk-language=PYTHON",
+        f"--metadata-file={FLEX_METADATA.relative_to(REPO_ROOT)}",
+    ]
+    parameters = {"input": layout.dump, "output": layout.data}
+    if layout.index:
+        parameters["index"] = layout.index
+    parameters["sdk_container_image"] = image
+    run = [
+        "gcloud", "dataflow", "flex-template", "run", job_name("wikisim", "pipeline", cfg.run),
+        f"--project={cfg.project}",
+        f"--region={cfg.region}",
+        f"--template-file-gcs-location={layout.template}",
+        f"--temp-location={layout.temp}",
+        f"--staging-location={layout.staging}",
+        f"--worker-machine-type={cfg.machine_type}",
+        f"--max-workers={cfg.max_num_workers}",
+        *(f"--parameters={name}={value}" for name, value in parameters.items()),
+    ]
+    return [build, run]
+
+
+def layout_lines(cfg: CloudConfig) -> list[str]:
+    layout = gcs_layout(cfg)
+    unset = {"index": "(beside the dump)"}
+    return [f"{f.name:10} {getattr(layout, f.name) or unset[f.name]}" for f in fields(layout)]
+
+
+def execute(commands: list[list[str]], dry_run: bool) -> None:
+    """Prints each command as a shell line; runs it unless dry_run (`python` is this interpreter)."""
+    for command in commands:
+        print(shlex.join(command), flush=True)
+        if dry_run:
+            continue
+        argv = [sys.executable, *command[1:]] if command[0] == "python" else command
+        try:
+            subprocess.run(argv, check=True, cwd=REPO_ROOT)
+        except FileNotFoundError:
+            raise SystemExit(f"{command[0]} is not on PATH: install it, or use --dry-run to print only") from None
+        except subprocess.CalledProcessError as err:
+            raise SystemExit(f"{command[0]} exited with status {err.returncode}") from None
+
+
+def parse_args(argv: list[str] | None) -> tuple[str, CloudConfig, bool]:
+    defaults = CloudConfig(project="", region="", bucket="")
+    parser = argparse.ArgumentParser(prog="python -m infra.submit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=["layout", "pipeline", "scb", "train", "image", "flex"])
+    parser.add_argument("--project", required=True, help="Google Cloud project id")
+    parser.add_argument("--region", required=True, help="e.g. us-central1")
+    parser.add_argument("--bucket", required=True, help="bucket name, without gs://")
+    parser.add_argument("--run", default=defaults.run, help="folder of this run under gs://BUCKET/wikisim/")
+    parser.add_argument("--dump", help="dump path (default gs://BUCKET/dumps/enwiki-latest-...-multistream.xml.bz2)")
+    parser.add_argument("--index", help="multistream index, when not beside the dump")
+    parser.add_argument("--image", help="container image (default REGION-docker.pkg.dev/PROJECT/wikisim/...)")
+    parser.add_argument("--container", action="store_true", help="Dataflow workers run --image, not setup.py")
+    parser.add_argument("--machine-type", default=defaults.machine_type, help="Dataflow worker machine type")
+    parser.add_argument("--max-num-workers", type=int, default=defaults.max_num_workers)
+    parser.add_argument("--accelerator", choices=sorted(VERTEX_SPECS), default=defaults.accelerator)
+    parser.add_argument("--variant", choices=["cpu", "gpu"], default=defaults.variant, help="image to build")
+    parser.add_argument("--dataset", default=defaults.dataset, choices=["triplets-sen", "triplets-titles"])
+    parser.add_argument("--embeddings", help="GloVe text file (default gs://BUCKET/vectors/glove.840B.300d.txt)")
+    parser.add_argument("--spec-dir", default=defaults.spec_dir, help="where the filled Vertex AI spec goes")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands without submitting")
+    args = parser.parse_args(argv)
+    config = CloudConfig(**{field.name: getattr(args, field.name) for field in fields(CloudConfig)})
+    return args.stage, config, args.dry_run
+
+
+def main(argv: list[str] | None = None) -> None:
+    stage, cfg, dry_run = parse_args(argv)
+    try:
+        if stage == "layout":
+            print("\n".join(layout_lines(cfg)))
+            return
+        files: dict[Path, str] = {}
+        if stage == "pipeline":
+            commands = pipeline_commands(cfg)
+        elif stage == "scb":
+            commands = scb_commands(cfg)
+        elif stage == "train":
+            commands, files = train_commands(cfg)
+        elif stage == "image":
+            commands = image_commands(cfg)
+        else:
+            commands = flex_commands(cfg)
+    except ValueError as err:
+        raise SystemExit(f"infra.submit {stage}: {err}") from None
+    for path, text in files.items():  # relative paths are from the repository root, like the commands
+        (REPO_ROOT / path).parent.mkdir(parents=True, exist_ok=True)
+        (REPO_ROOT / path).write_text(text)
+        print(f"# wrote {path}", flush=True)
+    execute(commands, dry_run)
+
+
+if __name__ == "__main__":
+    main()

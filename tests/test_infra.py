@@ -1,0 +1,231 @@
+"""infra/: the submission wrapper, the Vertex AI and Flex Template specs, the container recipe.
+
+Nothing here calls Google Cloud: Dataflow options are checked with Beam's own validator, the
+specs with the Vertex AI / Dataflow client libraries' message types.
+"""
+import json
+import re
+import shlex
+from pathlib import Path
+
+import apache_beam
+import pytest
+import yaml
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+    WorkerOptions,
+)
+from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+from google.cloud.aiplatform_v1.types import AcceleratorType, CustomJobSpec
+from google.cloud.dataflow_v1beta3.types import TemplateMetadata
+from google.protobuf import json_format
+
+from infra import submit
+
+REPO = Path(submit.__file__).resolve().parent.parent
+CLOUD = ["--project", "wikisim-demo", "--region", "europe-west4", "--bucket", "wikisim-data"]
+
+
+def printed_commands(capsys, argv: list[str]) -> list[list[str]]:
+    submit.main([*argv, *CLOUD, "--dry-run"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    return [shlex.split(line) for line in lines]
+
+
+def beam_errors(args: list[str]) -> tuple[PipelineOptions, list[str]]:
+    """Beam's validation as the DataflowRunner would run it (dry_run: no bucket look-ups)."""
+    options = PipelineOptions([*args, "--dry_run=True"])
+    return options, PipelineOptionsValidator(options, DataflowRunner()).validate()
+
+
+def as_custom_job_spec(spec: dict):
+    return json_format.ParseDict(spec, CustomJobSpec.pb(CustomJobSpec()))
+
+
+def test_pipeline_dry_run_prints_a_dataflow_submission_beam_accepts(capsys):
+    [command] = printed_commands(capsys, ["pipeline"])
+    assert command[:3] == ["python", "-m", "pipeline.run"]
+    assert command[command.index("--output") + 1] == "gs://wikisim-data/wikisim/enwiki-latest/data"
+    assert command[command.index("--input") + 1].startswith("gs://wikisim-data/dumps/")
+
+    options, errors = beam_errors(command[3:])
+    assert errors == []
+    cloud = options.view_as(GoogleCloudOptions)
+    assert options.view_as(StandardOptions).runner == "DataflowRunner"
+    assert (cloud.project, cloud.region) == ("wikisim-demo", "europe-west4")
+    assert cloud.temp_location.startswith("gs://wikisim-data/")
+    assert cloud.staging_location.startswith("gs://wikisim-data/")
+    assert re.fullmatch(PipelineOptionsValidator.JOB_PATTERN, cloud.job_name)
+    assert options.view_as(WorkerOptions).max_num_workers == submit.CloudConfig.max_num_workers
+    setup_file = options.view_as(SetupOptions).setup_file
+    assert (REPO / setup_file).is_file()  # the wrapper runs commands from the repository root
+
+
+def test_container_mode_ships_the_image_instead_of_setup_py(capsys):
+    image = "europe-west4-docker.pkg.dev/wikisim-demo/wikisim/wikisim:v1"
+    [command] = printed_commands(capsys, ["pipeline", "--container", "--image", image])
+    options, errors = beam_errors(command[3:])
+    assert errors == []
+    assert options.view_as(WorkerOptions).sdk_container_image == image
+    assert options.view_as(SetupOptions).setup_file is None
+
+
+def test_scb_dry_run_submits_eval_scb_to_dataflow(capsys):
+    [command] = printed_commands(capsys, ["scb"])
+    assert command[:3] == ["python", "-m", "eval.scb"]
+    assert command[command.index("--scb") + 1] == "gs://wikisim-data/wikisim/enwiki-latest/data/scb"
+    options, errors = beam_errors(command[3:])
+    assert errors == []
+    assert options.view_as(GoogleCloudOptions).job_name != "wikisim-pipeline-enwiki-latest"
+
+
+@pytest.mark.parametrize(
+    "flag, value, named",
+    [
+        ("--bucket", "Not_A_Bucket", "temp_location"),
+        ("--project", "123456", "Project ID"),
+        ("--max-num-workers", "0", "max_num_workers"),
+    ],
+)
+def test_invalid_cloud_variables_stop_before_submission(capsys, flag, value, named):
+    argv = ["pipeline", *CLOUD, flag, value, "--dry-run"]
+    with pytest.raises(SystemExit) as stop:
+        submit.main(argv)
+    assert named in str(stop.value) and value in str(stop.value)
+    assert capsys.readouterr().out == ""  # nothing printed as if it were runnable
+
+
+@pytest.mark.parametrize(
+    "accelerator, strategy", [("gpu", "one_device"), ("multi-gpu", "mirrored"), ("tpu", "tpu")]
+)
+def test_repository_vertex_specs_are_custom_job_specs(accelerator, strategy):
+    raw = yaml.safe_load(submit.VERTEX_SPECS[accelerator].read_text())
+    message = as_custom_job_spec(raw)  # unknown fields or accelerator names raise here
+    [pool] = message.worker_pool_specs
+    machine = pool.machine_spec
+    assert machine.machine_type and pool.replica_count == 1
+    assert pool.WhichOneof("task") == "container_spec" and pool.container_spec.image_uri
+    assert list(pool.container_spec.command) == ["python", "-m", "model.train"]
+    assert f"--strategy={strategy}" in pool.container_spec.args
+    if accelerator == "tpu":
+        assert machine.machine_type.startswith("ct5lp-") and machine.tpu_topology
+    else:
+        gpus = machine.accelerator_count
+        assert machine.accelerator_type != AcceleratorType.ACCELERATOR_TYPE_UNSPECIFIED
+        assert gpus == 1 if accelerator == "gpu" else gpus > 1
+
+
+@pytest.mark.parametrize("accelerator", sorted(submit.VERTEX_SPECS))
+def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path, accelerator):
+    [command] = printed_commands(
+        capsys, ["train", "--accelerator", accelerator, "--spec-dir", str(tmp_path), "--run", "enwiki-2026"]
+    )
+    assert command[:4] == ["gcloud", "ai", "custom-jobs", "create"]
+    assert "--project=wikisim-demo" in command and "--region=europe-west4" in command
+    config = Path(next(arg for arg in command if arg.startswith("--config=")).split("=", 1)[1])
+    text = config.read_text()
+    assert "${" not in text
+    [pool] = as_custom_job_spec(yaml.safe_load(text)).worker_pool_specs
+    args = list(pool.container_spec.args)
+    assert "--data=gs://wikisim-data/wikisim/enwiki-2026/data" in args
+    assert "--model-dir=gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen" in args
+    assert pool.container_spec.image_uri.startswith("europe-west4-docker.pkg.dev/wikisim-demo/wikisim/")
+
+
+def valid_spec() -> dict:
+    return {
+        "workerPoolSpecs": [
+            {
+                "machineSpec": {"machineType": "g2-standard-8", "acceleratorType": "NVIDIA_L4", "acceleratorCount": 1},
+                "replicaCount": 1,
+                "containerSpec": {"imageUri": "image", "command": ["python"]},
+            }
+        ]
+    }
+
+
+def test_spec_checker_accepts_a_valid_spec():
+    assert submit.custom_job_spec_errors(valid_spec()) == []
+
+
+@pytest.mark.parametrize(
+    "break_spec, expected",
+    [
+        (lambda s: s["workerPoolSpecs"][0]["machineSpec"].update(acceleratorType="NVIDIA_GTX_1080"), "Invalid enum"),
+        (lambda s: s["workerPoolSpecs"][0]["containerSpec"].pop("imageUri"), "imageUri is required"),
+        (lambda s: s["workerPoolSpecs"][0].pop("containerSpec"), "containerSpec or pythonPackageSpec"),
+        (lambda s: s["workerPoolSpecs"][0]["machineSpec"].pop("acceleratorCount"), "go together"),
+        (lambda s: s["workerPoolSpecs"][0].update(replicaCount=2), "replicaCount is 2"),
+        (lambda s: s["workerPoolSpecs"][0].update(machineSpc={}), "no field named"),
+        (
+            lambda s: s["workerPoolSpecs"][0].update(machineSpec={"machineType": "ct5lp-hightpu-4t"}),
+            "tpuTopology is required",
+        ),
+    ],
+)
+def test_spec_checker_names_what_vertex_would_reject(break_spec, expected):
+    spec = valid_spec()
+    break_spec(spec)
+    errors = submit.custom_job_spec_errors(spec)
+    assert any(expected in error for error in errors), errors
+
+
+def test_flex_template_metadata_is_dataflow_template_metadata():
+    metadata = json.loads(submit.FLEX_METADATA.read_text())
+    message = json_format.ParseDict(metadata, TemplateMetadata.pb(TemplateMetadata()))
+    assert message.name
+    names = {parameter.name for parameter in message.parameters}
+    assert {"input", "output"} <= names
+    for parameter in message.parameters:
+        assert parameter.label and parameter.help_text
+        for regex in parameter.regexes:
+            example = re.search(r"Example: (\S+)", parameter.help_text)
+            if example:
+                assert re.match(regex, example.group(1)), (parameter.name, regex)
+    assert submit.flex_metadata_errors(metadata) == []
+    assert submit.flex_metadata_errors({"name": "x", "parameters": [{"name": "p"}]}) != []
+
+
+def test_flex_dry_run_builds_from_the_metadata_and_runs_with_the_image(capsys):
+    build, run = printed_commands(capsys, ["flex"])
+    assert build[:4] == ["gcloud", "dataflow", "flex-template", "build"]
+    assert "--metadata-file=infra/flex_template.json" in build
+    image = next(arg for arg in build if arg.startswith("--image=")).split("=", 1)[1]
+    assert run[:4] == ["gcloud", "dataflow", "flex-template", "run"]
+    parameters = dict(arg.split("=", 2)[1:] for arg in run if arg.startswith("--parameters="))
+    assert parameters["sdk_container_image"] == image
+    assert parameters["output"] == "gs://wikisim-data/wikisim/enwiki-latest/data"
+    template = build[4]
+    assert f"--template-file-gcs-location={template}" in run
+
+
+def test_dockerfile_follows_the_beam_custom_container_convention():
+    dockerfile = (REPO / "infra" / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+    # The SDK harness comes from the image of the Beam version the project installs.
+    beam_copy = re.search(r"^COPY --from=apache/beam_python3\.11_sdk:(\S+) /opt/apache/beam /opt/apache/beam$",
+                          dockerfile, re.M)
+    assert beam_copy and beam_copy.group(1) == apache_beam.__version__
+    assert dockerfile.rstrip().splitlines()[-1] == 'ENTRYPOINT ["/opt/apache/beam/boot"]'
+    assert '".[gcp]"' in dockerfile
+    # Every local COPY source exists, and the Flex Template entry file is one of them.
+    sources = re.findall(r"^COPY (?!--from)(\S+) ", dockerfile, re.M)
+    assert sources and all((REPO / source).exists() for source in sources)
+    flex_file = re.search(r"^ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/template/(\S+)$", dockerfile, re.M).group(1)
+    assert f"infra/{flex_file}" in sources
+
+
+def test_cloud_build_builds_the_dockerfile_from_the_repository_root(capsys):
+    recipe = yaml.safe_load(submit.CLOUD_BUILD.read_text())
+    [step] = recipe["steps"]
+    assert step["args"][:3] == ["build", "-f", "infra/Dockerfile"] and step["args"][-1] == "."
+    assert recipe["images"] == ["${_IMAGE}"]
+    [command] = printed_commands(capsys, ["image", "--variant", "gpu"])
+    assert command[:4] == ["gcloud", "builds", "submit", "."]
+    substitutions = next(arg for arg in command if arg.startswith("--substitutions="))
+    assert "_EXTRA_PIP=tensorflow[and-cuda]" in substitutions
+    assert "wikisim-gpu" in substitutions
