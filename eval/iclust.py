@@ -1,0 +1,148 @@
+"""Iclust: information-based clustering of a similarity matrix (Slonim, Atwal, Tkačik & Bialek, PNAS 2005).
+
+Hand-written from the paper because no library implements it. Items i = 1..N have uniform
+P(i) = 1/N and soft assignments P(c|i) to `n_clusters` clusters. With P(i|c) = P(c|i) P(i) / P(c),
+
+    s(c; i) = sum_j P(j|c) s(i, j)          (how similar item i is to cluster c)
+    s(c)    = sum_ij P(i|c) P(j|c) s(i, j)  (the cluster's average internal similarity)
+
+Iclust maximises <s> - T * I(C; i), where <s> = sum_c P(c) s(c), through the self-consistent update
+(pairwise case, r = 2)
+
+    P(c|i)  ∝  P(c) * exp{ (1/T) [ 2 s(c; i) - s(c) ] }.
+
+Deterministic annealing: start hot (all assignments nearly uniform), cool T geometrically, and at
+every temperature perturb the previous solution slightly (so clusters can split once T falls below
+a critical value) and iterate the update to a fixed point. At the final, near-zero temperature the
+assignments are hard; each item goes to its most probable cluster, and the T -> 0 limit of the
+update (item to argmax_c 2 s(c;i) - s(c)) is iterated to a fixed point. Whenever a cluster slot is
+empty (annealing merged two groups into one slot, or the data do not support k groups), the least
+coherent multi-item cluster (lowest s(c)) is bisected by a 2-cluster Iclust into the empty slot, so
+the result always has exactly `n_clusters` clusters. (This slot-filling step is ours, not the paper's.)
+
+The similarity matrix is used as given (its diagonal included), as in the paper's definition of
+<s> over all pairs. Temperatures are given relative to the spread (standard deviation) of the
+off-diagonal similarities, so the schedule means the same for cosine, dot-product or any other scale.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import logsumexp
+
+
+@dataclass(frozen=True)
+class IclustConfig:
+    """Annealing schedule and fixed-point iteration parameters.
+
+    t_start: initial temperature, in units of the similarity spread; high enough that the first
+        solution is (almost) the uniform assignment.
+    t_end: final temperature, same units; low enough that the assignments are hard.
+    cooling: T is multiplied by this factor at each annealing step (0 < cooling < 1).
+    perturbation: size of the uniform noise (relative to 1/k) added to P(c|i) before each step;
+        it breaks the symmetry between identical clusters and revives slots that had emptied.
+    max_iter: fixed-point iterations per temperature at most.
+    tol: convergence threshold on the largest change of any P(c|i).
+    seed: seed of the perturbation noise (the result is deterministic given the seed).
+    """
+
+    t_start: float = 1.0
+    t_end: float = 1e-3
+    cooling: float = 0.9
+    perturbation: float = 0.3
+    max_iter: int = 200
+    tol: float = 1e-6
+    seed: int = 0
+
+
+def _cluster_similarities(similarity: np.ndarray, assignment: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P(c), s(c; i) as an [N, k] matrix and s(c) as a [k] vector for soft assignments P(c|i)."""
+    n_items = similarity.shape[0]
+    p_cluster = assignment.sum(axis=0) / n_items
+    mass = assignment.sum(axis=0)
+    p_item_given_cluster = assignment / np.where(mass > 0, mass, 1.0)
+    item_to_cluster = similarity @ p_item_given_cluster
+    within_cluster = np.einsum("ic,ic->c", p_item_given_cluster, item_to_cluster)
+    return p_cluster, item_to_cluster, within_cluster
+
+
+def _self_consistent_update(similarity: np.ndarray, assignment: np.ndarray, beta: float) -> np.ndarray:
+    """One application of P(c|i) ∝ P(c) exp{beta [2 s(c;i) - s(c)]} (beta = 1/T)."""
+    p_cluster, item_to_cluster, within_cluster = _cluster_similarities(similarity, assignment)
+    with np.errstate(divide="ignore"):
+        log_prior = np.log(p_cluster)
+    logits = log_prior[None, :] + beta * (2.0 * item_to_cluster - within_cluster[None, :])
+    return np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+
+
+def _anneal(similarity: np.ndarray, n_clusters: int, config: IclustConfig) -> np.ndarray:
+    """Soft assignments P(c|i) [N, k] after cooling from config.t_start to config.t_end."""
+    n_items = similarity.shape[0]
+    off_diagonal = similarity[~np.eye(n_items, dtype=bool)]
+    spread = float(off_diagonal.std()) if n_items > 1 else 0.0
+    spread = spread or 1.0
+    rng = np.random.default_rng(config.seed)
+    assignment = np.full((n_items, n_clusters), 1.0 / n_clusters)
+    temperature = config.t_start
+    while temperature >= config.t_end:
+        beta = 1.0 / (temperature * spread)
+        assignment = assignment + config.perturbation * rng.random(assignment.shape) / n_clusters
+        assignment /= assignment.sum(axis=1, keepdims=True)
+        for _ in range(config.max_iter):
+            updated = _self_consistent_update(similarity, assignment, beta)
+            change = np.abs(updated - assignment).max()
+            assignment = updated
+            if change < config.tol:
+                break
+        temperature *= config.cooling
+    return assignment
+
+
+def _fill_empty_clusters(
+    similarity: np.ndarray, labels: np.ndarray, n_clusters: int, config: IclustConfig
+) -> np.ndarray:
+    """Fills each empty slot by bisecting (2-cluster Iclust) the least coherent multi-item cluster.
+
+    Falls back to moving that cluster's worst-fitting item when the bisection keeps it whole.
+    """
+    labels = labels.copy()
+    for empty in [c for c in range(n_clusters) if not np.any(labels == c)]:
+        _, item_to_cluster, within_cluster = _cluster_similarities(similarity, np.eye(n_clusters)[labels])
+        sizes = np.bincount(labels, minlength=n_clusters)
+        splittable = np.flatnonzero(sizes > 1)
+        target = splittable[np.argmin(within_cluster[splittable])]
+        members = np.flatnonzero(labels == target)
+        halves = _anneal(similarity[np.ix_(members, members)], 2, config).argmax(axis=1)
+        if halves.min() == halves.max():
+            fit = 2.0 * item_to_cluster[members, target] - within_cluster[target]
+            halves = (np.arange(len(members)) == np.argmin(fit)).astype(np.int64)
+        labels[members[halves == 1]] = empty
+    return labels
+
+
+def _refine_hard(similarity: np.ndarray, labels: np.ndarray, n_clusters: int, config: IclustConfig) -> np.ndarray:
+    """The T -> 0 limit of the update (each item to argmax_c 2 s(c;i) - s(c)), with empty slots refilled."""
+    labels = _fill_empty_clusters(similarity, labels, n_clusters, config)
+    for _ in range(config.max_iter):
+        _, item_to_cluster, within_cluster = _cluster_similarities(similarity, np.eye(n_clusters)[labels])
+        best = (2.0 * item_to_cluster - within_cluster[None, :]).argmax(axis=1)
+        updated = _fill_empty_clusters(similarity, best, n_clusters, config)
+        if np.array_equal(updated, labels):
+            break
+        labels = updated
+    return labels
+
+
+def iclust(similarity: np.ndarray, n_clusters: int, config: IclustConfig = IclustConfig()) -> np.ndarray:
+    """Hard Iclust labels (ints in [0, n_clusters), all used) for a symmetric [N, N] similarity matrix."""
+    similarity = np.asarray(similarity, dtype=np.float64)
+    if similarity.ndim != 2 or similarity.shape[0] != similarity.shape[1]:
+        raise ValueError(f"iclust needs a square similarity matrix, got shape {similarity.shape}")
+    n_items = similarity.shape[0]
+    if not 1 <= n_clusters <= n_items:
+        raise ValueError(f"iclust needs 1 <= n_clusters <= number of items ({n_items}), got {n_clusters}")
+    if n_clusters == 1:
+        return np.zeros(n_items, dtype=np.int64)
+    assignment = _anneal(similarity, n_clusters, config)
+    labels = _refine_hard(similarity, assignment.argmax(axis=1), n_clusters, config)
+    _, compact = np.unique(labels, return_inverse=True)
+    return compact.astype(np.int64)

@@ -1,0 +1,101 @@
+"""Clustering metrics against hand-computed values, and Iclust on planted clusters."""
+import math
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
+from eval.iclust import IclustConfig, iclust
+
+
+def test_metrics_of_a_perfect_clustering_with_renamed_labels():
+    metrics = clustering_metrics([0, 0, 1, 1], [1, 1, 0, 0])
+    assert metrics["RI"] == pytest.approx(1.0)
+    assert metrics["ARI"] == pytest.approx(1.0)
+    assert metrics["AMI"] == pytest.approx(1.0)
+    assert metrics["MI"] == pytest.approx(math.log(2))  # two equiprobable clusters, in nats
+
+
+def test_metrics_of_a_crossed_clustering_by_hand():
+    # 6 pairs; the two clusterings agree on none of the "together" pairs and on 2 "apart" pairs:
+    # RI = 2/6. Contingency is all ones: index 0, expected 2*2/6 = 2/3, max 2 -> ARI = -1/2. MI = 0.
+    metrics = clustering_metrics([0, 0, 1, 1], [0, 1, 0, 1])
+    assert metrics["RI"] == pytest.approx(1 / 3)
+    assert metrics["ARI"] == pytest.approx(-0.5)
+    assert metrics["MI"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_metrics_of_an_uneven_clustering_by_hand():
+    # true {0,1,2},{3}; predicted {0,1},{2,3}. Pairs together in both: (0,1); apart in both: (0,3),(1,3).
+    # RI = 3/6. MI = sum p_ij log(p_ij / (p_i p_j)) = 1/2 log(4/3) + 1/4 log(2/3) + 1/4 log 2.
+    metrics = clustering_metrics([0, 0, 0, 1], [0, 0, 1, 1])
+    assert metrics["RI"] == pytest.approx(0.5)
+    expected_mi = 0.5 * math.log(4 / 3) + 0.25 * math.log(2 / 3) + 0.25 * math.log(2)
+    assert metrics["MI"] == pytest.approx(expected_mi)
+
+
+def test_macro_average_is_the_mean_per_method_and_algorithm():
+    rows = [
+        {"method": "a", "algorithm": "kmeans", "MI": 1.0, "AMI": 0.5, "RI": 0.9, "ARI": 0.2},
+        {"method": "a", "algorithm": "kmeans", "MI": 0.0, "AMI": 0.1, "RI": 0.5, "ARI": 0.4},
+        {"method": "b", "algorithm": "kmeans", "MI": 2.0, "AMI": 1.0, "RI": 1.0, "ARI": 1.0},
+    ]
+    summary = {(s["method"], s["algorithm"]): s for s in macro_average(rows)}
+    assert summary[("a", "kmeans")]["articles"] == 2
+    assert summary[("a", "kmeans")]["ARI"] == pytest.approx(0.3)
+    assert summary[("a", "kmeans")]["MI"] == pytest.approx(0.5)
+    assert summary[("b", "kmeans")]["AMI"] == pytest.approx(1.0)
+
+
+def planted(sizes, within=0.9, between=0.1, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.repeat(np.arange(len(sizes)), sizes))
+    similarity = np.where(labels[:, None] == labels[None, :], within, between)
+    if noise:
+        jitter = noise * rng.standard_normal(similarity.shape)
+        similarity = similarity + (jitter + jitter.T) / 2
+    return labels, similarity
+
+
+@pytest.mark.parametrize("sizes", [[5, 5, 5], [3, 8, 12, 6, 20], [2, 2, 30, 30, 5], [1, 1, 1, 10, 40], [10] * 12])
+def test_iclust_recovers_clean_planted_clusters(sizes):
+    labels, similarity = planted(sizes)
+    predicted = iclust(similarity, len(sizes))
+    assert adjusted_rand_score(labels, predicted) == 1.0
+    assert sorted(np.bincount(predicted)) == sorted(sizes)
+
+
+def test_iclust_recovers_noisy_planted_clusters():
+    labels, similarity = planted([15, 10, 20, 8], within=0.7, between=0.2, noise=0.15, seed=3)
+    assert adjusted_rand_score(labels, iclust(similarity, 4)) == 1.0
+
+
+def test_iclust_always_returns_exactly_k_clusters_even_without_structure():
+    similarity = np.ones((9, 9))
+    predicted = iclust(similarity, 4)
+    assert len(np.unique(predicted)) == 4
+
+
+def test_iclust_is_deterministic_for_a_seed():
+    _, similarity = planted([6, 7, 8], within=0.6, between=0.3, noise=0.2, seed=5)
+    config = IclustConfig(seed=11)
+    assert np.array_equal(iclust(similarity, 3, config), iclust(similarity, 3, config))
+
+
+def test_iclust_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="square"):
+        iclust(np.ones((3, 4)), 2)
+    with pytest.raises(ValueError, match="n_clusters"):
+        iclust(np.ones((3, 3)), 4)
+
+
+def test_every_algorithm_recovers_well_separated_embeddings():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(4, 16)) * 4
+    labels = np.repeat(np.arange(4), [6, 9, 5, 7])
+    embeddings = centres[labels] + rng.normal(size=(len(labels), 16))
+    predictions = cluster_embeddings(embeddings, 4)
+    assert set(predictions) == set(ALGORITHMS)
+    for algorithm, predicted in predictions.items():
+        assert adjusted_rand_score(labels, predicted) == 1.0, algorithm
