@@ -16,6 +16,7 @@ setuptools.setup(
         "apache-beam>=2.77",
         "tensorflow>=2.21,<2.22",
         "tensorflow-text>=2.21,<2.22",
+        "tensorboard>=2.21",
         "spacy>=3.8,<4",
         "mwxml>=0.3.8",
         "mwparserfromhell>=0.7",

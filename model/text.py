@@ -29,3 +29,32 @@ def tokenize(sentences: list[str]) -> list[list[str]]:
         return []
     tokens = tokenize_graph(tf.constant(sentences, dtype=tf.string))
     return [[token.decode("utf-8") for token in row] for row in tokens.to_list()]
+
+
+class WordIds(tf.Module):
+    """Sentences -> int32 token ids [n, t], t = longest sentence (at most `max_tokens`).
+
+    Id 0 is padding, 1..V the vocabulary in order, V+1..V+B the hashed out-of-vocabulary
+    buckets. A `tf.Module`, so the lookup table is saved inside the exported encoder."""
+
+    def __init__(self, vocabulary: list[str], num_oov_buckets: int = 1, max_tokens: int = 64):
+        super().__init__()
+        self.vocabulary_size = len(vocabulary)
+        self.num_oov_buckets = num_oov_buckets
+        self.max_tokens = max_tokens
+        initializer = tf.lookup.KeyValueTensorInitializer(
+            tf.constant(vocabulary, dtype=tf.string),
+            tf.range(len(vocabulary), dtype=tf.int64))
+        self.table = tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets)
+
+    @property
+    def num_ids(self) -> int:
+        """Rows an embedding matrix needs: padding + vocabulary + OOV buckets."""
+        return 1 + self.vocabulary_size + self.num_oov_buckets
+
+    def __call__(self, sentences: tf.Tensor) -> tf.Tensor:
+        tokens = tokenize_graph(sentences)[:, : self.max_tokens]
+        # The table gives 0..V-1 to the vocabulary and V..V+B-1 to the buckets; +1 frees 0.
+        ids = tf.cast((tf.ragged.map_flat_values(self.table.lookup, tokens) + 1).to_tensor(0), tf.int32)
+        # At least one (padding) column, so a batch of empty sentences still has a time axis.
+        return tf.pad(ids, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(ids)[1])]])

@@ -1,0 +1,77 @@
+"""The network on hand-made tensors: token ids, shapes, attention masking, the paper's loss, export."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from model.encoder import SavedModelEncoder, SentenceEncoder
+from model.network import (ExportableEncoder, build_sentence_encoder, build_triplet_model, triplet_accuracy,
+                           triplet_loss)
+from model.text import WordIds
+
+
+def _matrix(rows, dim=6, seed=0):
+    return np.random.default_rng(seed).normal(size=(rows, dim)).astype(np.float32)
+
+
+def test_word_ids_padding_vocabulary_and_oov_buckets():
+    word_ids = WordIds(["the", "cat", "sat"], num_oov_buckets=2, max_tokens=4)
+    ids = word_ids(tf.constant(["The cat sat.", "cat", "", "the the the the the"])).numpy()
+    assert word_ids.num_ids == 6
+    assert ids.shape == (4, 4)                       # longest row capped at max_tokens
+    assert list(ids[0, :3]) == [1, 2, 3] and ids[0, 3] in (4, 5)   # "." is out of vocabulary
+    assert list(ids[1]) == [2, 0, 0, 0] and list(ids[2]) == [0, 0, 0, 0]
+    assert word_ids(tf.constant([""])).numpy().shape == (1, 1)      # a time axis even when empty
+
+
+def test_sentence_embedding_is_600_d_by_default():
+    encoder = build_sentence_encoder(_matrix(10, 50))
+    assert encoder(np.array([[1, 2, 3, 0]], np.int32)).shape == (1, 600)
+
+
+def test_attention_ignores_padding():
+    encoder = build_sentence_encoder(_matrix(10), lstm_units=4, attention_size=3)
+    short = encoder(np.array([[4, 7, 2]], np.int32)).numpy()
+    padded = encoder(np.array([[4, 7, 2, 0, 0, 0]], np.int32)).numpy()
+    np.testing.assert_allclose(short, padded, rtol=1e-5, atol=1e-6)
+    other = encoder(np.array([[4, 7, 3]], np.int32)).numpy()
+    assert not np.allclose(short, other)
+
+
+def test_triplet_model_outputs_l1_distances():
+    encoder = build_sentence_encoder(_matrix(10), lstm_units=4, attention_size=3)
+    model = build_triplet_model(encoder)
+    anchor, positive, negative = (np.array(rows, np.int32) for rows in ([[1, 2], [3, 0]], [[1, 2], [4, 5]], [[6, 7], [3, 0]]))
+    distances = model({"anchor": anchor, "positive": positive, "negative": negative}).numpy()
+    assert distances.shape == (2, 2)
+    embed = lambda ids: encoder(ids).numpy()
+    np.testing.assert_allclose(distances[:, 0], np.abs(embed(anchor) - embed(positive)).sum(-1), rtol=1e-5)
+    np.testing.assert_allclose(distances[:, 1], np.abs(embed(anchor) - embed(negative)).sum(-1), rtol=1e-5)
+    assert distances[0, 0] == 0 and distances[1, 1] == 0    # identical sentences are at distance 0
+
+
+def test_paper_loss_and_accuracy_on_hand_made_distances():
+    distances = tf.constant([[0.0, 100.0], [100.0, 0.0], [3.0, 3.0], [1.0, 2.0]])
+    labels = tf.zeros([4], tf.int32)
+    loss = triplet_loss(labels, distances).numpy()
+    np.testing.assert_allclose(loss[:3], [0.0, 2.0, 1.0], atol=1e-6)    # p(d+)=0 -> 0, p(d+)=1 -> 2
+    np.testing.assert_allclose(loss[3], 2 * np.exp(1) / (np.exp(1) + np.exp(2)), rtol=1e-5)
+    np.testing.assert_array_equal(triplet_accuracy(labels, distances).numpy(), [1, 0, 0, 1])
+
+
+def test_export_load_encode_equals_in_memory(tmp_path):
+    word_ids = WordIds(["the", "cat", "sat", "on", "mat"], num_oov_buckets=1, max_tokens=8)
+    encoder = build_sentence_encoder(_matrix(word_ids.num_ids), lstm_units=5, attention_size=3)
+    sentences = ["The cat sat on the mat.", "A dog!", "", "the " * 20]
+    in_memory = encoder(word_ids(tf.constant(sentences))).numpy()
+    ExportableEncoder(word_ids, encoder).export(str(tmp_path / "m" / "encoder"))
+
+    loaded = SavedModelEncoder(str(tmp_path / "m"), batch_size=3)    # model dir or encoder dir both work
+    assert isinstance(loaded, SentenceEncoder) and loaded.name == "m"
+    encoded = loaded.encode(sentences)
+    assert encoded.dtype == np.float32 and encoded.shape == (4, 10)
+    np.testing.assert_allclose(encoded, in_memory, rtol=1e-5, atol=1e-6)
+    assert loaded.encode([]).shape == (0, 10)
+    signature = tf.saved_model.load(str(tmp_path / "m" / "encoder")).signatures["serving_default"]
+    assert signature.structured_outputs["embeddings"].dtype == tf.float32
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        SavedModelEncoder(str(tmp_path / "nowhere"))
