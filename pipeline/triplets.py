@@ -1,0 +1,162 @@
+"""Triplets from a ruled article: triplets-sen (three negative strategies) and triplets-titles.
+
+triplets-sen: every positive pair of `rules.positive_pairs` (two paragraph openers of one
+section, at most 3 paragraphs apart) gives one triplet per neighbouring section, so at most
+two. The negative is any kept sentence (not only openers) of the chosen section:
+
+* `adjacent` (the paper's default): one triplet with a sentence of the previous section and
+  one with a sentence of the next section (only one at the first/last section).
+* `same_article`: as many triplets as `adjacent` would give, each negative drawn from a random
+  section of the same article other than the anchor's.
+* `other_article`: as many triplets as `adjacent` would give, each negative drawn from a random
+  section of a random *other* article. To scale without a side input holding the corpus,
+  articles are bucketed by `stable_hash(seed, article_id) % n_buckets` (n_buckets grows with the
+  corpus, about `bucket_size` articles each), grouped by bucket, and each article draws its
+  donors among the *other* articles of its bucket (sorted by id, so the draw does not depend
+  on grouping order). An article alone in its bucket has no donor; its would-be triplets are
+  counted (`triplets_other_article_no_donor`), never filled from the same article.
+
+triplets-titles: for each section, the pivot is its first kept sentence; the positive is
+"<article title> <section title>", the negative the same string for the previous and the next
+section (one triplet each).
+
+Every random draw uses its own `random.Random` seeded from (seed, strategy, article id, pair,
+neighbour/draw index), never the global RNG, so the output does not depend on worker, bundle or
+processing order.
+"""
+from __future__ import annotations
+
+import random
+from typing import Iterator, NamedTuple, Sequence
+
+from pipeline.rules import Article, KeptSentence, RuleConfig, neighbour_sections, paragraph_openers, positive_pairs
+from pipeline.splits import stable_hash
+
+STRATEGIES = ("adjacent", "same_article", "other_article")
+
+
+class Triplet(NamedTuple):
+    anchor: str
+    positive: str
+    negative: str
+    title: str
+    anchor_section: str
+    negative_section: str
+    kind: str  # "sen" | "titles"
+    strategy: str
+    article_id: int
+    split: str
+    anchor_section_index: int
+    negative_section_index: int  # index in the negative's own article
+    negative_article_id: int
+    anchor_paragraph: int
+    positive_paragraph: int  # -1 for titles triplets (the positive is a title)
+
+
+def seeded_rng(seed: int, *keys) -> random.Random:
+    return random.Random(stable_hash(seed, *keys))
+
+
+def sentence_pairs(article: Article, config: RuleConfig) -> Iterator[tuple[int, KeptSentence, KeptSentence]]:
+    """(section index, anchor, positive) for every positive pair of the article."""
+    for index, section in enumerate(article.sections):
+        for anchor, positive in positive_pairs(paragraph_openers(section), config):
+            yield index, anchor, positive
+
+
+def _triplet(article, strategy, index, anchor, positive, negative_article, negative_index, negative) -> Triplet:
+    return Triplet(
+        anchor=anchor.text,
+        positive=positive.text,
+        negative=negative.text,
+        title=article.title,
+        anchor_section=article.sections[index].title,
+        negative_section=negative_article.sections[negative_index].title,
+        kind="sen",
+        strategy=strategy,
+        article_id=article.article_id,
+        split=article.split,
+        anchor_section_index=index,
+        negative_section_index=negative_index,
+        negative_article_id=negative_article.article_id,
+        anchor_paragraph=anchor.paragraph,
+        positive_paragraph=positive.paragraph,
+    )
+
+
+def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> list[Triplet]:
+    triplets = []
+    for index, anchor, positive in sentence_pairs(article, config):
+        for neighbour in neighbour_sections(index, len(article.sections)):
+            rng = seeded_rng(seed, "adjacent", article.article_id, index, anchor.paragraph, positive.paragraph, neighbour)
+            negative = rng.choice(article.sections[neighbour].sentences)
+            triplets.append(_triplet(article, "adjacent", index, anchor, positive, article, neighbour, negative))
+    return triplets
+
+
+def same_article_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> list[Triplet]:
+    triplets = []
+    n_sections = len(article.sections)
+    for index, anchor, positive in sentence_pairs(article, config):
+        others = [i for i in range(n_sections) if i != index]
+        for draw in range(len(neighbour_sections(index, n_sections))):
+            rng = seeded_rng(seed, "same_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
+            chosen = rng.choice(others)
+            negative = rng.choice(article.sections[chosen].sentences)
+            triplets.append(_triplet(article, "same_article", index, anchor, positive, article, chosen, negative))
+    return triplets
+
+
+def other_article_triplets(
+    article: Article, bucket: Sequence[Article], seed: int, config: RuleConfig = RuleConfig()
+) -> tuple[list[Triplet], int]:
+    """Triplets with negatives from other articles of the bucket, and how many had no donor."""
+    donors = sorted((other for other in bucket if other.article_id != article.article_id), key=lambda a: a.article_id)
+    triplets, missing = [], 0
+    for index, anchor, positive in sentence_pairs(article, config):
+        for draw in range(len(neighbour_sections(index, len(article.sections)))):
+            if not donors:
+                missing += 1
+                continue
+            rng = seeded_rng(seed, "other_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
+            donor = rng.choice(donors)
+            chosen = rng.randrange(len(donor.sections))
+            negative = rng.choice(donor.sections[chosen].sentences)
+            triplets.append(_triplet(article, "other_article", index, anchor, positive, donor, chosen, negative))
+    return triplets, missing
+
+
+def other_article_bucket(article_id: int, seed: int, n_buckets: int) -> int:
+    return stable_hash("other_article_bucket", seed, article_id) % n_buckets
+
+
+def n_other_article_buckets(n_articles: int, bucket_size: int) -> int:
+    return max(1, n_articles // bucket_size)
+
+
+def title_triplets(article: Article) -> list[Triplet]:
+    triplets = []
+    n_sections = len(article.sections)
+    for index, section in enumerate(article.sections):
+        pivot = section.sentences[0]
+        for neighbour in neighbour_sections(index, n_sections):
+            triplets.append(
+                Triplet(
+                    anchor=pivot.text,
+                    positive=f"{article.title} {section.title}",
+                    negative=f"{article.title} {article.sections[neighbour].title}",
+                    title=article.title,
+                    anchor_section=section.title,
+                    negative_section=article.sections[neighbour].title,
+                    kind="titles",
+                    strategy="adjacent",
+                    article_id=article.article_id,
+                    split=article.split,
+                    anchor_section_index=index,
+                    negative_section_index=neighbour,
+                    negative_article_id=article.article_id,
+                    anchor_paragraph=pivot.paragraph,
+                    positive_paragraph=-1,
+                )
+            )
+    return triplets

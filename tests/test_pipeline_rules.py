@@ -1,0 +1,114 @@
+"""Each paper rule on its own, then their composition on a small hand-written article."""
+import pytest
+
+from pipeline.rules import (
+    KeptSentence,
+    RuleConfig,
+    build_article,
+    enough_sections,
+    is_removed_section,
+    neighbour_sections,
+    positive_pairs,
+    scb_eligible,
+    sentence_length_ok,
+)
+from pipeline.sentences import SentenceSplitter
+from pipeline.splits import split_of
+from pipeline.wikitext import parse_wikitext
+
+
+@pytest.mark.parametrize(
+    "title",
+    ["External links", "external LINKS", "  Further   reading ", "References", "See also", "Notes",
+     "Citations", "Authored books", "Background"],
+)
+def test_removed_section_titles_match_case_insensitively_after_trimming(title):
+    assert is_removed_section(title)
+
+
+@pytest.mark.parametrize("title", ["History", "Notes and references", "Background radiation", "Referencing"])
+def test_other_section_titles_stay(title):
+    assert not is_removed_section(title)
+
+
+def test_sentence_length_bounds_are_inclusive():
+    assert [n for n in (3, 4, 5, 6, 49, 50, 51) if sentence_length_ok(n)] == [5, 6, 49, 50]
+    assert sentence_length_ok(3, RuleConfig(min_tokens=3))
+
+
+def test_article_needs_five_sections_and_scb_takes_test_articles_with_5_to_12():
+    assert not enough_sections(4) and enough_sections(5)
+    assert [n for n in range(3, 15) if scb_eligible("test", n)] == list(range(5, 13))
+    assert not scb_eligible("train", 6) and not scb_eligible("validation", 6)
+
+
+def _opener(paragraph: int) -> KeptSentence:
+    return KeptSentence(f"Opener of paragraph {paragraph} here.", 6, paragraph, True)
+
+
+def test_positive_pairs_are_at_most_three_paragraphs_apart_counting_paragraphs_without_opener():
+    # Paragraphs 1 and 2 lost their openers to the length rule; they still count for distance.
+    openers = [_opener(0), _opener(3), _opener(4), _opener(8)]
+    pairs = [(a.paragraph, p.paragraph) for a, p in positive_pairs(openers)]
+    assert pairs == [(0, 3), (3, 4)]
+    assert [(a.paragraph, p.paragraph) for a, p in positive_pairs(openers, RuleConfig(max_paragraph_distance=4))] == [
+        (0, 3), (0, 4), (3, 4), (4, 8)]
+
+
+def test_neighbour_sections_are_previous_and_next_where_they_exist():
+    assert neighbour_sections(0, 5) == [1]
+    assert neighbour_sections(2, 5) == [1, 3]
+    assert neighbour_sections(4, 5) == [3]
+
+
+SHORT = "Too short here."  # 4 tokens
+LONG = " ".join(["word"] * 55) + "."
+
+
+def _section(title: str, *paragraphs: str) -> str:
+    return f"== {title} ==\n" + "\n\n".join(paragraphs) + "\n\n"
+
+
+ARTICLE = (
+    "The lead sentence is never part of a section.\n\n"
+    + _section("Alpha", "Alpha opens its first paragraph well. A second sentence of alpha follows.",
+               f"{SHORT} The second sentence of this paragraph is no opener.",
+               "Alpha third paragraph opener is long enough.")
+    + _section("Background", "Background is removed by the rules entirely.")
+    + _section("Beta", "Beta has one paragraph with a proper opener.")
+    + _section("Only short", SHORT)
+    + _section("Gamma", f"{LONG} Gamma keeps the sentence after a long one.")
+    + _section("Delta", "Delta is the fourth section that remains here.")
+    + _section("See Also", "Links would be listed here in a real page.")
+    + _section("Epsilon", "Epsilon is the fifth remaining section of the page.")
+)
+
+
+@pytest.fixture(scope="module")
+def splitter():
+    return SentenceSplitter()
+
+
+def test_build_article_applies_every_rule_and_counts_what_it_drops(splitter):
+    article, counts = build_article(7, "Test page", split_of(7, 0), parse_wikitext(ARTICLE), splitter)
+    assert article is not None
+    assert [s.title for s in article.sections] == ["Alpha", "Beta", "Gamma", "Delta", "Epsilon"]
+    assert article.lead == ("The lead sentence is never part of a section.",)
+    alpha = article.sections[0]
+    assert [(s.paragraph, s.opener) for s in alpha.sentences] == [(0, True), (0, False), (1, False), (2, True)]
+    gamma = article.sections[2]
+    assert [(s.text, s.opener) for s in gamma.sentences] == [("Gamma keeps the sentence after a long one.", False)]
+    assert all(5 <= s.n_tokens <= 50 for section in article.sections for s in section.sentences)
+    assert counts["sections_removed_by_title"] == 2
+    assert counts["sections_without_sentences"] == 1
+    assert counts["sentences_too_short"] == 2
+    assert counts["sentences_too_long"] == 1
+    assert counts["articles_used"] == 1
+    assert counts["sentences_kept"] == sum(len(s.sentences) for s in article.sections)
+
+
+def test_build_article_rejects_an_article_with_four_remaining_sections(splitter):
+    four = ARTICLE.replace("== Epsilon ==", "== Notes ==")
+    article, counts = build_article(7, "Test page", "train", parse_wikitext(four), splitter)
+    assert article is None
+    assert counts["articles_too_few_sections"] == 1 and counts["articles_used"] == 0
