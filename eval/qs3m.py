@@ -30,9 +30,10 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
 from tqdm import tqdm
 
-from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, SentenceEncoder, embed_queries, load_model,
-                        parser_for, read_bytes, read_queries, similarity_matrix, write_bytes)
-from model.qs3m_pairs import LABELINGS, Query
+from model.encoder import SentenceEncoder
+from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, embed_queries, load_model, parser_for, read_bytes,
+                        read_queries, similarity_matrix, write_bytes)
+from model.qs3m_pairs import LABELINGS, SPLITS, Query
 
 REFERENCE = "embedding Euclidean"
 
@@ -41,13 +42,19 @@ REFERENCE = "embedding Euclidean"
 class EvalConfig:
     """Every flag of `python -m eval.qs3m` (flag = field name with dashes)."""
 
-    passages: str = ""
-    model_dir: str = ""
-    output: str = ""
-    split: str = "test"
-    encoder: str = "from-model"
+    passages: str                   # passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)
+    model_dir: str                  # the output of `python -m model.qs3m`
+    output: str                     # where qs3m.json / qs3m.md / qs3m-*.png go (local or gs://)
+    split: str = "test"             # the article split whose queries are clustered
+    encoder: str = "from-model"     # an eval.encoders spec; from-model = the one the models were trained on
     lda_topics: int = 20
     seed: int = 0
+
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            raise ValueError(f"--split must be one of {SPLITS}, got {self.split!r}")
+        if self.lda_topics < 2:
+            raise ValueError(f"--lda-topics must be >= 2, got {self.lda_topics}")
 
 
 # ---------------------------------------------------------------- clustering and scoring
@@ -203,8 +210,7 @@ def evaluate(config: EvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     results: dict[str, Any] = {
         "split": config.split, "encoder": getattr(encoder, "name", type(encoder).__name__),
         "query_representations": QUERY_REPRESENTATIONS,
-        "articles_per_split": {split: sum(1 for q in all_queries if q.split == split)
-                               for split in ("train", "validation", "test")},
+        "articles_per_split": {split: sum(1 for q in all_queries if q.split == split) for split in SPLITS},
         "dead_letters": dead_letters, "benchmarks": {},
     }
     out = config.output.rstrip("/")

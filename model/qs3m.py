@@ -19,25 +19,21 @@ import json
 import os
 import sys
 import tempfile
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
+import keras
 import numpy as np
+import tensorflow as tf
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
+from model.encoder import SentenceEncoder
 from model.qs3m_pairs import LABELINGS, Pair, PassageRecordError, Query, query_from_record, sample_pairs
 
 QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of passages"}
 MODEL_KINDS = ("qs3m", "qss", "qs3m-noq")
 MODEL_LABELS = {"qs3m": "QS3M", "qss": "QSS", "qs3m-noq": "QS3M-no-q"}
-
-
-class SentenceEncoder(Protocol):
-    """The project's one way to embed text (see `model/encoder.py` / `eval/encoders.py`)."""
-
-    name: str
-
-    def encode(self, sentences: list[str]) -> np.ndarray: ...
 
 
 # ---------------------------------------------------------------- reading and writing files
@@ -50,8 +46,6 @@ def read_bytes(path: str) -> bytes:
 
 def write_bytes(path: str, data: bytes) -> None:
     """Writes exactly `data` (no compression by extension) through Beam FileSystems."""
-    from apache_beam.io.filesystem import CompressionTypes
-
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         handle.write(data)
 
@@ -105,6 +99,10 @@ def encode_in_batches(encoder: SentenceEncoder, texts: list[str], batch_size: in
         np.asarray(encoder.encode(texts[start:start + batch_size]), dtype=np.float32)
         for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {what}", unit="batch", leave=False)
     ]
+    if len({chunk.shape[1] for chunk in chunks}) > 1:
+        raise ValueError(f"encoder {getattr(encoder, 'name', encoder)!r} gives a different width per call "
+                         f"({sorted({chunk.shape[1] for chunk in chunks})}); QS3M needs one fixed vector space "
+                         "(an encoder fitted per call, like tfidf, cannot embed its passages)")
     return np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
 
 
@@ -150,8 +148,6 @@ def pair_features(pairs: Sequence[Pair], embeddings: QueryEmbeddings) -> dict[st
 def pair_dataset(pairs: Sequence[Pair], embeddings: QueryEmbeddings, query_representation: str, kind: str,
                  batch_size: int, shuffle_seed: int | None = None):
     """tf.data of ({input name: vector}, same-cluster label); vectors are gathered per batch in graph."""
-    import tensorflow as tf
-
     indices = pair_features(pairs, embeddings)
     tables = {"query": tf.constant(embeddings.queries[query_representation]),
               "passage1": tf.constant(embeddings.passages), "passage2": tf.constant(embeddings.passages)}
@@ -173,15 +169,11 @@ LOSS = "mean_squared_error"  # the seed trains the same-cluster probability with
 
 def dense_stack(units: Sequence[int], name: str):
     """A small ReLU MLP; NN1 is one such stack shared by the query and both passages."""
-    import keras
-
     return keras.Sequential([keras.layers.Dense(size, activation="relu") for size in units], name=name)
 
 
 def same_cluster_head(units: Sequence[int], name: str = "nn2"):
     """NN2: an MLP ending in one sigmoid unit, the same-cluster probability."""
-    import keras
-
     return keras.Sequential(
         [*(keras.layers.Dense(size, activation="relu") for size in units), keras.layers.Dense(1, activation="sigmoid")],
         name=name,
@@ -194,8 +186,6 @@ def build_qs3m(dim: int, nn1_units: Sequence[int] = (64,), nn2_units: Sequence[i
     With `use_query=False` this is QS3M-no-q: the same network with the query terms left out,
     z = [p1'-p2', p1', p2'].
     """
-    import keras
-
     nn1 = dense_stack(nn1_units, "nn1")
     passage1 = keras.Input((dim,), name="passage1")
     passage2 = keras.Input((dim,), name="passage2")
@@ -215,8 +205,6 @@ def build_qs3m(dim: int, nn1_units: Sequence[int] = (64,), nn2_units: Sequence[i
 
 def build_qss(dim: int, nn1_units: Sequence[int] = (64,)):
     """QSS: passages scaled elementwise by s(q) in (0, 1)^d, compared by cosine, calibrated to a probability."""
-    import keras
-
     query = keras.Input((dim,), name="query")
     passage1 = keras.Input((dim,), name="passage1")
     passage2 = keras.Input((dim,), name="passage2")
@@ -230,8 +218,6 @@ def build_qss(dim: int, nn1_units: Sequence[int] = (64,)):
 
 def build_model(kind: str, dim: int, nn1_units: Sequence[int], nn2_units: Sequence[int], learning_rate: float):
     """One compiled model of `kind` with the MSE loss."""
-    import keras
-
     if kind == "qs3m":
         model = build_qs3m(dim, nn1_units, nn2_units, use_query=True)
     elif kind == "qs3m-noq":
@@ -245,17 +231,22 @@ def build_model(kind: str, dim: int, nn1_units: Sequence[int], nn2_units: Sequen
     return model
 
 
-def similarity_matrix(model, kind: str, passages: np.ndarray, query: np.ndarray, batch_size: int = 4096) -> np.ndarray:
+def similarity_matrix(model, kind: str, passages: np.ndarray, query: np.ndarray, chunk: int = 16384) -> np.ndarray:
     """Predicted same-cluster probability for every passage pair of one query, made symmetric.
 
-    QS3M's z is not symmetric in (p1, p2), so both orders are scored and averaged; the diagonal is 1.
+    QS3M's z is not symmetric in (p1, p2), so both orders are scored and averaged; the diagonal
+    is 1. The model is called eagerly in chunks: `predict` would retrace for every query size.
     """
     count = len(passages)
-    first, second = np.meshgrid(np.arange(count), np.arange(count), indexing="ij")
-    features = {"query": np.repeat(query[None, :], count * count, axis=0),
-                "passage1": passages[first.ravel()], "passage2": passages[second.ravel()]}
-    inputs = {name: features[name] for name in model_inputs(kind)}
-    scores = model.predict(inputs, batch_size=batch_size, verbose=0).reshape(count, count)
+    first, second = (grid.ravel() for grid in np.meshgrid(np.arange(count), np.arange(count), indexing="ij"))
+    scores = np.empty(count * count, np.float32)
+    for start in range(0, count * count, chunk):
+        rows = slice(start, start + chunk)
+        features = {"query": np.repeat(query[None, :], len(first[rows]), axis=0),
+                    "passage1": passages[first[rows]], "passage2": passages[second[rows]]}
+        inputs = {name: features[name] for name in model_inputs(kind)}
+        scores[rows] = np.asarray(model(inputs, training=False)).reshape(-1)
+    scores = scores.reshape(count, count)
     scores = (scores + scores.T) / 2.0
     np.fill_diagonal(scores, 1.0)
     return scores
@@ -276,8 +267,6 @@ def save_model(model, path: str) -> None:
 
 def load_model(path: str):
     """Inverse of `save_model`."""
-    import keras
-
     with tempfile.TemporaryDirectory() as scratch:
         local = os.path.join(scratch, "model.keras")
         with open(local, "wb") as handle:
@@ -289,22 +278,35 @@ def load_model(path: str):
 
 @dataclasses.dataclass
 class TrainConfig:
-    """Every flag of `python -m model.qs3m` (flag = field name with dashes)."""
+    """Every flag of `python -m model.qs3m` (flag = field name with dashes; lists comma-separated)."""
 
-    passages: str = ""
-    output: str = ""
-    encoder: str = "mean-vectors"
-    models: tuple[str, ...] = MODEL_KINDS
-    queries: tuple[str, ...] = ("T", "D", "P")
-    labeling: str = "flat"
+    passages: str                           # passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)
+    output: str                             # model dir (local or gs://)
+    encoder: str = "mean-vectors"           # an eval.encoders spec; fixed, never fine-tuned
+    models: tuple[str, ...] = MODEL_KINDS   # any of qs3m, qss, qs3m-noq
+    queries: tuple[str, ...] = ("T", "D", "P")  # title, lead paragraphs, mean of passages
+    labeling: str = "flat"                  # clusters the pairs are labelled by: flat | hierarchical
     nn1_units: tuple[int, ...] = (64,)
     nn2_units: tuple[int, ...] = (32,)
     epochs: int = 10
     batch_size: int = 64
     learning_rate: float = 1e-3
-    max_pairs_per_query: int = 200
-    patience: int = 3
+    max_pairs_per_query: int = 200          # per article, half same-section, half different-section
+    patience: int = 3                       # early stopping on validation MSE
     seed: int = 0
+
+    def __post_init__(self):
+        unknown = [kind for kind in self.models if kind not in MODEL_KINDS]
+        if unknown or not self.models:
+            raise ValueError(f"--models: expected some of {MODEL_KINDS}, got {self.models}")
+        unknown = [rep for rep in self.queries if rep not in QUERY_REPRESENTATIONS]
+        if unknown or not self.queries:
+            raise ValueError(f"--queries: expected some of T, D, P, got {self.queries}")
+        if self.labeling not in LABELINGS:
+            raise ValueError(f"--labeling must be one of {LABELINGS}, got {self.labeling!r}")
+        for name in ("epochs", "batch_size", "max_pairs_per_query", "patience"):
+            if getattr(self, name) < (2 if name == "max_pairs_per_query" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} is too small: {getattr(self, name)}")
 
 
 def train(config: TrainConfig, encoder: SentenceEncoder) -> dict[str, Any]:
@@ -312,13 +314,6 @@ def train(config: TrainConfig, encoder: SentenceEncoder) -> dict[str, Any]:
 
     Returns and writes `config.json`; models go to `<output>/<name>.keras`.
     """
-    import keras
-
-    for representation in config.queries:
-        if representation not in QUERY_REPRESENTATIONS:
-            raise ValueError(f"--queries: unknown representation {representation!r}; expected T, D or P")
-    if config.labeling not in LABELINGS:
-        raise ValueError(f"--labeling must be one of {LABELINGS}, got {config.labeling!r}")
     queries, dead_letters = read_queries(config.passages)
     by_split = {split: [query for query in queries if query.split == split] for split in ("train", "validation")}
     if not by_split["train"]:
@@ -403,17 +398,20 @@ def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
 # ---------------------------------------------------------------- entry point
 
 def parser_for(config_type: type, description: str) -> argparse.ArgumentParser:
-    """One flag per config field (`--field-name`); tuples are comma-separated lists."""
+    """One flag per config field (`--field-name`); fields without a default are required strings,
+    tuples are comma-separated lists of their default's item type."""
     parser = argparse.ArgumentParser(description=description)
     for field in dataclasses.fields(config_type):
         default = field.default
         flag = "--" + field.name.replace("_", "-")
-        if isinstance(default, tuple):
+        if default is dataclasses.MISSING:
+            parser.add_argument(flag, required=True)
+        elif isinstance(default, tuple):
             item_type = type(default[0]) if default else str
             parser.add_argument(flag, default=default,
                                 type=lambda text, item_type=item_type: tuple(item_type(v) for v in text.split(",") if v))
         else:
-            parser.add_argument(flag, default=default, type=type(default), required=default == "")
+            parser.add_argument(flag, default=default, type=type(default))
     return parser
 
 

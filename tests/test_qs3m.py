@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
-from sklearn.feature_extraction.text import HashingVectorizer
 
 from eval import qs3m as qs3m_eval
+from eval.encoders import load_encoders
 from model import qs3m
 from model.qs3m_pairs import PassageRecordError, query_from_record, sample_pairs
 
@@ -19,18 +19,6 @@ TOPICS = {
     "Economy": "trade export industry market currency bank tax agriculture",
     "Culture": "music dance festival painting poetry theatre cuisine film",
 }
-
-
-class HashingEncoder:
-    """A real, fit-free bag-of-words encoder behind the project's `encode` interface (for small tests)."""
-
-    name = "hashing-64"
-
-    def __init__(self):
-        self._vectorizer = HashingVectorizer(n_features=64, alternate_sign=False, norm="l2")
-
-    def encode(self, sentences):
-        return self._vectorizer.transform(sentences).toarray().astype(np.float32)
 
 
 def synthetic_article(article_id, split, rng, sections=3, paragraphs=4):
@@ -55,6 +43,12 @@ def write_passages(path, records, extra_lines=()):
             handle.write(json.dumps(record) + "\n")
         for line in extra_lines:
             handle.write(line + "\n")
+
+
+@pytest.fixture(scope="module")
+def mean_vectors():
+    (encoder,) = load_encoders(["mean-vectors"])
+    return encoder
 
 
 @pytest.fixture
@@ -188,14 +182,7 @@ def test_compare_with_reference_counts_helps_and_hurts():
 
 # ---------------------------------------------------------------- train and score
 
-def _train_and_score(passages, model_dir, eval_dir):
-    encoder = HashingEncoder()
-    train_config = qs3m.TrainConfig(passages=passages, output=model_dir, models=qs3m.MODEL_KINDS, queries=("D",),
-                                    nn1_units=(16,), nn2_units=(8,), epochs=3, batch_size=32)
-    summary = qs3m.train(train_config, encoder)
-    results = qs3m_eval.evaluate(qs3m_eval.EvalConfig(passages=passages, model_dir=model_dir, output=eval_dir,
-                                                      lda_topics=4), encoder)
-    return summary, results
+SMALL_TRAINING = ["--queries", "D", "--nn1-units", "16", "--nn2-units", "8", "--epochs", "3", "--batch-size", "32"]
 
 
 def _check_outputs(summary, results, eval_dir):
@@ -221,16 +208,39 @@ def _check_outputs(summary, results, eval_dir):
         assert FileSystems.open(f"{eval_dir}/{name}").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_train_and_score_local(passages_file, tmp_path):
-    summary, results = _train_and_score(str(passages_file), str(tmp_path / "model"), str(tmp_path / "eval"))
+def test_train_and_score_local(passages_file, tmp_path, mean_vectors):
+    train_config = qs3m.TrainConfig(passages=str(passages_file), output=str(tmp_path / "model"), queries=("D",),
+                                    nn1_units=(16,), nn2_units=(8,), epochs=3, batch_size=32)
+    summary = qs3m.train(train_config, mean_vectors)
+    eval_config = qs3m_eval.EvalConfig(passages=str(passages_file), model_dir=str(tmp_path / "model"),
+                                       output=str(tmp_path / "eval"), lda_topics=4)
+    results = qs3m_eval.evaluate(eval_config, mean_vectors)
     _check_outputs(summary, results, str(tmp_path / "eval"))
     assert (tmp_path / "model" / "qs3m-D.keras").exists() and (tmp_path / "model" / "training.png").exists()
 
 
-def test_train_and_score_gcs(passages_file, gcs_emulator):
+def test_train_and_score_gcs_through_the_entry_points(passages_file, gcs_emulator):
     prefix = gcs_emulator()
-    passages = f"{prefix}/passages/{passages_file.name}"
-    with FileSystems.create(passages, compression_type="uncompressed") as handle:
+    with FileSystems.create(f"{prefix}/passages/{passages_file.name}", compression_type="uncompressed") as handle:
         handle.write(passages_file.read_bytes())
-    summary, results = _train_and_score(f"{prefix}/passages/*.jsonl.gz", f"{prefix}/model", f"{prefix}/eval")
+    passages = f"{prefix}/passages/*.jsonl.gz"
+    summary = qs3m.main(["--passages", passages, "--output", f"{prefix}/model", *SMALL_TRAINING])
+    results = qs3m_eval.main(["--passages", passages, "--model-dir", f"{prefix}/model", "--output", f"{prefix}/eval",
+                              "--lda-topics", "4"])
+    assert results["encoder"] == "mean-vectors"
     _check_outputs(summary, results, f"{prefix}/eval")
+
+
+def test_flags_mirror_the_config_and_bad_values_name_the_flag():
+    parser = qs3m.parser_for(qs3m.TrainConfig, "qs3m")
+    config = qs3m.TrainConfig(**vars(parser.parse_args(
+        ["--passages", "p/*.jsonl.gz", "--output", "m", "--models", "qs3m,qss", "--queries", "T,P",
+         "--nn1-units", "32,16", "--learning-rate", "0.01"])))
+    assert config.models == ("qs3m", "qss") and config.queries == ("T", "P")
+    assert config.nn1_units == (32, 16) and config.learning_rate == 0.01 and config.epochs == 10
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--output", "m"])  # --passages is required
+    with pytest.raises(ValueError, match="--queries"):
+        qs3m.TrainConfig(passages="p", output="m", queries=("X",))
+    with pytest.raises(ValueError, match="--split"):
+        qs3m_eval.EvalConfig(passages="p", model_dir="m", output="o", split="dev")
