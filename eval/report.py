@@ -1,0 +1,171 @@
+"""Result files of the evaluation jobs: JSON (machine-readable), Markdown tables shaped like the
+paper's, and PNG plots, all written through Beam's `FileSystems` (local paths or gs://)."""
+from __future__ import annotations
+
+import io
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+
+from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
+
+# Ein Dor et al. 2018, Table 3 (triplet accuracy on their triplets-sen test set), as quoted by the
+# sentence-transformers documentation of its wikipedia-sections models. Their numbers, on their
+# data (Wikipedia 2017, GloVe 840B); shown beside ours for orientation only.
+PAPER_TRIPLET_ACCURACY = {
+    "mean-vectors": 0.65,
+    "skip-thoughts-CS": 0.615,
+    "skip-thoughts-SICK": 0.547,
+    "triplets-sen": 0.74,
+}
+PAPER_LABEL = "paper (Ein Dor et al. 2018, Table 3; their data)"
+
+
+def read_jsonl(pattern: str) -> list[dict]:
+    """All JSON lines of the files matching `pattern` (none match: an empty list)."""
+    rows = []
+    for metadata in sorted(FileSystems.match([pattern])[0].metadata_list, key=lambda m: m.path):
+        with FileSystems.open(metadata.path) as handle:
+            rows += [json.loads(line) for line in handle.read().decode("utf-8").splitlines() if line.strip()]
+    return rows
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    with FileSystems.create(path) as handle:
+        handle.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str, value) -> None:
+    write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def write_figure(path: str, figure) -> None:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    write_bytes(path, buffer.getvalue())
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    def cell(value):
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _methods_in_order(entries: list[dict]) -> list[str]:
+    return list(dict.fromkeys(entry["method"] for entry in entries))
+
+
+def scb_markdown(result: dict) -> str:
+    """One table per variant: methods as rows, MI/AMI/RI/ARI under each algorithm (the paper's Table 4)."""
+    parts = [f"## Sentence clustering benchmark ({result['articles']} articles, "
+             f"{result['dead_letters']} malformed records set aside)\n"]
+    for variant in ("all", "openers"):
+        entries = [entry for entry in result["summary"] if entry["variant"] == variant]
+        if not entries:
+            continue
+        by_key = {(entry["method"], entry["algorithm"]): entry for entry in entries}
+        header = ["method", "articles"] + [f"{algorithm} {metric}" for algorithm in ALGORITHMS for metric in METRICS]
+        rows = []
+        for method in _methods_in_order(entries):
+            scored = [by_key[(method, algorithm)] for algorithm in ALGORITHMS if (method, algorithm) in by_key]
+            rows.append([method, scored[0]["articles"]] + [
+                by_key[(method, algorithm)][metric] if (method, algorithm) in by_key else "-"
+                for algorithm in ALGORITHMS for metric in METRICS])
+        label = "all sentences" if variant == "all" else "paragraph openers only"
+        parts.append(f"\n### {label} (macro-average over articles; MI in nats)\n\n" + markdown_table(header, rows))
+    return "".join(parts)
+
+
+def scb_ari_figure(result: dict):
+    """Box plots of per-article ARI per method; one panel per variant x algorithm."""
+    variants = [v for v in ("all", "openers") if any(row["variant"] == v for row in result["rows"])] or ["all"]
+    figure, axes = plt.subplots(len(variants), len(ALGORITHMS), figsize=(4.2 * len(ALGORITHMS), 3.6 * len(variants)),
+                                squeeze=False, sharey=True)
+    methods = _methods_in_order(result["rows"])
+    for row_index, variant in enumerate(variants):
+        for column, algorithm in enumerate(ALGORITHMS):
+            axis = axes[row_index][column]
+            values = [[row["ARI"] for row in result["rows"]
+                       if row["variant"] == variant and row["algorithm"] == algorithm and row["method"] == method]
+                      for method in methods]
+            if any(values):
+                axis.boxplot(values, tick_labels=methods, showmeans=True)
+            axis.set_title(f"{algorithm}, {variant} sentences")
+            axis.axhline(0.0, color="grey", linewidth=0.5)
+            axis.tick_params(axis="x", rotation=30)
+        axes[row_index][0].set_ylabel("per-article ARI")
+    figure.suptitle("SCB: adjusted Rand index per article")
+    return figure
+
+
+def write_scb_report(result: dict, output: str) -> None:
+    write_json(FileSystems.join(output, "scb.json"), result)
+    write_text(FileSystems.join(output, "scb.md"), scb_markdown(result))
+    write_figure(FileSystems.join(output, "scb_ari.png"), scb_ari_figure(result))
+
+
+def triplets_markdown(result: dict) -> str:
+    """Accuracy with cosine and with L1 distance per method, the paper's Table 3 beside it."""
+    header = ["method", "accuracy (cosine)", "accuracy (L1)", PAPER_LABEL]
+    rows = [[entry["method"], entry["accuracy_cosine"], entry["accuracy_l1"],
+             PAPER_TRIPLET_ACCURACY.get(entry["method"], "-")] for entry in result["methods"]]
+    return (f"## Triplet accuracy ({result['dataset']}, split {result['split']}, "
+            f"{result['triplets']} triplets)\n\n" + markdown_table(header, rows))
+
+
+def triplets_figure(result: dict):
+    methods = [entry["method"] for entry in result["methods"]]
+    figure, axis = plt.subplots(figsize=(1.8 * len(methods) + 2, 3.6))
+    positions = range(len(methods))
+    width = 0.38
+    axis.bar([p - width / 2 for p in positions], [e["accuracy_cosine"] for e in result["methods"]], width, label="cosine")
+    axis.bar([p + width / 2 for p in positions], [e["accuracy_l1"] for e in result["methods"]], width, label="L1")
+    axis.axhline(0.5, color="grey", linestyle="--", linewidth=0.8, label="chance")
+    axis.set_xticks(list(positions), methods, rotation=20)
+    axis.set_ylim(0, 1)
+    axis.set_ylabel("accuracy")
+    axis.set_title(f"Triplet accuracy, {result['dataset']} {result['split']} ({result['triplets']} triplets)")
+    axis.legend()
+    return figure
+
+
+def write_triplets_report(result: dict, output: str) -> None:
+    write_json(FileSystems.join(output, "triplets.json"), result)
+    write_text(FileSystems.join(output, "triplets.md"), triplets_markdown(result))
+    write_figure(FileSystems.join(output, "triplets_accuracy.png"), triplets_figure(result))
+
+
+def sick_markdown(result: dict) -> str:
+    header = ["method", "Pearson r", "Spearman rho", "MSE", "C (chosen on TRIAL)"]
+    rows = [[e["method"], e["pearson"], e["spearman"], e["mse"], e["C"]] for e in result["methods"]]
+    counts = ", ".join(f"{split} {count}" for split, count in result["pairs"].items())
+    return f"## SICK relatedness (pairs: {counts})\n\n" + markdown_table(header, rows)
+
+
+def sick_figure(result: dict):
+    methods = [entry["method"] for entry in result["methods"]]
+    figure, axis = plt.subplots(figsize=(1.6 * len(methods) + 2, 3.4))
+    axis.bar(methods, [entry["pearson"] for entry in result["methods"]])
+    axis.set_ylim(0, 1)
+    axis.set_ylabel("Pearson r on TEST")
+    axis.set_title("SICK relatedness")
+    axis.tick_params(axis="x", rotation=20)
+    return figure
+
+
+def write_sick_report(result: dict, output: str) -> None:
+    write_json(FileSystems.join(output, "sick.json"), result)
+    write_text(FileSystems.join(output, "sick.md"), sick_markdown(result))
+    write_figure(FileSystems.join(output, "sick_pearson.png"), sick_figure(result))

@@ -1,0 +1,237 @@
+"""Sentence clustering benchmark (SCB) scoring as a Beam batch job (the paper's Table 4).
+
+    python -m eval.scb --data OUT --output EVAL [--encoder SPEC ...] [--model-dir DIR ...] [Beam options]
+
+reads `<data>/scb/*.jsonl.gz` (local or gs://), and per article and method: encodes the sentences
+once, clusters them with k-means, Iclust and average-link (k = the article's number of sections)
+and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Encoders are
+built once per worker in `DoFn.setup` from their spec strings. Per-article rows go to
+`<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
+driver then macro-averages per method x algorithm x variant and writes the report files.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+from tqdm import tqdm
+
+from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
+from eval.encoders import load_encoders, model_dir_specs
+from eval.report import read_jsonl, write_scb_report
+
+NAMESPACE = "wikisim"
+VARIANTS = ("all", "openers")
+DEFAULT_ENCODERS = ("mean-vectors", "tfidf")
+
+
+class ScbRecordError(ValueError):
+    """An SCB line that is not a usable article record."""
+
+
+@dataclass
+class ScbConfig:
+    """Flags of `python -m eval.scb` (and of eval.all's SCB step)."""
+
+    data: str
+    output: str
+    encoders: list[str] = field(default_factory=lambda: list(DEFAULT_ENCODERS))
+    model_dirs: list[str] = field(default_factory=list)
+    seed: int = 0
+
+    def encoder_specs(self) -> list[str]:
+        return list(self.encoders) + model_dir_specs(self.model_dirs)
+
+
+def parse_scb_record(line: str) -> dict:
+    """One SCB JSON line -> the article dict, checked against the data contract (DESIGN.md)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ScbRecordError(f"not JSON: {error}") from error
+    if not isinstance(record, dict):
+        raise ScbRecordError("not a JSON object")
+    missing = [key for key in ("article_id", "title", "sections", "sentences", "labels", "openers") if key not in record]
+    if missing:
+        raise ScbRecordError(f"missing keys {missing}")
+    sentences, labels, openers = record["sentences"], record["labels"], record["openers"]
+    if not (len(sentences) == len(labels) == len(openers)):
+        raise ScbRecordError(
+            f"sentences/labels/openers lengths differ: {len(sentences)}/{len(labels)}/{len(openers)}")
+    if any(not isinstance(label, int) or not 0 <= label < len(record["sections"]) for label in labels):
+        raise ScbRecordError(f"labels must index sections (0..{len(record['sections']) - 1})")
+    if len(set(labels)) < 2:
+        raise ScbRecordError("fewer than 2 sections have sentences")
+    return record
+
+
+def variant_subset(record: dict, variant: str) -> np.ndarray:
+    """Indices of the article's sentences that a variant clusters."""
+    if variant == "all":
+        return np.arange(len(record["sentences"]))
+    if variant == "openers":
+        return np.flatnonzero(np.asarray(record["openers"], dtype=bool))
+    raise ValueError(f"unknown SCB variant {variant!r}; expected one of {VARIANTS}")
+
+
+def score_article(record: dict, method: str, embeddings: np.ndarray, seed: int) -> list[dict]:
+    """Per variant and algorithm: the clustering metrics of one method on one article.
+
+    k is the number of sections that have sentences in the variant; a variant with fewer than
+    two such sections is skipped (openers only can lose whole sections) and reported as such.
+    """
+    rows = []
+    labels = np.asarray(record["labels"])
+    for variant in VARIANTS:
+        subset = variant_subset(record, variant)
+        n_clusters = len(np.unique(labels[subset]))
+        if n_clusters < 2:
+            rows.append({"article_id": record["article_id"], "method": method, "variant": variant,
+                         "skipped": f"{n_clusters} section(s) with {variant} sentences"})
+            continue
+        predictions = cluster_embeddings(embeddings[subset], n_clusters, seed=seed)
+        for algorithm, predicted in predictions.items():
+            rows.append({
+                "article_id": record["article_id"], "title": record["title"], "method": method,
+                "variant": variant, "algorithm": algorithm, "sentences": int(len(subset)),
+                "k": int(n_clusters), **clustering_metrics(labels[subset], predicted),
+            })
+    return rows
+
+
+class ParseScbFn(beam.DoFn):
+    """JSON lines -> article dicts; malformed lines -> the `dead_letters` output, counted."""
+
+    DEAD_LETTERS = "dead_letters"
+
+    def __init__(self, source: str):
+        self.source = source
+        self.read = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_read")
+        self.malformed = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_malformed")
+
+    def process(self, line: str):
+        self.read.inc()
+        try:
+            yield parse_scb_record(line)
+        except ScbRecordError as error:
+            self.malformed.inc()
+            yield beam.pvalue.TaggedOutput(self.DEAD_LETTERS, {
+                "stage": "eval-scb", "source": self.source, "page_id": None, "title": None,
+                "reason": "malformed_scb_record", "detail": f"{error}: {line[:200]}"})
+
+
+class ScoreArticleFn(beam.DoFn):
+    """Encodes one article with every method (encoders built once per worker) and scores it."""
+
+    def __init__(self, encoder_specs: list[str], seed: int):
+        self.encoder_specs = encoder_specs
+        self.seed = seed
+        self.scored = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_scored")
+        self.sentences = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_sentences_encoded")
+        self.skipped = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_variants_skipped")
+
+    def setup(self):
+        self.encoders = load_encoders(self.encoder_specs)
+        self.progress = tqdm(desc="scb articles", unit="article")
+
+    def process(self, record: dict):
+        for encoder in self.encoders:
+            embeddings = encoder.encode(record["sentences"])
+            self.sentences.inc(len(record["sentences"]))
+            for row in score_article(record, encoder.name, embeddings, self.seed):
+                if "skipped" in row:
+                    self.skipped.inc()
+                yield row
+        self.scored.inc()
+        self.progress.update()
+
+    def teardown(self):
+        self.progress.close()
+
+
+def scb_pattern(data: str) -> str:
+    return FileSystems.join(data, "scb", "*.jsonl.gz")
+
+
+def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
+    """read SCB -> parse (dead letters aside) -> score per article -> per-article rows as JSON lines."""
+    pattern = scb_pattern(config.data)
+    parsed = (
+        pipeline
+        | "ReadScb" >> beam.io.ReadFromText(pattern)
+        | "Parse" >> beam.ParDo(ParseScbFn(pattern)).with_outputs(ParseScbFn.DEAD_LETTERS, main="articles")
+    )
+    (parsed.articles
+     | "Score" >> beam.ParDo(ScoreArticleFn(config.encoder_specs(), config.seed))
+     | "RowsToJson" >> beam.Map(json.dumps)
+     | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
+                                          file_name_suffix=".jsonl"))
+    (parsed[ParseScbFn.DEAD_LETTERS]
+     | "DeadLettersToJson" >> beam.Map(json.dumps)
+     | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "dead_letters"),
+                                                 file_name_suffix=".jsonl"))
+
+
+def check_scb_input(data: str) -> None:
+    """A clear error naming the path when there is no SCB file to read."""
+    pattern = scb_pattern(data)
+    if not FileSystems.match([pattern])[0].metadata_list:
+        raise FileNotFoundError(f"no SCB files match {pattern} (run the pipeline with --output {data} first)")
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Macro-averages per variant x method x algorithm over the scored articles."""
+    summary = []
+    for variant in VARIANTS:
+        scored = [row for row in rows if row["variant"] == variant and "skipped" not in row]
+        summary += [{"variant": variant, **entry} for entry in macro_average(scored)]
+    return summary
+
+
+def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
+    """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
+    check_scb_input(config.data)
+    options = PipelineOptions(beam_args or [])
+    with beam.Pipeline(options=options) as pipeline:
+        build_pipeline(pipeline, config)
+    rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
+    dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
+    result = {
+        "articles": len({row["article_id"] for row in rows}),
+        "dead_letters": len(dead_letters),
+        "skipped": [row for row in rows if "skipped" in row],
+        "summary": summarise(rows),
+        "rows": [row for row in rows if "skipped" not in row],
+    }
+    write_scb_report(result, config.output)
+    return result
+
+
+def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/*.jsonl.gz); local or gs://")
+    parser.add_argument("--output", required=True, help="where the results go; local or gs://")
+    parser.add_argument("--encoder", dest="encoders", action="append",
+                        help=f"encoder spec, repeatable (default: {' '.join(DEFAULT_ENCODERS)}); see eval.encoders")
+    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
+                        help="trained model dir (DIR or NAME=DIR), repeatable")
+    parser.add_argument("--seed", type=int, default=0)
+    args, beam_args = parser.parse_known_args(argv)
+    config = ScbConfig(data=args.data, output=args.output,
+                       encoders=args.encoders or list(DEFAULT_ENCODERS),
+                       model_dirs=args.model_dirs, seed=args.seed)
+    return config, beam_args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config, beam_args = parse_args(argv)
+    return run(config, beam_args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The SCB scoring Beam job end to end (DirectRunner) on small SCB files in the contract format."""
+import json
+
+import numpy as np
+import pytest
+
+from eval import scb
+from eval.clustering import ALGORITHMS, METRICS
+from eval_fixtures import write_scb
+
+
+def test_parse_scb_record_names_what_is_wrong():
+    good = {"article_id": 1, "title": "T", "sections": ["a", "b"], "sentences": ["x", "y"],
+            "labels": [0, 1], "openers": [True, True]}
+    assert scb.parse_scb_record(json.dumps(good))["article_id"] == 1
+    with pytest.raises(scb.ScbRecordError, match="not JSON"):
+        scb.parse_scb_record("{broken")
+    with pytest.raises(scb.ScbRecordError, match="missing keys \\['openers'\\]"):
+        scb.parse_scb_record(json.dumps({k: v for k, v in good.items() if k != "openers"}))
+    with pytest.raises(scb.ScbRecordError, match="lengths differ"):
+        scb.parse_scb_record(json.dumps({**good, "labels": [0]}))
+    with pytest.raises(scb.ScbRecordError, match="labels must index sections"):
+        scb.parse_scb_record(json.dumps({**good, "labels": [0, 2]}))
+
+
+def test_score_article_skips_a_variant_without_two_sections():
+    record = {"article_id": 5, "title": "T", "sections": ["a", "b"], "sentences": ["w", "x", "y", "z"],
+              "labels": [0, 0, 1, 1], "openers": [True, False, False, False]}
+    embeddings = np.eye(4, dtype=np.float32)
+    rows = scb.score_article(record, "m", embeddings, seed=0)
+    assert [row["algorithm"] for row in rows if row["variant"] == "all"] == list(ALGORITHMS)
+    (skipped,) = [row for row in rows if row["variant"] == "openers"]
+    assert "skipped" in skipped
+
+
+def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
+    articles = write_scb(tmp_path / "data", extra_lines=("not json", json.dumps({"article_id": 99})))
+    result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"),
+                       "--encoder", "mean-vectors", "--encoder", "tfidf", "--runner", "DirectRunner"])
+    assert result["articles"] == len(articles)
+    assert result["dead_letters"] == 2
+    dead = [json.loads(line) for path in (tmp_path / "out" / "scb").glob("dead_letters-*")
+            for line in path.read_text().splitlines()]
+    assert {d["reason"] for d in dead} == {"malformed_scb_record"} and all(d["stage"] == "eval-scb" for d in dead)
+    assert len(result["rows"]) == len(articles) * 2 * len(ALGORITHMS) * len(scb.VARIANTS)
+    by_article = {a["article_id"]: a for a in articles}
+    for row in result["rows"]:
+        article = by_article[row["article_id"]]
+        assert row["k"] == len(article["sections"])
+        expected_sentences = len(article["sentences"]) if row["variant"] == "all" else sum(article["openers"])
+        assert row["sentences"] == expected_sentences
+        assert 0.0 <= row["RI"] <= 1.0 and -1.0 <= row["ARI"] <= 1.0
+    summary = {(s["variant"], s["method"], s["algorithm"]): s for s in result["summary"]}
+    assert len(summary) == 2 * len(ALGORITHMS) * len(scb.VARIANTS)
+    for (variant, method, algorithm), entry in summary.items():
+        matching = [r for r in result["rows"]
+                    if (r["variant"], r["method"], r["algorithm"]) == (variant, method, algorithm)]
+        assert entry["articles"] == len(articles)
+        for metric in METRICS:
+            assert entry[metric] == pytest.approx(np.mean([r[metric] for r in matching]))
+    # The fixture's sections are about unrelated themes (few shared words, so TF-IDF has little to
+    # go on): GloVe means must find them with every algorithm.
+    for algorithm in ALGORITHMS:
+        assert summary[("all", "mean-vectors", algorithm)]["ARI"] > 0.9, algorithm
+    for name in ("scb.json", "scb.md", "scb_ari.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    markdown = (tmp_path / "out" / "scb.md").read_text()
+    assert "paragraph openers only" in markdown and "| mean-vectors |" in markdown
+
+
+def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    local = tmp_path / "data"
+    write_scb(local)
+    data, out = gcs_emulator(), gcs_emulator()
+    source = local / "scb" / "part-00000-of-00001.jsonl.gz"
+    with FileSystems.create(f"{data}/scb/{source.name}", compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        handle.write(source.read_bytes())
+    result = scb.main(["--data", data, "--output", out, "--encoder", "tfidf", "--runner", "DirectRunner"])
+    assert result["articles"] == 3
+    assert FileSystems.exists(f"{out}/scb.md") and FileSystems.exists(f"{out}/scb_ari.png")
+
+
+def test_scb_job_names_the_missing_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nothing")):
+        scb.main(["--data", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")])
