@@ -40,10 +40,10 @@ EMBEDDED_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortene
 _PAGE_OPEN = b"<page>"
 _PAGE_CLOSE = b"</page>"
 _PAGE_ID = re.compile(rb"<id>\s*(\d+)\s*</id>")
-_PAGE_TITLE = re.compile(rb"<title>([^<]*)</title>")
+_PAGE_TITLE = re.compile(rb"<title>([^<]*)<")
 _BETWEEN_PAGES = re.compile(
     rb"\s*(?:<\?xml[^>]*\?>)?\s*(?:<mediawiki\b.*?</siteinfo>)?\s*(?:</mediawiki>)?\s*", re.DOTALL)
-_HEADER = re.compile(rb"<mediawiki\b.*?</siteinfo>", re.DOTALL)
+HEADER_PATTERN = re.compile(rb"<mediawiki\b.*?</siteinfo>", re.DOTALL)
 
 
 class Page(NamedTuple):
@@ -291,7 +291,7 @@ def read_dump_header(path: str) -> bytes:
             for segment in split_pages(read_chunks(stream, failures)):
                 if segment.kind == "outside":
                     if header is None:
-                        match = _HEADER.search(segment.data)
+                        match = HEADER_PATTERN.search(segment.data)
                         if not match:
                             break
                         header = match.group(0)
@@ -341,10 +341,12 @@ class _DecodeDumpRangesFn(beam.DoFn):
         self.fragments_dead_lettered = beam.metrics.Metrics.counter(
             NAMESPACE, "read_fragments_dead_lettered")
         self.ranges_read = beam.metrics.Metrics.counter(NAMESPACE, "read_ranges")
+        self.index_pages = beam.metrics.Metrics.counter(NAMESPACE, "index_pages")
 
     def process(self, read_unit):
         path, start, end, expected = read_unit
         self.ranges_read.inc()
+        self.index_pages.inc(len(expected))
         seen: set[int] = set()
         stream_faults = []
         for item in decode_pages(path, start, end):
