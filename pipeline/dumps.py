@@ -19,7 +19,6 @@ reader: one page's bytes plus one read buffer (`READ_CHUNK_BYTES`).
 from __future__ import annotations
 
 import bz2
-import io
 import os
 import re
 from typing import Iterable, Iterator, NamedTuple
@@ -36,6 +35,9 @@ READ_CHUNK_BYTES = 1 << 20
 MAX_OUTSIDE_BYTES = 4 << 20
 
 EMBEDDED_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+
+# Reasons for a bz2 stream that stops decoding: ended before its end marker, or corrupt data.
+STREAM_FAULTS = frozenset({"truncated_stream", "corrupt_stream"})
 
 _PAGE_OPEN = b"<page>"
 _PAGE_CLOSE = b"</page>"
@@ -101,51 +103,59 @@ def match_dump_files(file_pattern: str) -> list[tuple[str, int]]:
     return files
 
 
-def open_decompressed(path: str, start: int = 0, end: int | None = None) -> io.BufferedIOBase:
-    """The decompressed bytes of `path[start:end]` (bz2 by extension, else plain XML).
-
-    Bytes come from `FileSystems.open` uncompressed and are decoded with Python's `bz2`, which,
-    unlike Beam's `CompressedFile`, raises `EOFError` on a truncated stream instead of ending
-    quietly, and reads concatenated streams (a multistream file or range) as one.
-    """
-    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-    if start or end is not None:
-        raw = _ByteRange(raw, start, end)
-    if path.endswith(".bz2"):
-        return bz2.BZ2File(raw, mode="rb")
-    return raw
-
-
-class _ByteRange(io.RawIOBase):
-    """Read-only view of `raw[start:end]` so a bz2 decoder sees only its own streams."""
-
-    def __init__(self, raw, start: int, end: int | None):
-        super().__init__()
-        raw.seek(start)
-        self._raw = raw
-        self._left = None if end is None else end - start
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        size = len(buffer) if self._left is None else min(len(buffer), self._left)
-        data = self._raw.read(size)
-        buffer[: len(data)] = data
-        if self._left is not None:
-            self._left -= len(data)
-        return len(data)
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()
-
-
-def read_chunks(stream: io.BufferedIOBase, failures: list[BaseException]) -> Iterator[bytes]:
-    """Chunks of `stream` until its end or a decoding error, which goes to `failures`."""
-    try:
-        while chunk := stream.read(READ_CHUNK_BYTES):
+def raw_chunks(path: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The stored bytes of `path[start:end]` (end None: to the end), read through FileSystems."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
+        if start:
+            raw.seek(start)
+        left = None if end is None else end - start
+        while left is None or left > 0:
+            chunk = raw.read(READ_CHUNK_BYTES if left is None else min(READ_CHUNK_BYTES, left))
+            if not chunk:
+                return
+            if left is not None:
+                left -= len(chunk)
             yield chunk
+
+
+def bz2_chunks(compressed_chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Decompresses one or more concatenated bz2 streams, at most READ_CHUNK_BYTES at a time.
+
+    Hand-written over `bz2.BZ2Decompressor` because the file readers fail quietly: Beam's
+    `CompressedFile` ends a truncated stream without error, and `bz2.BZ2File` stops without
+    error at undecodable bytes between streams. Here a stream cut short raises EOFError and
+    any bytes that do not decode raise OSError, so no lost page goes uncounted.
+    """
+    decompressor = None
+    for compressed in compressed_chunks:
+        while compressed:
+            if decompressor is None:
+                decompressor = bz2.BZ2Decompressor()
+            out = decompressor.decompress(compressed, READ_CHUNK_BYTES)
+            while True:
+                if out:
+                    yield out
+                if decompressor.eof or decompressor.needs_input:
+                    break
+                out = decompressor.decompress(b"", READ_CHUNK_BYTES)
+            if decompressor.eof:
+                compressed, decompressor = decompressor.unused_data, None
+            else:
+                compressed = b""
+    if decompressor is not None:
+        raise EOFError("compressed data ended before the bz2 end-of-stream marker")
+
+
+def decompressed_chunks(path: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    """The decompressed bytes of `path[start:end]`: bz2 by extension, else plain XML."""
+    chunks = raw_chunks(path, start, end)
+    return bz2_chunks(chunks) if path.endswith(".bz2") else chunks
+
+
+def until_failure(chunks: Iterable[bytes], failures: list[BaseException]) -> Iterator[bytes]:
+    """The chunks until a read or decoding error, which is appended to `failures`."""
+    try:
+        yield from chunks
     except (EOFError, OSError, ValueError) as err:  # truncated / corrupt bz2, broken transport
         failures.append(err)
 
@@ -245,37 +255,46 @@ def decode_pages(path: str, start: int = 0, end: int | None = None) -> Iterator[
     id); an unterminated page or stray bytes between pages; a truncated or corrupt bz2 stream
     (a record with the decompressed offset where decoding stopped).
     """
-    source = path if (start == 0 and end is None) else f"{path}#bytes={start}-{end if end is not None else ''}"
+    source = range_source(path, start, end)
     failures: list[BaseException] = []
     last_offset = 0
-    with open_decompressed(path, start, end) as stream:
-        for segment in split_pages(read_chunks(stream, failures)):
-            last_offset = segment.offset + len(segment.data)
-            if segment.kind == "outside":
-                if not is_dump_framing(segment.data):
-                    page_id, title = page_id_and_title(segment.data)
-                    yield dead_letter(source, page_id, title, "stray_bytes",
-                                      f"{len(segment.data)} bytes outside any <page> at "
-                                      f"decompressed offset {segment.offset}")
-                continue
-            if segment.kind == "unterminated":
+    for segment in split_pages(until_failure(decompressed_chunks(path, start, end), failures)):
+        last_offset = segment.offset + len(segment.data)
+        if segment.kind == "outside":
+            if not is_dump_framing(segment.data):
                 page_id, title = page_id_and_title(segment.data)
-                # Only the trailing segment can follow a read failure: a page cut off by it.
-                reason = "truncated_stream" if failures else "malformed_xml"
-                yield dead_letter(source, page_id, title, reason,
-                                  f"<page> at decompressed offset {segment.offset} has no </page>")
-                continue
-            try:
-                yield parse_page(segment.data, path)
-            except PageError as err:
-                page_id, title = page_id_and_title(segment.data)
-                yield dead_letter(source, page_id, title, err.reason,
-                                  f"{err.detail} (page at decompressed offset {segment.offset})")
+                yield dead_letter(source, page_id, title, "stray_bytes",
+                                  f"{len(segment.data)} bytes outside any <page> at "
+                                  f"decompressed offset {segment.offset}")
+            continue
+        if segment.kind == "unterminated":
+            page_id, title = page_id_and_title(segment.data)
+            # Only the trailing segment can follow a read failure: a page cut off by it.
+            reason = stream_fault_reason(failures[0]) if failures else "malformed_xml"
+            yield dead_letter(source, page_id, title, reason,
+                              f"<page> at decompressed offset {segment.offset} has no </page>")
+            continue
+        try:
+            yield parse_page(segment.data, path)
+        except PageError as err:
+            page_id, title = page_id_and_title(segment.data)
+            yield dead_letter(source, page_id, title, err.reason,
+                              f"{err.detail} (page at decompressed offset {segment.offset})")
     for failure in failures:
-        yield dead_letter(source, None, None, "truncated_stream" if isinstance(failure, EOFError)
-                          else "corrupt_stream",
+        yield dead_letter(source, None, None, stream_fault_reason(failure),
                           f"{type(failure).__name__}: {failure} (decoding stopped after "
                           f"decompressed offset {last_offset})")
+
+
+def stream_fault_reason(failure: BaseException) -> str:
+    return "truncated_stream" if isinstance(failure, EOFError) else "corrupt_stream"
+
+
+def range_source(path: str, start: int, end: int | None) -> str:
+    """How dead letters name where they came from: the file, or the file's byte range."""
+    if start == 0 and end is None:
+        return path
+    return f"{path}#bytes={start}-{'' if end is None else end}"
 
 
 def read_dump_header(path: str) -> bytes:
@@ -286,22 +305,18 @@ def read_dump_header(path: str) -> bytes:
     """
     failures: list[BaseException] = []
     header = None
-    try:
-        with open_decompressed(path) as stream:
-            for segment in split_pages(read_chunks(stream, failures)):
-                if segment.kind == "outside":
-                    if header is None:
-                        match = HEADER_PATTERN.search(segment.data)
-                        if not match:
-                            break
-                        header = match.group(0)
-                    continue
-                if header is None:
+    for segment in split_pages(until_failure(decompressed_chunks(path), failures)):
+        if segment.kind == "outside":
+            if header is None:
+                match = HEADER_PATTERN.search(segment.data)
+                if not match:
                     break
-                return header
-    except OSError as err:
-        raise DumpInputError(f"cannot read dump {path}: {err}") from err
-    if failures and header is None:
+                header = match.group(0)
+            continue
+        if header is None:
+            break
+        return header
+    if failures:
         raise DumpInputError(f"{path} is not a readable dump: {failures[0]}")
     if header is None:
         raise DumpInputError(f"{path} is not a MediaWiki XML dump (no <mediawiki> header with "
@@ -327,60 +342,63 @@ def check_input(file_pattern: str, index: str | None = None) -> list[str]:
     return paths
 
 
-class _DecodeDumpRangesFn(beam.DoFn):
-    """Decodes one (path, start, end, expected pages) read unit into pages and dead letters.
+def decode_read_unit(read_unit: tuple) -> Iterator[Page | dict]:
+    """Pages and dead letters of one read unit `(path, start, end, expected)`.
 
-    `expected` lists (page_id, title) from a multistream index; pages it lists that the range
-    did not yield in any form (e.g. lost to a truncated stream) are dead-lettered one by one,
-    so `index_pages == pages_read + pages_dead_lettered` holds exactly.
+    `expected` lists the (page_id, title) a multistream index places in the range. Pages it
+    lists that the range yielded in no form (lost to a truncated or corrupt stream) get one
+    dead letter each, carrying the stream fault as reason, so that with an index
+    `index pages == pages read + page dead letters` holds exactly. Without an index the stream
+    fault itself is the record (no page id, the decompressed offset in its detail).
     """
+    path, start, end, expected = read_unit
+    seen: set[int] = set()
+    stream_fault = None
+    for item in decode_pages(path, start, end):
+        if isinstance(item, Page):
+            seen.add(item.page_id)
+        elif expected and item["page_id"] is None and item["reason"] in STREAM_FAULTS:
+            stream_fault = item
+            continue
+        elif item["page_id"] is not None:
+            seen.add(item["page_id"])
+        yield item
+    missing = [(page_id, title) for page_id, title in expected if page_id not in seen]
+    for page_id, title in missing:
+        if stream_fault:
+            yield dict(stream_fault, page_id=page_id, title=title)
+        else:
+            yield dead_letter(range_source(path, start, end), page_id, title, "missing_from_stream",
+                              "listed in the index but not found in its stream")
+    if stream_fault and not missing:
+        yield stream_fault
+
+
+class _DecodeReadUnitsFn(beam.DoFn):
+    """Thin wrapper over `decode_read_unit`: counts each outcome and routes dead letters."""
 
     def __init__(self):
-        self.pages_read = beam.metrics.Metrics.counter(NAMESPACE, "pages_read")
-        self.pages_dead_lettered = beam.metrics.Metrics.counter(NAMESPACE, "read_pages_dead_lettered")
-        self.fragments_dead_lettered = beam.metrics.Metrics.counter(
-            NAMESPACE, "read_fragments_dead_lettered")
-        self.ranges_read = beam.metrics.Metrics.counter(NAMESPACE, "read_ranges")
-        self.index_pages = beam.metrics.Metrics.counter(NAMESPACE, "index_pages")
+        counter = beam.metrics.Metrics.counter
+        self.pages_read = counter(NAMESPACE, "pages_read")
+        self.pages_dead_lettered = counter(NAMESPACE, "read_pages_dead_lettered")
+        self.fragments_dead_lettered = counter(NAMESPACE, "read_fragments_dead_lettered")
+        self.units_read = counter(NAMESPACE, "read_ranges")
+        self.index_pages = counter(NAMESPACE, "index_pages")
 
     def process(self, read_unit):
-        path, start, end, expected = read_unit
-        self.ranges_read.inc()
-        self.index_pages.inc(len(expected))
-        seen: set[int] = set()
-        stream_faults = []
-        for item in decode_pages(path, start, end):
+        self.units_read.inc()
+        self.index_pages.inc(len(read_unit[3]))
+        for item in decode_read_unit(read_unit):
             if isinstance(item, Page):
-                seen.add(item.page_id)
                 self.pages_read.inc()
                 yield item
                 continue
-            if item["page_id"] is None and item["reason"] in ("truncated_stream", "corrupt_stream") and expected:
-                stream_faults.append(item)
-                continue
             if item["page_id"] is not None:
-                seen.add(item["page_id"])
                 self.pages_dead_lettered.inc()
             else:
                 self.fragments_dead_lettered.inc()
             beam.metrics.Metrics.counter(NAMESPACE, f"read_{item['reason']}").inc()
             yield beam.pvalue.TaggedOutput("dead_letters", item)
-        missing = [(page_id, title) for page_id, title in expected if page_id not in seen]
-        # A stream fault with an index behind it becomes one record per page it cost.
-        if missing or stream_faults:
-            fault = stream_faults[0] if stream_faults else None
-            reason = fault["reason"] if fault else "missing_from_stream"
-            detail = fault["detail"] if fault else "listed in the index but not found in its stream"
-            for page_id, title in missing:
-                self.pages_dead_lettered.inc()
-                beam.metrics.Metrics.counter(NAMESPACE, f"read_{reason}").inc()
-                yield beam.pvalue.TaggedOutput(
-                    "dead_letters", dead_letter(fault["source"] if fault else f"{path}#bytes={start}-{end}",
-                                                page_id, title, reason, detail))
-            if fault and not missing:
-                self.fragments_dead_lettered.inc()
-                beam.metrics.Metrics.counter(NAMESPACE, f"read_{reason}").inc()
-                yield beam.pvalue.TaggedOutput("dead_letters", fault)
 
 
 class ReadDumpPages(beam.PTransform):
@@ -409,6 +427,6 @@ class ReadDumpPages(beam.PTransform):
             | "ListDumpFiles" >> beam.Create(files)
             | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units)
             | "SpreadReadUnits" >> beam.Reshuffle()
-            | "DecodePages" >> beam.ParDo(_DecodeDumpRangesFn()).with_outputs("dead_letters", main="pages")
+            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn()).with_outputs("dead_letters", main="pages")
         )
         return {"pages": decoded.pages, "dead_letters": decoded.dead_letters}

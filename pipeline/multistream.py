@@ -14,7 +14,6 @@ use it to turn the embedded excerpt into a real multistream file with its index.
 from __future__ import annotations
 
 import bz2
-import io
 import re
 from typing import Iterable, Iterator
 from xml.sax.saxutils import unescape as xml_unescape
@@ -22,8 +21,8 @@ from xml.sax.saxutils import unescape as xml_unescape
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.dumps import (HEADER_PATTERN, DumpInputError, match_dump_files, open_decompressed,
-                            page_id_and_title, read_chunks, split_pages)
+from pipeline.dumps import (HEADER_PATTERN, DumpInputError, decompressed_chunks, match_dump_files,
+                            page_id_and_title, split_pages, until_failure)
 
 _ENTITIES = {"&quot;": '"', "&apos;": "'"}
 _MULTISTREAM_NAME = re.compile(r"multistream(\d*)\.xml")
@@ -54,17 +53,24 @@ def find_index(dump_path: str) -> str | None:
 
 def read_index(index_path: str) -> Iterator[tuple[int, int, str]]:
     """(offset, page_id, title) per line of a multistream index (bz2 or plain), streamed."""
-    with io.TextIOWrapper(open_decompressed(index_path), encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            try:
-                offset, page_id, title = line.split(":", 2)
-                yield int(offset), int(page_id), title
-            except ValueError as err:
-                raise DumpInputError(f"{index_path} line {number} is not 'offset:page_id:title': "
-                                     f"{line[:200]!r}") from err
+    for number, line in enumerate(_lines(decompressed_chunks(index_path)), start=1):
+        if not line:
+            continue
+        try:
+            offset, page_id, title = line.decode("utf-8").split(":", 2)
+            yield int(offset), int(page_id), title
+        except ValueError as err:
+            raise DumpInputError(f"{index_path} line {number} is not 'offset:page_id:title': "
+                                 f"{line[:200]!r}") from err
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    rest = b""
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        yield from lines
+    if rest:
+        yield rest
 
 
 def plan_read_units(dump_and_index: tuple[str, str | None]) -> Iterator[ReadUnit]:
@@ -101,8 +107,7 @@ def plan_read_units(dump_and_index: tuple[str, str | None]) -> Iterator[ReadUnit
 def dump_parts(source_path: str) -> tuple[bytes, Iterator[bytes]]:
     """A dump's `<mediawiki>...</siteinfo>` header and an iterator over its `<page>` elements."""
     failures: list[BaseException] = []
-    stream = open_decompressed(source_path)
-    segments = split_pages(read_chunks(stream, failures))
+    segments = split_pages(until_failure(decompressed_chunks(source_path), failures))
     header = b""
     first_page = None
     for segment in segments:
@@ -113,16 +118,14 @@ def dump_parts(source_path: str) -> tuple[bytes, Iterator[bytes]]:
         first_page = segment.data
         break
     if not header:
-        stream.close()
         raise DumpInputError(f"{source_path} has no MediaWiki header")
 
     def pages() -> Iterator[bytes]:
-        with stream:
-            if first_page is not None:
-                yield first_page
-            for segment in segments:
-                if segment.kind != "outside":
-                    yield segment.data
+        if first_page is not None:
+            yield first_page
+        for segment in segments:
+            if segment.kind != "outside":
+                yield segment.data
         if failures:
             raise DumpInputError(f"{source_path}: {failures[0]}")
 

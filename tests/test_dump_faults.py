@@ -119,3 +119,17 @@ def test_truncated_single_stream_file_keeps_what_it_read(tmp_path, excerpt):
     cut_pages = [d["page_id"] for d in dead if d["page_id"] is not None]
     assert cut_pages in ([], [reference[len(got)]])  # the page being decoded when it ended
     assert counters["pages_read"] == len(got)
+
+
+def test_undecodable_bytes_after_the_last_stream_are_reported(tmp_path, excerpt):
+    header, pages = excerpt
+    dump = tmp_path / "garbage-tail.xml.bz2"
+    multistream.write_plain_dump(header, pages, str(dump))
+    with open(dump, "ab") as out:
+        out.write(b"BZh9 this is not bz2 data")  # Python's bz2.open would stop here silently
+
+    items = list(decode_pages(str(dump)))
+
+    assert [p.page_id for p in items[:-1]] == [p.page_id for p in decode_pages(embedded_dump_path())]
+    assert items[-1]["reason"] == "corrupt_stream" and items[-1]["page_id"] is None
+    assert bz2.open(dump).read().endswith(b"</mediawiki>\n")  # the quiet behaviour avoided
