@@ -1,12 +1,12 @@
 """Entry file of the Dataflow Flex Template (FLEX_TEMPLATE_PYTHON_PY_FILE in infra/Dockerfile).
 
 Dataflow's launcher runs a .py file with the template parameters as `--name=value` flags; this
-hands them to `pipeline.run.main` so every transform stays in the installed `pipeline` package
-(importable on workers) rather than in `__main__`.
+hands them to `pipeline.run`'s command line, so every transform stays in the installed `pipeline`
+package (importable on workers) rather than in `__main__`.
 """
 import sys
 
-from pipeline.run import main
+from pipeline.run import cli
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(cli())

@@ -268,13 +268,19 @@ def pipeline_commands(cfg: CloudConfig) -> list[list[str]]:
 
 
 def scb_commands(cfg: CloudConfig) -> list[list[str]]:
-    """`python -m eval.scb` on Dataflow over the run's SCB, the trained encoder beside the baselines."""
+    """`python -m eval.scb` on Dataflow over the run's SCB: the trained encoder beside the baselines.
+
+    mean-vectors reads the run's GloVe file from the bucket: the embedded GloVe 6B 50d is a demo
+    extra that Dataflow workers (installed from setup.py) do not have.
+    """
     layout = gcs_layout(cfg)
     command = [
         "python", "-m", "eval.scb",
-        "--scb", layout.scb,
-        "--encoders", f"saved:{cfg.dataset}={layout.encoder}", "mean-vectors", "tfidf",
+        "--data", layout.data,
         "--output", layout.eval_scb,
+        "--model-dir", f"{cfg.dataset}={layout.model_dir}",
+        "--encoder", f"mean-vectors:{layout.vectors}",
+        "--encoder", "tfidf",
     ]
     return [command + checked_dataflow_options(cfg, "scb")]
 

@@ -77,7 +77,9 @@ def test_container_mode_ships_the_image_instead_of_setup_py(capsys):
 def test_scb_dry_run_submits_eval_scb_to_dataflow(capsys):
     [command] = printed_commands(capsys, ["scb"])
     assert command[:3] == ["python", "-m", "eval.scb"]
-    assert command[command.index("--scb") + 1] == "gs://wikisim-data/wikisim/enwiki-latest/data/scb"
+    assert command[command.index("--data") + 1] == "gs://wikisim-data/wikisim/enwiki-latest/data"
+    assert command[command.index("--model-dir") + 1] == (
+        "triplets-sen=gs://wikisim-data/wikisim/enwiki-latest/models/triplets-sen")
     options, errors = beam_errors(command[3:])
     assert errors == []
     assert options.view_as(GoogleCloudOptions).job_name != "wikisim-pipeline-enwiki-latest"
