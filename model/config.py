@@ -1,0 +1,72 @@
+"""TrainConfig: every knob of `python -m model.train`; the CLI flags mirror it one to one."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+DATASETS = ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str                              # pipeline output folder, local or gs://
+    model_dir: str                         # checkpoints, logs, history, plots, encoder/
+    dataset: str = "triplets-sen"
+    embeddings: str | None = None          # GloVe text file (local/gs://); None = embedded GloVe 6B 50d
+    fine_tune_embeddings: bool = False
+    epochs: int = 10
+    steps: int | None = None               # steps per epoch (data repeated); None = one pass per epoch
+    batch_size: int = 32                   # per replica; global batch = batch_size x replicas
+    learning_rate: float = 1e-3
+    lstm_units: int = 300
+    attention_size: int = 200
+    dropout: float = 0.2                   # a rate (fraction dropped) on the BiLSTM outputs
+    max_tokens: int = 64
+    num_oov_buckets: int = 1
+    min_count: int = 1                     # vocabulary: training-split words seen this often
+    shuffle_buffer: int = 10000
+    patience: int = 3                      # early stopping on validation triplet accuracy
+    checkpoint_every: int = 50             # steps between BackupAndRestore backups
+    strategy: str = "auto"
+    seed: int = 0
+    progress: bool = True                  # Keras progress bar
+
+    def __post_init__(self):
+        if self.dataset not in DATASETS:
+            raise ValueError(f"--dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"--strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
+        for name in ("epochs", "batch_size", "lstm_units", "attention_size", "max_tokens",
+                     "num_oov_buckets", "min_count", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+
+
+def _flag_type(field: dataclasses.Field):
+    kind = str(field.type)
+    if kind.startswith("int"):
+        return int
+    if kind.startswith("float"):
+        return float
+    return str
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """One flag per TrainConfig field (`model_dir` -> `--model-dir`); booleans take true/false."""
+    parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__)
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        required = field.default is dataclasses.MISSING
+        if field.type == "bool":
+            parser.add_argument(flag, type=lambda text: text.lower() in ("1", "true", "yes"),
+                                default=field.default, metavar="true|false")
+        else:
+            parser.add_argument(flag, type=_flag_type(field), required=required,
+                                default=None if required else field.default)
+    return TrainConfig(**vars(parser.parse_args(argv)))

@@ -1,0 +1,201 @@
+"""Trains the triplet network on the pipeline's shards and exports the strings-in encoder.
+
+    python -m model.train --data DIR_OR_GS --model-dir DIR [--dataset triplets-sen]
+        [--embeddings GLOVE.txt] [--epochs N] [--steps N] [--batch-size N]
+        [--strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
+
+Writes into the model dir: `vocabulary.txt`, `backup/` (BackupAndRestore: a killed job resumes
+from its last backup), `checkpoints/best.weights.h5`, `logs/` (TensorBoard), `history.json`,
+`training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from model.config import TrainConfig, parse_args
+from model.data import count_words, list_shards, parse_triplets, read_records, training_batches
+from model.text import WordIds
+from model.vectors import load_word_vectors
+
+LOG = logging.getLogger(__name__)
+
+
+def make_strategy(name: str) -> tf.distribute.Strategy:
+    """`auto`: TPU when one is configured, MultiWorkerMirrored when TF_CONFIG names several
+    workers, Mirrored with more than one GPU, otherwise the default (single-device) strategy."""
+    if name == "auto":
+        if os.environ.get("TPU_NAME") or tf.config.list_logical_devices("TPU"):
+            name = "tpu"
+        elif len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("worker", [])) > 1:
+            name = "multi_worker"
+        elif len(tf.config.list_logical_devices("GPU")) > 1:
+            name = "mirrored"
+        else:
+            return tf.distribute.get_strategy()
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(os.environ.get("TPU_NAME", ""))
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = [device.name for device in tf.config.list_logical_devices("GPU")]
+    if name == "mirrored":
+        # Without GPUs, mirror over the logical CPU devices (tests configure two).
+        return tf.distribute.MirroredStrategy(gpus or [d.name for d in tf.config.list_logical_devices("CPU")])
+    return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else "/cpu:0")
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    resolver = getattr(strategy, "cluster_resolver", None)
+    return resolver is None or resolver.task_type in (None, "chief") or (
+        resolver.task_type == "worker" and resolver.task_id == 0)
+
+
+def build_vocabulary(config: TrainConfig) -> list[str]:
+    """Training-split words seen `min_count` times that have a pre-trained vector, most
+    frequent first; kept in `vocabulary.txt` so a resumed job rebuilds the same id space."""
+    path = f"{config.model_dir}/vocabulary.txt"
+    if tf.io.gfile.exists(path):
+        with tf.io.gfile.GFile(path) as handle:
+            return handle.read().splitlines()
+    counts = count_words(parse_triplets(read_records(list_shards(config.data, config.dataset, "train"))))
+    frequent = {word for word, n in counts.items() if n >= config.min_count}
+    with_vectors = set(load_word_vectors(config.embeddings, frequent).words)
+    vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
+    covered = sum(counts[word] for word in vocabulary)
+    LOG.info("vocabulary: %d of %d training words have vectors (%.1f%% of %d tokens)",
+             len(vocabulary), len(counts), 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
+    tf.io.gfile.makedirs(config.model_dir)
+    with tf.io.gfile.GFile(path, "w") as handle:
+        handle.write("\n".join(vocabulary))
+    return vocabulary
+
+
+def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConfig) -> np.ndarray:
+    """Rows in id order: zeros for padding, the pre-trained vectors, then small random OOV rows."""
+    vectors = load_word_vectors(config.embeddings, vocabulary)
+    row_of = vectors.index()
+    scale = float(vectors.matrix.std()) if vectors.matrix.size else 0.1
+    oov = np.random.default_rng(config.seed).normal(0, scale, (config.num_oov_buckets, vectors.dim))
+    rows = [np.zeros((1, vectors.dim)), vectors.matrix[[row_of[word] for word in vocabulary]], oov]
+    matrix = np.concatenate(rows).astype(np.float32)
+    assert matrix.shape[0] == word_ids.num_ids
+    return matrix
+
+
+def split_batches(config: TrainConfig, split: str, word_ids: WordIds, global_batch: int) -> tf.data.Dataset:
+    training = split == "train"
+    triplets = parse_triplets(read_records(list_shards(config.data, config.dataset, split)))
+    return training_batches(triplets, word_ids, global_batch,
+                            shuffle_buffer=config.shuffle_buffer if training else 0,
+                            repeat=training and config.steps is not None, seed=config.seed)
+
+
+def build_models(config: TrainConfig, matrix: np.ndarray):
+    """(sentence encoder, compiled triplet model); call inside the strategy's scope."""
+    from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
+
+    encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+                                     dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
+    model = build_triplet_model(encoder)
+    compile_triplet_model(model, config.learning_rate)
+    return encoder, model
+
+
+def plot_history(history: dict, path: str) -> None:
+    """Loss and triplet accuracy per epoch (training and validation) as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = range(1, len(history["loss"]) + 1)
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, metric in ((loss_axis, "loss"), (accuracy_axis, "triplet_accuracy")):
+        axis.plot(epochs, history[metric], "o-", label="train")
+        axis.plot(epochs, history[f"val_{metric}"], "o-", label="validation")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(metric.replace("_", " "))
+        axis.grid(alpha=0.3)
+    accuracy_axis.axhline(history["untrained_val_triplet_accuracy"], color="grey", ls="--", label="untrained")
+    accuracy_axis.legend()
+    figure.suptitle("triplet network training")
+    figure.tight_layout()
+    with tf.io.gfile.GFile(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=100)
+    plt.close(figure)
+
+
+def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
+    """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json."""
+    import keras
+
+    from model.network import ExportableEncoder
+
+    keras.utils.set_random_seed(config.seed)
+    strategy = make_strategy(config.strategy)
+    global_batch = config.batch_size * strategy.num_replicas_in_sync
+    LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
+             strategy.num_replicas_in_sync, global_batch)
+    vocabulary = build_vocabulary(config)
+    word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
+    matrix = embedding_matrix(vocabulary, word_ids, config)
+    train_batches = split_batches(config, "train", word_ids, global_batch)
+    validation_batches = split_batches(config, "validation", word_ids, global_batch)
+    with strategy.scope():
+        encoder, model = build_models(config, matrix)
+    untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
+
+    chief = is_chief(strategy)
+    callbacks = [  # BackupAndRestore first: the others must see the restored state
+        keras.callbacks.BackupAndRestore(f"{config.model_dir}/backup", save_freq=config.checkpoint_every),
+        keras.callbacks.ModelCheckpoint(f"{config.model_dir}/checkpoints/best.weights.h5", save_weights_only=True,
+                                        monitor="val_triplet_accuracy", mode="max", save_best_only=True),
+        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience,
+                                      restore_best_weights=True),
+        keras.callbacks.TensorBoard(f"{config.model_dir}/logs"),
+        *(extra_callbacks or []),
+    ]
+    fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
+                    steps_per_epoch=config.steps, callbacks=callbacks, verbose=1 if config.progress else 2)
+
+    test = model.evaluate(split_batches(config, "test", word_ids, global_batch), verbose=0, return_dict=True)
+    history = {key: [float(v) for v in values] for key, values in fit.history.items()}
+    summary = {
+        **history,
+        "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
+        "untrained_val_loss": float(untrained["loss"]),
+        "best_val_triplet_accuracy": max(history["val_triplet_accuracy"]),
+        "test_triplet_accuracy": float(test["triplet_accuracy"]),
+        "test_loss": float(test["loss"]),
+        "epochs_run": len(history["loss"]),
+        "vocabulary_size": len(vocabulary),
+        "replicas": strategy.num_replicas_in_sync,
+        "global_batch_size": global_batch,
+        "config": dataclasses.asdict(config),
+    }
+    if chief:
+        ExportableEncoder(word_ids, encoder).export(f"{config.model_dir}/encoder")
+        with tf.io.gfile.GFile(f"{config.model_dir}/history.json", "w") as handle:
+            json.dump(summary, handle, indent=2)
+        plot_history(summary, f"{config.model_dir}/training_curve.png")
+    LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
+             summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
+             summary["test_triplet_accuracy"], config.model_dir)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return train(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,142 @@
+"""The trainer on real TFRecord shards: outputs, gs:// input, mirrored over 2 CPUs, resume, e2e."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from model.config import TrainConfig, parse_args
+from model.data import TripletDataError, list_shards, triplet_strings
+from model.encoder import SavedModelEncoder
+from model_shards import write_triplet_shards
+
+TINY = dict(epochs=2, steps=3, batch_size=8, lstm_units=8, attention_size=4, progress=False)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_triplet_shards(str(tmp_path_factory.mktemp("shards")), extra_records=(b"not an Example",))
+
+
+def test_flags_mirror_the_config():
+    config = parse_args(["--data", "d", "--model-dir", "m", "--lstm-units", "7", "--fine-tune-embeddings", "true",
+                         "--steps", "5", "--embeddings", "g.txt"])
+    assert (config.lstm_units, config.fine_tune_embeddings, config.steps, config.embeddings) == (7, True, 5, "g.txt")
+    assert dataclasses.replace(config, lstm_units=300, fine_tune_embeddings=False, steps=None, embeddings=None) \
+        == TrainConfig(data="d", model_dir="m")
+    with pytest.raises(ValueError, match="--strategy"):
+        parse_args(["--data", "d", "--model-dir", "m", "--strategy", "gpu-please"])
+
+
+def test_missing_shards_name_the_pattern(tmp_path):
+    with pytest.raises(TripletDataError, match="triplets-titles/train/part-"):
+        list_shards(str(tmp_path), "triplets-titles", "train")
+
+
+def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_path):
+    from model.train import train
+
+    model_dir = tmp_path / "model"
+    summary = train(TrainConfig(data=shards, model_dir=str(model_dir), **TINY))
+    assert summary["epochs_run"] == 2 and len(summary["val_triplet_accuracy"]) == 2
+    assert all(np.isfinite(summary["loss"]))
+    history = json.loads((model_dir / "history.json").read_text())
+    assert history["test_triplet_accuracy"] == summary["test_triplet_accuracy"]
+    for artefact in ("training_curve.png", "vocabulary.txt", "checkpoints/best.weights.h5", "encoder/saved_model.pb"):
+        assert (model_dir / artefact).is_file(), artefact
+    assert any((model_dir / "logs").rglob("events.out.tfevents.*"))
+    embeddings = SavedModelEncoder(str(model_dir)).encode(["The striker scored a goal.", "Bake the flour."])
+    assert embeddings.shape == (2, 16) and np.isfinite(embeddings).all()
+
+
+def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
+    from apache_beam.io.filesystems import CompressionTypes, FileSystems
+
+    remote = gcs_emulator()
+    for local in list_shards(shards, "triplets-sen", "validation"):   # copied byte for byte, still gzip
+        with open(local, "rb") as source, FileSystems.create(
+                remote + local[len(shards):], compression_type=CompressionTypes.UNCOMPRESSED) as target:
+            target.write(source.read())
+    local_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(shards, "triplets-sen", "validation"))
+    remote_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(remote, "triplets-sen", "validation"))
+    assert len(remote_anchors) == 64 and remote_anchors == local_anchors
+
+
+TRAIN_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import tensorflow as tf
+    args = json.loads(sys.argv[1])
+    if args["logical_cpus"] > 1:   # must happen before TensorFlow initialises its devices
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * args["logical_cpus"])
+    import keras
+    from model.config import TrainConfig
+    from model.train import train
+
+    class Probe(keras.callbacks.Callback):
+        '''Records where training starts; dies like a killed job at step `kill_at`.'''
+        def on_train_begin(self, logs=None):
+            self.start = {"iterations": int(self.model.optimizer.iterations.numpy()), "epoch": None}
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.start["epoch"] is None:
+                self.start["epoch"] = epoch
+                with open(args["probe"], "w") as handle:
+                    json.dump(self.start, handle)
+        def on_train_batch_end(self, batch, logs=None):
+            if args["kill_at"] and int(self.model.optimizer.iterations.numpy()) >= args["kill_at"]:
+                os._exit(17)
+
+    summary = train(TrainConfig(**args["config"]), extra_callbacks=[Probe()])
+    print("SUMMARY" + json.dumps({k: v for k, v in summary.items() if k != "config"}))
+""")
+
+
+def _train_in_subprocess(config: dict, probe: Path, kill_at: int = 0, logical_cpus: int = 1):
+    args = json.dumps({"config": config, "probe": str(probe), "kill_at": kill_at, "logical_cpus": logical_cpus})
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def _summary(result) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("SUMMARY"))[7:])
+
+
+def test_mirrored_over_two_logical_cpus(shards, tmp_path):
+    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "strategy": "mirrored", "epochs": 1}
+    summary = _summary(_train_in_subprocess(config, tmp_path / "probe.json", logical_cpus=2))
+    assert summary["replicas"] == 2 and summary["global_batch_size"] == 2 * TINY["batch_size"]
+    assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
+
+
+def test_killed_job_resumes_from_its_backup(shards, tmp_path):
+    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "epochs": 3, "steps": 4,
+              "checkpoint_every": 2}
+    killed = _train_in_subprocess(config, tmp_path / "first.json", kill_at=6)   # mid-epoch 2, backup at step 6
+    assert killed.returncode == 17, killed.stderr[-3000:]
+    assert json.loads((tmp_path / "first.json").read_text()) == {"iterations": 0, "epoch": 0}
+    assert not (tmp_path / "m" / "encoder").exists()
+
+    summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
+    resumed = json.loads((tmp_path / "second.json").read_text())
+    assert resumed == {"iterations": 6, "epoch": 1}      # continues in epoch 2 with the optimizer state
+    assert summary["epochs_run"] == 2                      # only the remaining epochs 2 and 3
+    assert (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
+
+
+def test_short_real_training_beats_the_untrained_model(request, tmp_path):
+    pytest.importorskip("pipeline.run", reason="the pipeline has not landed yet")
+    data = request.getfixturevalue("embedded_pipeline_output")
+    from model.train import main
+
+    summary = main(["--data", str(data), "--model-dir", str(tmp_path / "m"), "--epochs", "3", "--steps", "15",
+                    "--batch-size", "32", "--lstm-units", "32", "--attention-size", "16", "--progress", "false"])
+    assert summary["best_val_triplet_accuracy"] > summary["untrained_val_triplet_accuracy"]
