@@ -75,14 +75,18 @@ def test_container_mode_ships_the_image_instead_of_setup_py(capsys):
 
 
 def test_scb_dry_run_submits_eval_scb_to_dataflow(capsys):
+    from eval import scb as eval_scb
+
     [command] = printed_commands(capsys, ["scb"])
     assert command[:3] == ["python", "-m", "eval.scb"]
-    assert command[command.index("--data") + 1] == "gs://wikisim-data/wikisim/enwiki-latest/data"
-    assert command[command.index("--model-dir") + 1] == (
-        "triplets-sen=gs://wikisim-data/wikisim/enwiki-latest/models/triplets-sen")
-    options, errors = beam_errors(command[3:])
+    config, beam_args = eval_scb.parse_args(command[3:])  # eval.scb's own flags take the rest
+    assert config.data == "gs://wikisim-data/wikisim/enwiki-latest/data"
+    assert config.output == "gs://wikisim-data/wikisim/enwiki-latest/eval/scb"
+    assert config.model_dirs == ["triplets-sen=gs://wikisim-data/wikisim/enwiki-latest/models/triplets-sen"]
+    assert "mean-vectors:gs://wikisim-data/vectors/glove.840B.300d.txt" in config.encoders
+    options, errors = beam_errors(beam_args)
     assert errors == []
-    assert options.view_as(GoogleCloudOptions).job_name != "wikisim-pipeline-enwiki-latest"
+    assert options.view_as(GoogleCloudOptions).job_name == "wikisim-scb-enwiki-latest"
 
 
 @pytest.mark.parametrize(
