@@ -140,6 +140,13 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
     assert "--data=gs://wikisim-data/wikisim/enwiki-2026/data" in args
     assert "--model-dir=gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen" in args
     assert pool.container_spec.image_uri.startswith("europe-west4-docker.pkg.dev/wikisim-demo/wikisim/")
+    # The container runs `python -m model.train` unchanged: its own parser takes the args.
+    from model.config import parse_args as train_args
+
+    config = train_args(args)
+    assert config.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
+    assert config.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
+    assert config.strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu"}[accelerator]
 
 
 def valid_spec() -> dict:
