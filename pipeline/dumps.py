@@ -167,43 +167,39 @@ def split_pages(chunks: Iterable[bytes]) -> Iterator[Segment]:
     `<page>` (or before the end) comes out as an "unterminated" segment.
     """
     buffer = b""
-    consumed = 0  # decompressed offset of buffer[0]
+    pos = 0  # buffer[:pos] is handed on already
+    base = 0  # decompressed offset of buffer[0]
     in_page = False
+    scan_from = 0  # where to look for </page> next (earlier bytes of the page hold none)
     for chunk in chunks:
-        buffer += chunk
+        buffer, base, scan_from = buffer[pos:] + chunk, base + pos, scan_from - pos
+        pos = 0
         while True:
             if not in_page:
-                start = buffer.find(_PAGE_OPEN)
+                start = buffer.find(_PAGE_OPEN, pos)
                 if start < 0:
-                    if len(buffer) > MAX_OUTSIDE_BYTES:
-                        keep = len(_PAGE_OPEN) - 1
-                        yield Segment("outside", consumed, buffer[:-keep])
-                        consumed += len(buffer) - keep
-                        buffer = buffer[-keep:]
+                    if len(buffer) - pos > MAX_OUTSIDE_BYTES:
+                        cut = len(buffer) - len(_PAGE_OPEN) + 1
+                        yield Segment("outside", base + pos, buffer[pos:cut])
+                        pos = cut
                     break
-                if start:
-                    yield Segment("outside", consumed, buffer[:start])
-                consumed += start
-                buffer = buffer[start:]
-                in_page = True
-            end = buffer.find(_PAGE_CLOSE, len(_PAGE_OPEN))
+                if start > pos:
+                    yield Segment("outside", base + pos, buffer[pos:start])
+                pos, in_page, scan_from = start, True, start + len(_PAGE_OPEN)
+            end = buffer.find(_PAGE_CLOSE, scan_from)
             if end < 0:
+                scan_from = max(scan_from, len(buffer) - len(_PAGE_CLOSE) + 1)
                 break
             end += len(_PAGE_CLOSE)
-            element = buffer[:end]
-            nested = element.rfind(_PAGE_OPEN, len(_PAGE_OPEN))
-            while nested > 0:  # earlier <page>s that never closed
-                first = element.find(_PAGE_OPEN, len(_PAGE_OPEN))
-                yield Segment("unterminated", consumed, element[:first])
-                consumed += first
-                element = element[first:]
-                nested = element.rfind(_PAGE_OPEN, len(_PAGE_OPEN))
-            yield Segment("page", consumed, element)
-            consumed += len(element)
-            buffer = buffer[end:]
-            in_page = False
-    if buffer:
-        yield Segment("unterminated" if in_page else "outside", consumed, buffer)
+            nested = buffer.find(_PAGE_OPEN, pos + len(_PAGE_OPEN), end)
+            while nested >= 0:  # earlier <page>s that never closed
+                yield Segment("unterminated", base + pos, buffer[pos:nested])
+                pos = nested
+                nested = buffer.find(_PAGE_OPEN, pos + len(_PAGE_OPEN), end)
+            yield Segment("page", base + pos, buffer[pos:end])
+            pos, in_page = end, False
+    if pos < len(buffer):
+        yield Segment("unterminated" if in_page else "outside", base + pos, buffer[pos:])
 
 
 def is_dump_framing(outside: bytes) -> bool:

@@ -8,7 +8,7 @@ from dump_support import as_tuples, run_read
 
 from pipeline import multistream
 from pipeline.dumps import (DumpInputError, Page, ReadDumpPages, check_input, decode_pages,
-                            embedded_dump_path, split_pages)
+                            decompressed_chunks, embedded_dump_path, split_pages)
 
 
 def reference_pages(path: str) -> list[tuple]:
@@ -104,3 +104,13 @@ def test_read_dump_pages_fails_at_construction_on_bad_input(tmp_path):
     with pytest.raises(DumpInputError, match="absent.xml"):
         with beam.Pipeline(runner="DirectRunner") as pipeline:
             _ = pipeline | ReadDumpPages(str(tmp_path / "absent.xml"))
+
+
+@pytest.mark.parametrize("chunk_size", [997, 65536])
+def test_split_pages_does_not_depend_on_chunk_boundaries(chunk_size):
+    data = b"".join(decompressed_chunks(embedded_dump_path()))
+    whole = list(split_pages([data]))
+    chunked = list(split_pages(data[i:i + chunk_size] for i in range(0, len(data), chunk_size)))
+    assert chunked == whole
+    assert sum(s.kind == "page" for s in whole) == 206
+    assert b"".join(s.data for s in whole) == data  # nothing lost between segments
