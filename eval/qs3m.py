@@ -176,7 +176,7 @@ def helps_hurts_plot(per_query: dict[str, list[float]], title: str) -> bytes:
         axis.bar(range(len(difference)), difference,
                  color=["tab:green" if d > 1e-9 else "tab:red" if d < -1e-9 else "tab:gray" for d in difference])
         axis.axhline(0.0, color="black", linewidth=0.6)
-        axis.set_title(method, fontsize=8)
+        axis.set_title(f"{method}: {(difference > 1e-9).sum()} helps, {(difference < -1e-9).sum()} hurts", fontsize=8)
         axis.set_xticks([])
     for axis in axes.ravel()[len(methods):]:
         axis.set_visible(False)

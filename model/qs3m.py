@@ -180,50 +180,72 @@ def same_cluster_head(units: Sequence[int], name: str = "nn2"):
     )
 
 
-def build_qs3m(dim: int, nn1_units: Sequence[int] = (64,), nn2_units: Sequence[int] = (32,), use_query: bool = True):
+def standardizer(train_passages: np.ndarray | None, dim: int):
+    """Per-dimension standardisation of the fixed vectors, adapted to the train-split passages.
+
+    Mean word vectors share one large common direction, so raw cosines of any two passages sit
+    near 1 and a small model barely moves off a constant prediction; centring and scaling the
+    inputs (one layer shared by q, p1 and p2, saved with the model) removes that. None: identity.
+    """
+    if train_passages is None:
+        return keras.layers.Identity(name="standardize")
+    layer = keras.layers.Normalization(axis=-1, name="standardize")
+    layer.adapt(np.asarray(train_passages, np.float32).reshape(-1, dim))
+    return layer
+
+
+def build_qs3m(dim: int, nn1_units: Sequence[int] = (64,), nn2_units: Sequence[int] = (32,), use_query: bool = True,
+               train_passages: np.ndarray | None = None):
     """QS3M: z = [p1'-q', p2'-q', p1'-p2', p1', p2'] with x' = NN1(x); NN2(z) = P(same cluster).
 
     With `use_query=False` this is QS3M-no-q: the same network with the query terms left out,
     z = [p1'-p2', p1', p2'].
     """
-    nn1 = dense_stack(nn1_units, "nn1")
+    standardize, nn1 = standardizer(train_passages, dim), dense_stack(nn1_units, "nn1")
     passage1 = keras.Input((dim,), name="passage1")
     passage2 = keras.Input((dim,), name="passage2")
-    p1, p2 = nn1(passage1), nn1(passage2)
+    p1, p2 = nn1(standardize(passage1)), nn1(standardize(passage2))
     parts = [keras.layers.Subtract(name="p1_minus_p2")([p1, p2]), p1, p2]
     inputs = {"passage1": passage1, "passage2": passage2}
     if use_query:
         query = keras.Input((dim,), name="query")
-        q = nn1(query)
+        q = nn1(standardize(query))
         parts = [keras.layers.Subtract(name="p1_minus_q")([p1, q]),
                  keras.layers.Subtract(name="p2_minus_q")([p2, q]), *parts]
         inputs = {"query": query, **inputs}
     z = keras.layers.Concatenate(name="z")(parts)
-    model = keras.Model(inputs, same_cluster_head(nn2_units)(z), name="qs3m" if use_query else "qs3m_noq")
-    return model
+    return keras.Model(inputs, same_cluster_head(nn2_units)(z), name="qs3m" if use_query else "qs3m_noq")
 
 
-def build_qss(dim: int, nn1_units: Sequence[int] = (64,)):
-    """QSS: passages scaled elementwise by s(q) in (0, 1)^d, compared by cosine, calibrated to a probability."""
+def build_qss(dim: int, nn1_units: Sequence[int] = (64,), train_passages: np.ndarray | None = None):
+    """QSS: passages scaled elementwise by s(q) in (0, 1)^d, compared by cosine, calibrated to a probability.
+
+    The calibration is kept increasing in the cosine (non-negative weight, started at 1): left
+    free, training on mean word vectors settled on a negative weight, i.e. a constant prediction.
+    """
+    standardize = standardizer(train_passages, dim)
     query = keras.Input((dim,), name="query")
     passage1 = keras.Input((dim,), name="passage1")
     passage2 = keras.Input((dim,), name="passage2")
-    scale = keras.layers.Dense(dim, activation="sigmoid", name="query_scale")(dense_stack(nn1_units, "nn1")(query))
-    scaled1 = keras.layers.Multiply(name="scaled_p1")([passage1, scale])
-    scaled2 = keras.layers.Multiply(name="scaled_p2")([passage2, scale])
+    scale = keras.layers.Dense(dim, activation="sigmoid", name="query_scale")(
+        dense_stack(nn1_units, "nn1")(standardize(query)))
+    scaled1 = keras.layers.Multiply(name="scaled_p1")([standardize(passage1), scale])
+    scaled2 = keras.layers.Multiply(name="scaled_p2")([standardize(passage2), scale])
     cosine = keras.layers.Dot(axes=1, normalize=True, name="cosine")([scaled1, scaled2])
-    probability = keras.layers.Dense(1, activation="sigmoid", name="calibrate")(cosine)
+    probability = keras.layers.Dense(1, activation="sigmoid", kernel_initializer="ones",
+                                     kernel_constraint=keras.constraints.NonNeg(), name="calibrate")(cosine)
     return keras.Model({"query": query, "passage1": passage1, "passage2": passage2}, probability, name="qss")
 
 
-def build_model(kind: str, dim: int, nn1_units: Sequence[int], nn2_units: Sequence[int], learning_rate: float):
-    """One compiled model of `kind` with the MSE loss."""
+def build_model(kind: str, dim: int, nn1_units: Sequence[int], nn2_units: Sequence[int], learning_rate: float,
+                train_passages: np.ndarray | None = None):
+    """One compiled model of `kind` with the MSE loss; inputs standardised on `train_passages` if given."""
     if kind == "qs3m":
-        model = build_qs3m(dim, nn1_units, nn2_units, use_query=True)
+        model = build_qs3m(dim, nn1_units, nn2_units, use_query=True, train_passages=train_passages)
     elif kind == "qs3m-noq":
-        model = build_qs3m(dim, nn1_units, nn2_units, use_query=False)
+        model = build_qs3m(dim, nn1_units, nn2_units, use_query=False, train_passages=train_passages)
     elif kind == "qss":
-        model = build_qss(dim, nn1_units)
+        model = build_qss(dim, nn1_units, train_passages=train_passages)
     else:
         raise ValueError(f"--models: unknown model kind {kind!r}; expected some of {MODEL_KINDS}")
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=LOSS,
@@ -325,7 +347,6 @@ def train(config: TrainConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     if not pairs["train"]:
         raise ValueError("no train-split article has two clusters to sample balanced pairs from")
     dim = embeddings["train"].passages.shape[1]
-    keras.utils.set_random_seed(config.seed)
     histories: dict[str, dict[str, list[float]]] = {}
     trained: dict[str, dict[str, Any]] = {}
     names = list(dict.fromkeys(model_name(kind, rep) for kind in config.models for rep in config.queries))
@@ -336,8 +357,10 @@ def train(config: TrainConfig, encoder: SentenceEncoder) -> dict[str, Any]:
                 continue
             trained[name] = {"kind": kind, "query": None if kind == "qs3m-noq" else representation,
                              "path": f"{name}.keras"}
+            keras.utils.set_random_seed(config.seed)  # each model's start depends only on the seed
             print(f"[qs3m] training {name} on {len(pairs['train'])} pairs ({len(names)} models)", file=sys.stderr)
-            model = build_model(kind, dim, config.nn1_units, config.nn2_units, config.learning_rate)
+            model = build_model(kind, dim, config.nn1_units, config.nn2_units, config.learning_rate,
+                                train_passages=embeddings["train"].passages)
             train_data = pair_dataset(pairs["train"], embeddings["train"], representation, kind,
                                       config.batch_size, shuffle_seed=config.seed)
             validation_data, callbacks = None, []

@@ -144,6 +144,11 @@ def test_model_shapes_query_use_and_mse_loss():
     assert with_query.get_layer("z").output.shape[-1] == 5 * 8  # [p1'-q', p2'-q', p1'-p2', p1', p2']
     assert without_query.get_layer("z").output.shape[-1] == 3 * 8
     assert sorted(without_query.input.keys()) == ["passage1", "passage2"]
+    train_passages = 3.0 + 2.0 * rng.normal(size=(200, dim)).astype(np.float32)
+    standardized = qs3m.build_model("qss", dim, (8,), (4,), 1e-3, train_passages=train_passages)
+    centred = np.asarray(standardized.get_layer("standardize")(train_passages))
+    np.testing.assert_allclose(centred.mean(axis=0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(centred.std(axis=0), 1.0, atol=1e-3)
 
 
 def test_similarity_matrix_is_symmetric_probability():
@@ -244,3 +249,4 @@ def test_flags_mirror_the_config_and_bad_values_name_the_flag():
         qs3m.TrainConfig(passages="p", output="m", queries=("X",))
     with pytest.raises(ValueError, match="--split"):
         qs3m_eval.EvalConfig(passages="p", model_dir="m", output="o", split="dev")
+
