@@ -16,24 +16,30 @@ Writes `qs3m.json`, `qs3m.md` and `qs3m-<labeling>.png` (per-query ARI helps / h
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 from typing import Any, Callable, Sequence
 
+import matplotlib
 import numpy as np
 from scipy import stats
 from scipy.special import rel_entr
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.decomposition import LatentDirichletAllocation
-from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer
 from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
 from tqdm import tqdm
 
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from eval.encoders import TfidfEncoder, load_encoders
+from eval.report import markdown_table, write_figure, write_json, write_text
 from model.encoder import SentenceEncoder
 from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, embed_queries, load_model, parser_for, read_bytes,
-                        read_queries, similarity_matrix, write_bytes)
+                        read_queries, similarity_matrix)
 from model.qs3m_pairs import LABELINGS, SPLITS, Query
+from model.text import tokenize
 
 REFERENCE = "embedding Euclidean"
 
@@ -103,16 +109,21 @@ DistanceFn = Callable[[int], np.ndarray]  # query index -> passage distance matr
 
 def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], np.ndarray],
                      corpus: list[str], lda_topics: int, seed: int) -> dict[str, DistanceFn]:
-    """The four unsupervised baselines; TF-IDF and LDA are fitted on every passage of the file (no labels)."""
-    tfidf = TfidfVectorizer(sublinear_tf=True).fit(corpus)
-    counts = CountVectorizer(stop_words="english").fit(corpus)
-    lda = LatentDirichletAllocation(n_components=lda_topics, random_state=seed).fit(counts.transform(corpus))
+    """The four unsupervised baselines, all on `model.text.tokenize` tokens.
+
+    TF-IDF is the project's `TfidfEncoder` (IDF fitted on the query's own passages, the set being
+    clustered); LDA is fitted once on every passage of the file (no labels), stop words removed.
+    """
+    tfidf = TfidfEncoder()
+    counts = CountVectorizer(analyzer=lambda tokens: [t for t in tokens if t not in ENGLISH_STOP_WORDS and t.isalnum()])
+    topics = LatentDirichletAllocation(n_components=lda_topics, random_state=seed)
+    topics.fit(counts.fit_transform(tokenize(corpus)))
     return {
         REFERENCE: lambda i: euclidean_distances(passage_vectors(i)),
         "embedding cosine": lambda i: cosine_distances(passage_vectors(i)),
-        "TF-IDF cosine": lambda i: cosine_distances(tfidf.transform(queries[i].passages)),
+        "TF-IDF cosine": lambda i: cosine_distances(tfidf.encode(list(queries[i].passages))),
         "LDA + JS divergence": lambda i: jensen_shannon_divergences(
-            lda.transform(counts.transform(queries[i].passages))),
+            topics.transform(counts.transform(tokenize(list(queries[i].passages))))),
     }
 
 
@@ -130,42 +141,33 @@ def model_methods(model_dir: str, trained: dict[str, dict[str, Any]], embeddings
 
 # ---------------------------------------------------------------- report
 
-def markdown_table(results: dict[str, Any]) -> str:
-    """Rows = methods, columns = ARI and p per benchmark; p from the paired t-test vs the reference."""
-    def cell(row: dict[str, Any]) -> str:
+def qs3m_markdown(results: dict[str, Any]) -> str:
+    """Rows = methods; per benchmark the ARI, its difference to the reference and the t-test's p."""
+    def ari_cell(row: dict[str, Any]) -> str:
         sem = f" ± {row['sem']:.3f}" if row["sem"] is not None else ""
         marker = "†" if row["p"] is not None and row["p"] < 0.05 else ""
         return f"{row['ari']:.3f}{sem}{marker}"
 
-    def p_cell(row: dict[str, Any]) -> str:
-        return "—" if row["p"] is None else f"{row['p']:.3g}"
-
     benchmarks = [b for b in LABELINGS if results["benchmarks"][b]["methods"]]
-    lines = [
-        f"QS3M subtopic clustering, split `{results['split']}`, encoder `{results['encoder']}`; "
-        "ARI macro-averaged over queries (± standard error); † = p < 0.05 in a paired t-test "
-        f"against {REFERENCE}.",
-        "",
-        "| Method | " + " | ".join(f"{b} ARI (n={results['benchmarks'][b]['queries']}) | {b} Δ | {b} p"
-                                  for b in benchmarks) + " |",
-        "|---|" + "---:|---:|---:|" * len(benchmarks),
-    ]
+    header = ["Method"]
+    for benchmark in benchmarks:
+        header += [f"{benchmark} ARI (n={results['benchmarks'][benchmark]['queries']})", f"{benchmark} Δ",
+                   f"{benchmark} p"]
+    rows = []
     for method in results["benchmarks"][benchmarks[0]]["methods"] if benchmarks else []:
-        cells = []
+        cells = [method]
         for benchmark in benchmarks:
             row = results["benchmarks"][benchmark]["methods"][method]
-            cells += [cell(row), f"{row['delta']:+.3f}", p_cell(row)]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+            cells += [ari_cell(row), f"{row['delta']:+.3f}", "—" if row["p"] is None else f"{row['p']:.3g}"]
+        rows.append(cells)
+    caption = (f"QS3M subtopic clustering, split `{results['split']}`, encoder `{results['encoder']}`; "
+               "ARI macro-averaged over queries (± standard error); † = p < 0.05 in a paired t-test "
+               f"against {REFERENCE}.\n\n")
+    return caption + markdown_table(header, rows)
 
 
-def helps_hurts_plot(per_query: dict[str, list[float]], title: str) -> bytes:
+def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
     """PNG: for each method, per-query ARI minus the reference's, sorted; green helps, red hurts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     methods = [method for method in per_query if method != REFERENCE]
     columns = min(4, max(1, len(methods)))
     rows = -(-len(methods) // columns) or 1
@@ -184,10 +186,7 @@ def helps_hurts_plot(per_query: dict[str, list[float]], title: str) -> bytes:
         axis.set_ylabel(f"ARI − {REFERENCE}", fontsize=7)
     figure.suptitle(title, fontsize=9)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    plt.close(figure)
-    return buffer.getvalue()
+    return figure
 
 
 # ---------------------------------------------------------------- evaluation
@@ -226,23 +225,21 @@ def evaluate(config: EvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
             "per_query_ari": per_query,
         }
         if usable:
-            write_bytes(f"{out}/qs3m-{labeling}.png", helps_hurts_plot(
+            write_figure(f"{out}/qs3m-{labeling}.png", helps_hurts_figure(
                 per_query, f"{labeling} benchmark, {len(usable)} {config.split} queries: per-query ARI vs {REFERENCE}"))
-    write_bytes(f"{out}/qs3m.json", json.dumps(results, indent=2).encode())
-    write_bytes(f"{out}/qs3m.md", markdown_table(results).encode())
+    write_json(f"{out}/qs3m.json", results)
+    write_text(f"{out}/qs3m.md", qs3m_markdown(results))
     return results
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = EvalConfig(**vars(parser_for(EvalConfig, __doc__.splitlines()[0]).parse_args(argv)))
-    from eval.encoders import load_encoders
-
     spec = config.encoder
     if spec == "from-model":
         spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
     (encoder,) = load_encoders([spec])
     results = evaluate(config, encoder)
-    print(markdown_table(results))
+    print(qs3m_markdown(results))
     return results
 
 
