@@ -41,7 +41,8 @@ def triplet_example(triplet: Triplet) -> bytes:
     features.update(
         {name: tf.train.Feature(int64_list=tf.train.Int64List(value=[getattr(triplet, name)])) for name in INT64_FEATURES}
     )
-    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+    example = tf.train.Example(features=tf.train.Features(feature=features))
+    return example.SerializeToString(deterministic=True)  # map keys sorted: same triplet, same bytes
 
 
 def scb_record(article: Article) -> dict:

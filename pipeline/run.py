@@ -1,0 +1,221 @@
+"""Entry point: Wikipedia dump -> triplet shards, SCB, passages, dead letters and stats.json.
+
+    python -m pipeline.run --output DIR [--input PATH|GLOB] [--index PATH] [--seed N] [Beam options]
+
+Without `--input` it reads the real Wikipedia excerpt inside the gensim wheel. The flags mirror
+`PipelineConfig` (and the paper's thresholds in `rules.RuleConfig`); every other flag is a
+Beam pipeline option and is passed through unchanged, so the same command runs on the
+DirectRunner, the PrismRunner (give `--prism_location` when the Prism binary cannot be
+downloaded) or Dataflow (`--runner DataflowRunner --project ... --region ...
+--temp_location gs://... --setup_file ./setup.py`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import sys
+import time
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from pipeline import records, transforms
+from pipeline.dumps import DumpInputError, ReadDumpPages, check_input, embedded_dump_path
+from pipeline.rules import RuleConfig
+from pipeline.sentences import DEFAULT_SPACY_MODEL
+from pipeline.splits import SPLITS
+
+# Every page that was read ends in exactly one of these counters.
+PAGE_OUTCOMES = (
+    "articles_used",
+    "articles_too_few_sections",
+    "pages_non_article",
+    "pages_redirect",
+    "parse_errors",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    output: str = dataclasses.field(metadata={"help": "output folder, local or gs://"})
+    input: str | None = dataclasses.field(
+        default=None, metadata={"help": "dump file or glob (.xml, .xml.bz2), local or gs://; default: the embedded excerpt"}
+    )
+    index: str | None = dataclasses.field(default=None, metadata={"help": "multistream index of a single dump file"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the split and of every random draw"})
+    spacy_model: str = dataclasses.field(
+        default=DEFAULT_SPACY_MODEL, metadata={"help": "spaCy pipeline for sentences: blank:<lang> or a model name"}
+    )
+    other_article_bucket_size: int = dataclasses.field(
+        default=1000, metadata={"help": "about how many articles share a bucket when drawing other_article negatives"}
+    )
+    rules: RuleConfig = RuleConfig()
+
+
+def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
+    """Our flags -> PipelineConfig; the remaining flags are Beam's, returned untouched."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline.run", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    for field in dataclasses.fields(PipelineConfig):
+        if field.name == "rules":
+            continue
+        kind = int if field.type in ("int", int) else str
+        if field.default is dataclasses.MISSING:
+            parser.add_argument(f"--{field.name}", type=kind, required=True, help=field.metadata["help"])
+        else:
+            parser.add_argument(f"--{field.name}", type=kind, default=field.default, help=field.metadata["help"])
+    for field in dataclasses.fields(RuleConfig):
+        parser.add_argument(f"--{field.name}", type=int, default=field.default, help="paper rule threshold")
+    args, beam_args = parser.parse_known_args(argv)
+    values = vars(args)
+    rules = RuleConfig(**{field.name: values.pop(field.name) for field in dataclasses.fields(RuleConfig)})
+    return PipelineConfig(rules=rules, **values), beam_args
+
+
+def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -> None:
+    """Adds every stage and output of the job to `pipeline`."""
+    out = config.output.rstrip("/")
+    read = pipeline | "ReadDump" >> ReadDumpPages(input_pattern, config.index)
+    built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
+    articles = built["articles"]
+
+    for dataset, strategy in transforms.SENTENCE_DATASETS.items():
+        (
+            articles
+            | f"Triplets[{dataset}]"
+            >> transforms.SentenceTriplets(strategy, config.seed, config.rules, config.other_article_bucket_size)
+            | f"Write[{dataset}]" >> transforms.WriteTripletSplits(out, dataset)
+        )
+    (
+        articles
+        | f"Triplets[{transforms.TITLES_DATASET}]" >> transforms.TitleTriplets()
+        | f"Write[{transforms.TITLES_DATASET}]" >> transforms.WriteTripletSplits(out, transforms.TITLES_DATASET)
+    )
+    (
+        articles
+        | "Scb" >> transforms.ScbRecords(config.rules)
+        | "WriteScb" >> transforms.WriteJsonLines(f"{out}/scb/part", "scb_articles")
+    )
+    (
+        articles
+        | "Passages" >> beam.Map(records.passages_record)
+        | "WritePassages" >> transforms.WriteJsonLines(f"{out}/passages/part", "passages_articles")
+    )
+    (
+        (read["dead_letters"], built["dead_letters"])
+        | "AllDeadLetters" >> beam.Flatten()
+        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part", "dead_letters_written")
+    )
+
+
+def expected_counters() -> list[str]:
+    """Counters stats.json always lists, at 0 when nothing incremented them."""
+    datasets = [*transforms.SENTENCE_DATASETS, transforms.TITLES_DATASET]
+    return [
+        "pages_read",
+        *PAGE_OUTCOMES,
+        *(f"{dataset}/{split}" for dataset in datasets for split in SPLITS),
+        "triplets_other_article_no_donor",
+        "scb_articles",
+        "passages_articles",
+        "dead_letters_written",
+    ]
+
+
+def counters_of(result) -> dict[str, int]:
+    """Every "wikisim" counter of the finished run, summed over the steps that use it."""
+    totals: dict[str, int] = dict.fromkeys(expected_counters(), 0)
+    query = result.metrics().query(MetricsFilter().with_namespace(transforms.COUNTER_NAMESPACE))
+    for metric in query["counters"]:
+        value = metric.committed if metric.committed is not None else metric.attempted
+        totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + (value or 0)
+    return dict(sorted(totals.items()))
+
+
+def reconciliation(counters: dict[str, int]) -> dict:
+    """pages_read against the sum of the page outcomes (articles used + each reason to skip)."""
+    outcomes = {name: counters.get(name, 0) for name in PAGE_OUTCOMES}
+    pages_read = counters.get("pages_read", 0)
+    return {"pages_read": pages_read, "outcomes": outcomes, "balanced": pages_read == sum(outcomes.values())}
+
+
+def summary_table(counters: dict[str, int]) -> str:
+    width = max(map(len, counters), default=10)
+    lines = [f"{'counter':<{width}}  {'value':>10}", f"{'-' * width}  {'-' * 10}"]
+    lines += [f"{name:<{width}}  {value:>10,}" for name, value in counters.items()]
+    return "\n".join(lines)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes through Beam's FileSystems, so `path` may be local or gs://."""
+    with FileSystems.create(path) as handle:
+        handle.write(data)
+
+
+def triplets_plot_png(counters: dict[str, int]) -> bytes:
+    """A grouped bar chart of triplets per dataset and split."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = [*transforms.SENTENCE_DATASETS, transforms.TITLES_DATASET]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(SPLITS)
+    for offset, split in enumerate(SPLITS):
+        values = [counters.get(f"{dataset}/{split}", 0) for dataset in datasets]
+        ax.bar([i + offset * width for i in range(len(datasets))], values, width, label=split)
+    ax.set_xticks([i + width for i in range(len(datasets))], datasets, fontsize=8)
+    ax.set_ylabel("triplets")
+    ax.set_title("Triplets per dataset and split")
+    ax.legend()
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Runs the job and returns what it wrote to stats.json."""
+    config, beam_args = parse_args(argv)
+    input_pattern = config.input or embedded_dump_path()
+    check_input(input_pattern, config.index)
+    options = PipelineOptions(beam_args)
+    started = time.perf_counter()
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline, config, input_pattern)
+    result = pipeline.run()
+    result.wait_until_finish()
+    counters = counters_of(result)
+    stats = {
+        "counters": counters,
+        "reconciliation": reconciliation(counters),
+        "input": input_pattern,
+        "config": dataclasses.asdict(config),
+        "runner": options.view_as(StandardOptions).runner or "DirectRunner",
+        "wall_seconds": round(time.perf_counter() - started, 2),
+    }
+    out = config.output.rstrip("/")
+    write_bytes(f"{out}/stats.json", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
+    write_bytes(f"{out}/triplets.png", triplets_plot_png(counters))
+    print(summary_table(counters))
+    print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
+          f"wall time {stats['wall_seconds']} s; outputs in {out}")
+    return stats
+
+
+def cli() -> int:
+    try:
+        main(sys.argv[1:])
+    except DumpInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

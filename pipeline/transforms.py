@@ -1,0 +1,227 @@
+"""Thin Beam compositions of the pure functions in `wikitext`, `rules`, `triplets`, `records`.
+
+Every record that does not go on is counted under a named counter in the "wikisim"
+namespace (`COUNTER_NAMESPACE`); `pipeline.run` writes them all to stats.json.
+"""
+from __future__ import annotations
+
+import collections
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.metrics import Metrics
+
+from pipeline import records, triplets
+from pipeline.dumps import NAMESPACE as COUNTER_NAMESPACE
+from pipeline.dumps import Page, dead_letter
+from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
+from pipeline.sentences import SentenceSplitter
+from pipeline.splits import SPLITS, split_of
+from pipeline.wikitext import parse_wikitext
+
+ARTICLE_NAMESPACE = 0
+DEAD_LETTERS = "dead_letters"
+# Dataset directory -> the strategy its negatives follow.
+SENTENCE_DATASETS = {
+    "triplets-sen": "adjacent",
+    "triplets-sen-same_article": "same_article",
+    "triplets-sen-other_article": "other_article",
+}
+TITLES_DATASET = "triplets-titles"
+
+
+def count(name: str, value: int = 1) -> None:
+    Metrics.counter(COUNTER_NAMESPACE, name).inc(value)
+
+
+def increment_all(counts: collections.Counter) -> None:
+    for name, value in counts.items():
+        if value:
+            count(name, value)
+
+
+class _BuildArticlesFn(beam.DoFn):
+    """Page -> Article, or a counter saying why not (and a dead letter for parse failures)."""
+
+    def __init__(self, seed: int, spacy_model: str, rules: RuleConfig):
+        self.seed = seed
+        self.spacy_model = spacy_model
+        self.rules = rules
+        self.splitter = None
+
+    def setup(self):
+        self.splitter = SentenceSplitter(self.spacy_model)
+
+    def process(self, page: Page):
+        if page.namespace != ARTICLE_NAMESPACE:
+            count("pages_non_article")
+            return
+        if page.redirect:
+            count("pages_redirect")
+            return
+        try:
+            parsed = parse_wikitext(page.text)
+        except Exception as err:  # one malformed page must not stop the run: count, set aside
+            count("parse_errors")
+            letter = dead_letter(page.source, page.page_id, page.title, "parse_error", f"{type(err).__name__}: {err}")
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="parse"))  # the shared shape
+            return
+        split = split_of(page.page_id, self.seed)
+        article, counts = build_article(page.page_id, page.title, split, parsed, self.splitter, self.rules)
+        increment_all(counts)
+        if article is not None:
+            yield article
+
+
+class BuildArticles(beam.PTransform):
+    """Pages -> {"articles": PCollection[Article], "dead_letters": PCollection[dict]}."""
+
+    def __init__(self, seed: int, spacy_model: str, rules: RuleConfig):
+        super().__init__()
+        self.fn = _BuildArticlesFn(seed, spacy_model, rules)
+
+    def expand(self, pages):
+        outputs = pages | beam.ParDo(self.fn).with_outputs(DEAD_LETTERS, main="articles")
+        return {"articles": outputs.articles, DEAD_LETTERS: outputs[DEAD_LETTERS]}
+
+
+class _SentenceTripletsFn(beam.DoFn):
+    def __init__(self, strategy: str, seed: int, rules: RuleConfig):
+        self.make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
+        self.seed = seed
+        self.rules = rules
+
+    def process(self, article: Article):
+        yield from self.make(article, self.seed, self.rules)
+
+
+class _OtherArticleTripletsFn(beam.DoFn):
+    def __init__(self, seed: int, rules: RuleConfig):
+        self.seed = seed
+        self.rules = rules
+
+    def process(self, bucket_and_articles):
+        _, bucket = bucket_and_articles
+        bucket = list(bucket)
+        for article in bucket:
+            made, missing = triplets.other_article_triplets(article, bucket, self.seed, self.rules)
+            count("triplets_other_article_no_donor", missing)
+            yield from made
+
+
+class SentenceTriplets(beam.PTransform):
+    """Articles -> triplets-sen with one negative strategy (see `pipeline.triplets`)."""
+
+    def __init__(self, strategy: str, seed: int, rules: RuleConfig, other_article_bucket_size: int):
+        super().__init__()
+        self.strategy = strategy
+        self.seed = seed
+        self.rules = rules
+        self.bucket_size = other_article_bucket_size
+
+    def expand(self, articles):
+        if self.strategy != "other_article":
+            return articles | beam.ParDo(_SentenceTripletsFn(self.strategy, self.seed, self.rules))
+        seed, bucket_size = self.seed, self.bucket_size
+        n_articles = articles | "CountArticles" >> beam.combiners.Count.Globally()
+        return (
+            articles
+            | "KeyByBucket"
+            >> beam.Map(
+                lambda article, n: (
+                    triplets.other_article_bucket(
+                        article.article_id, seed, triplets.n_other_article_buckets(n, bucket_size)
+                    ),
+                    article,
+                ),
+                n=beam.pvalue.AsSingleton(n_articles),
+            )
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "DrawFromOtherArticles" >> beam.ParDo(_OtherArticleTripletsFn(self.seed, self.rules))
+        )
+
+
+class TitleTriplets(beam.PTransform):
+    def expand(self, articles):
+        return articles | beam.FlatMap(triplets.title_triplets)
+
+
+class _SerializeTripletFn(beam.DoFn):
+    def __init__(self, dataset: str, split: str):
+        self.counter_name = f"{dataset}/{split}"
+
+    def process(self, triplet: triplets.Triplet):
+        count(self.counter_name)
+        yield records.triplet_example(triplet)
+
+
+class WriteTripletSplits(beam.PTransform):
+    """Triplets -> `<out>/<dataset>/<split>/part-NNNNN-of-MMMMM.tfrecord.gz`, one folder per split.
+
+    Beam's file sink writes one empty shard for a split that gets no triplet, so every split
+    of every dataset is readable (as zero records).
+    """
+
+    def __init__(self, output: str, dataset: str):
+        super().__init__()
+        self.output = output.rstrip("/")
+        self.dataset = dataset
+
+    def expand(self, triplet_pcoll):
+        by_split = triplet_pcoll | "BySplit" >> beam.Partition(lambda t, _: SPLITS.index(t.split), len(SPLITS))
+        for split, part in zip(SPLITS, by_split):
+            (
+                part
+                | f"Serialize[{split}]" >> beam.ParDo(_SerializeTripletFn(self.dataset, split))
+                | f"Write[{split}]"
+                >> beam.io.WriteToTFRecord(
+                    f"{self.output}/{self.dataset}/{split}/part",
+                    file_name_suffix=".tfrecord.gz",
+                    compression_type=CompressionTypes.GZIP,
+                )
+            )
+        return beam.pvalue.PDone(triplet_pcoll.pipeline)
+
+
+class WriteJsonLines(beam.PTransform):
+    """Dicts -> `<prefix>-NNNNN-of-MMMMM.jsonl.gz`, counting each record under `counter_name`."""
+
+    def __init__(self, prefix: str, counter_name: str):
+        super().__init__()
+        self.prefix = prefix
+        self.counter_name = counter_name
+
+    def expand(self, dicts):
+        counter_name = self.counter_name
+
+        def to_line(record: dict) -> str:
+            count(counter_name)
+            return records.json_line(record)
+
+        return (
+            dicts
+            | "ToJson" >> beam.Map(to_line)
+            | "Write"
+            >> beam.io.WriteToText(self.prefix, file_name_suffix=".jsonl.gz", compression_type=CompressionTypes.GZIP)
+        )
+
+
+class ScbRecords(beam.PTransform):
+    """Test-split articles with 5..12 sections -> SCB records (counts their sentences too)."""
+
+    def __init__(self, rules: RuleConfig):
+        super().__init__()
+        self.rules = rules
+
+    def expand(self, articles):
+        rules = self.rules
+
+        def record(article: Article):
+            if not scb_eligible(article.split, len(article.sections), rules):
+                count("scb_articles_not_eligible")
+                return
+            scb = records.scb_record(article)
+            count("scb_sentences", len(scb["sentences"]))
+            yield scb
+
+        return articles | beam.FlatMap(record)
