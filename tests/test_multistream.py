@@ -109,3 +109,86 @@ def test_gcs_multistream_read(gcs_emulator, tmp_path, excerpt_parts, sequential_
     assert as_tuples(read) == sequential_pages and dead == []
     assert counters["read_ranges"] == streams + 1
     assert {p.source for p in read} == {dump}
+
+
+# The whole pipeline: split reading gives the same outputs as reading the original excerpt
+# start to end (the session's `embedded_pipeline_output`), with the same seed, whatever the
+# number of workers and whether the dump and the outputs live on local disk or gs://.
+READ_ONLY_COUNTERS = {"read_ranges", "index_pages"}  # differ by design between the two readings
+
+
+def pipeline_outputs(out: str, scratch) -> dict:
+    """Every output of a run as comparable values: sorted serialized triplets per dataset and
+    split (serialized deterministically by the pipeline), sorted JSON lines, counters."""
+    import gzip
+    import json
+
+    import tensorflow as tf
+
+    files = sorted(m.path for r in FileSystems.match([f"{out}/**"]) for m in r.metadata_list)
+    local = {}
+    for path in files:  # gs:// outputs are fetched through Beam's FileSystems, like any reader
+        relative = path[len(out):].lstrip("/")
+        target = scratch / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with FileSystems.open(path, compression_type="uncompressed") as source:
+            target.write_bytes(source.read())
+        local[relative] = target
+    triplets = {}
+    for relative, target in local.items():
+        if relative.endswith(".tfrecord.gz"):
+            key = relative.rsplit("/", 1)[0]
+            records = tf.data.TFRecordDataset([str(target)], compression_type="GZIP")
+            triplets.setdefault(key, []).extend(bytes(r.numpy()) for r in records)
+    lines = {}
+    for relative, target in local.items():
+        if relative.endswith(".jsonl.gz"):
+            with gzip.open(target, "rt", encoding="utf-8") as f:
+                lines.setdefault(relative.split("/", 1)[0], []).extend(f.read().splitlines())
+    counters = json.loads(local["stats.json"].read_text())["counters"]
+    return {"triplets": {k: sorted(v) for k, v in triplets.items()},
+            "json_lines": {k: sorted(v) for k, v in lines.items()},
+            "counters": {k: v for k, v in counters.items() if k not in READ_ONLY_COUNTERS},
+            "read_ranges": counters.get("read_ranges")}
+
+
+@pytest.fixture(scope="module")
+def sequential_outputs(embedded_pipeline_output, tmp_path_factory):
+    return pipeline_outputs(str(embedded_pipeline_output), tmp_path_factory.mktemp("sequential"))
+
+
+def assert_same_outputs(split: dict, sequential: dict) -> None:
+    assert split["triplets"].keys() == sequential["triplets"].keys()
+    assert sum(map(len, sequential["triplets"].values())) > 0
+    for key, records in sequential["triplets"].items():
+        assert split["triplets"][key] == records, key
+    assert split["json_lines"] == sequential["json_lines"]  # scb, passages, dead letters
+    assert len(sequential["json_lines"]["scb"]) > 0
+    assert split["counters"] == sequential["counters"]
+
+
+def test_pipeline_on_split_reading_equals_sequential(tmp_path, multistream_dump, sequential_outputs):
+    from pipeline import run
+
+    dump, _, streams = multistream_dump
+    out = tmp_path / "out"
+    run.main(["--output", str(out), "--input", str(dump), "--runner", "DirectRunner"])
+    split = pipeline_outputs(str(out), tmp_path / "fetched")
+    assert split["read_ranges"] == streams + 1 and sequential_outputs["read_ranges"] == 1
+    assert_same_outputs(split, sequential_outputs)
+
+
+def test_pipeline_gcs_in_and_out_with_2_workers_equals_sequential(
+        gcs_emulator, tmp_path, excerpt_parts, sequential_outputs):
+    from pipeline import run
+
+    prefix = gcs_emulator()
+    header, pages = excerpt_parts
+    dump = f"{prefix}/in/enwiki-test-pages-articles-multistream.xml.bz2"
+    streams = multistream.write_multistream_dump(
+        header, pages, dump, multistream.index_path_for(dump), PAGES_PER_STREAM)
+    run.main(["--output", f"{prefix}/out", "--input", dump, "--runner", "DirectRunner",
+              "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])
+    split = pipeline_outputs(f"{prefix}/out", tmp_path / "fetched")
+    assert split["read_ranges"] == streams + 1
+    assert_same_outputs(split, sequential_outputs)
