@@ -177,23 +177,6 @@ def test_scb_holds_every_test_article_with_5_to_12_sections_and_nothing_else(out
         assert any(record["openers"]) and not all(record["openers"])
 
 
-def _shard_records(out: Path) -> dict:
-    return {
-        (d, s): sorted(r.numpy() for r in tf.data.TFRecordDataset(
-            sorted(glob.glob(str(out / d / s / "*.tfrecord.gz"))), compression_type="GZIP"))
-        for d in DATASETS for s in SPLITS
-    }
-
-
-def test_multiprocessing_direct_runner_writes_the_same_bytes(embedded_pipeline_output, tmp_path):
-    stats = run.main(["--output", str(tmp_path), "--runner", "DirectRunner",
-                      "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
-    assert stats["reconciliation"]["balanced"]
-    assert _shard_records(tmp_path) == _shard_records(embedded_pipeline_output)
-    first = json.loads((embedded_pipeline_output / "stats.json").read_text())["counters"]
-    assert stats["counters"] == first
-
-
 # --- a small dump assembled from real pages, plus one page mwparserfromhell cannot parse ---
 
 UNPARSABLE_ID = 999_999_001
@@ -225,8 +208,15 @@ def small_dump(tmp_path_factory) -> str:
     return str(path)
 
 
-def test_a_page_that_fails_to_parse_is_counted_and_dead_lettered_and_empty_splits_are_readable(small_dump, tmp_path):
-    stats = run.main(["--output", str(tmp_path), "--input", small_dump])
+@pytest.fixture(scope="module")
+def small_run(small_dump, tmp_path_factory) -> tuple[Path, dict]:
+    """The pipeline on the small dump, default (in-memory) DirectRunner."""
+    out = tmp_path_factory.mktemp("small-out")
+    return out, run.main(["--output", str(out), "--input", small_dump])
+
+
+def test_a_page_that_fails_to_parse_is_counted_and_dead_lettered_and_empty_splits_are_readable(small_run):
+    tmp_path, stats = small_run
     counters = stats["counters"]
     assert counters["parse_errors"] == 1 and stats["reconciliation"]["balanced"]
     assert counters["pages_read"] == 31
@@ -239,6 +229,25 @@ def test_a_page_that_fails_to_parse_is_counted_and_dead_lettered_and_empty_split
             assert len(read_triplets(tmp_path, dataset, split)) == counters[f"{dataset}/{split}"]
     assert any(counters[f"triplets-sen/{split}"] == 0 for split in SPLITS), "the small dump leaves a split empty"
     assert counters["scb_articles"] == len(read_json_lines(tmp_path, "scb"))
+
+
+def _shard_records(out: Path) -> dict:
+    return {
+        (d, s): sorted(r.numpy() for r in tf.data.TFRecordDataset(
+            sorted(glob.glob(str(out / d / s / "*.tfrecord.gz"))), compression_type="GZIP"))
+        for d in DATASETS for s in SPLITS
+    }
+
+
+def test_multiprocessing_direct_runner_writes_the_same_bytes_as_in_memory(small_dump, small_run, tmp_path):
+    """Same input and seed, two worker processes: the same triplets, byte for byte, and counters."""
+    stats = run.main(["--output", str(tmp_path), "--input", small_dump, "--runner", "DirectRunner",
+                      "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    in_memory_out, in_memory_stats = small_run
+    assert stats["reconciliation"]["balanced"]
+    assert _shard_records(tmp_path) == _shard_records(in_memory_out)
+    assert sum(map(len, _shard_records(tmp_path).values())) > 1000
+    assert stats["counters"] == in_memory_stats["counters"]
 
 
 def test_outputs_can_go_to_gcs(small_dump, gcs_emulator):
