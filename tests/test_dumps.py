@@ -114,3 +114,30 @@ def test_split_pages_does_not_depend_on_chunk_boundaries(chunk_size):
     assert chunked == whole
     assert sum(s.kind == "page" for s in whole) == 206
     assert b"".join(s.data for s in whole) == data  # nothing lost between segments
+
+
+def test_reading_holds_one_page_not_the_dump(tmp_path):
+    """Python-heap peak while streaming a plain dump 8x the excerpt stays near the 1x peak."""
+    import tracemalloc
+
+    header, pages = multistream.dump_parts(embedded_dump_path())
+    pages = list(pages)
+    id_stride = 10 ** 6
+
+    def peak_bytes(path: str) -> int:
+        tracemalloc.start()
+        try:
+            assert sum(1 for item in decode_pages(path) if isinstance(item, Page)) > 0
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    small, large = tmp_path / "x1.xml", tmp_path / "x8.xml"
+    multistream.write_plain_dump(header, pages, str(small))
+    multistream.write_plain_dump(
+        header, (multistream.renumber_page(p, copy, id_stride) for copy in range(8) for p in pages),
+        str(large))
+    small_peak, large_peak = peak_bytes(str(small)), peak_bytes(str(large))
+    assert large.stat().st_size > 7 * small.stat().st_size
+    assert large_peak < 1.5 * small_peak
+    assert large_peak < large.stat().st_size / 4

@@ -1,0 +1,287 @@
+"""Benchmarks the pipeline at 1x and 16x the embedded excerpt; prints measured ratios.
+
+    python -m pipeline.benchmark [--workdir DIR] [--scale 16] [--pages-per-stream 100]
+
+Builds, from the real excerpt, a 16x dump (every page repeated with new ids and titles) as one
+ordinary bz2 stream and as a multistream file with its index, then measures each command as a
+subprocess (wall time and peak RSS from `os.wait4`):
+
+1. `python -m pipeline.run` vs `python -m gensim.scripts.segment_wiki` on the same file (goal <= 1.0x);
+2. `python -m pipeline.run` vs `bzcat` of the same file, the decode limit (goal <= 10x);
+3. the pipeline's peak RSS at 16x vs 1x (goal <= 1.2x);
+4. the pipeline on the 16x multistream file with 1 vs 2 DirectRunner workers, multi_processing
+   (goal >= 1.6x speed-up; the speed-up is bounded by the cores actually free);
+plus the reader alone (`ReadDumpPages` into a count) for the share of the wall time that is
+decoding, and a cProfile of the pipeline on the 1x file, grouped by library, with whether
+mwparserfromhell's C tokenizer is active. Writes `benchmark.json`, `benchmark.md` and
+`benchmark.png` to the workdir. Not a test: numbers depend on the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline import multistream
+from pipeline.dumps import embedded_dump_path, page_id_and_title
+
+GOALS = {"pipeline_vs_segment_wiki": ("<=", 1.0), "pipeline_vs_bzcat": ("<=", 10.0),
+         "rss_16x_vs_1x": ("<=", 1.2), "speedup_2_vs_1_workers": (">=", 1.6)}
+
+
+@dataclasses.dataclass
+class BenchmarkConfig:
+    workdir: str = ""  # empty: a fresh temporary folder
+    scale: int = 16
+    pages_per_stream: int = 100
+    profile_top: int = 25
+
+
+@dataclasses.dataclass
+class Measurement:
+    name: str
+    command: list[str]
+    wall_s: float
+    peak_rss_mib: float
+    returncode: int
+
+
+# Runs argv[1:] and prints its wall time and peak RSS. Started with `python -S` (stdlib only, a
+# few MiB) because a child's ru_maxrss includes the memory of the process it was forked from.
+_LAUNCHER = """
+import json, os, subprocess, sys, time
+started = time.perf_counter()
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+stderr = child.stderr.read()
+_, status, usage = os.wait4(child.pid, 0)
+child.returncode = os.waitstatus_to_exitcode(status)
+sys.stderr.write(stderr.decode("utf-8", "replace")[-4000:] if child.returncode else "")
+print(json.dumps({"wall_s": time.perf_counter() - started, "peak_rss_mib": usage.ru_maxrss / 1024,
+                  "returncode": child.returncode}))
+"""
+
+
+def measure(name: str, command: list[str]) -> Measurement:
+    """Runs a command; its wall time and the peak RSS of its largest process (`os.wait4`
+    reports the maximum over the child and its reaped children, e.g. Beam's workers)."""
+    print(f"[benchmark] {name}: {' '.join(command)}", flush=True)
+    launched = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *command],
+                              stdout=subprocess.PIPE, text=True, check=True)
+    result = Measurement(name=name, command=command, **json.loads(launched.stdout))
+    if result.returncode != 0:
+        raise SystemExit(f"[benchmark] {name} failed with exit code {result.returncode}")
+    print(f"[benchmark] {name}: {result.wall_s:.1f} s, peak RSS {result.peak_rss_mib:.0f} MiB", flush=True)
+    return result
+
+
+def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
+    """The 1x excerpt and, built from it, the scaled plain and multistream dumps."""
+    source = embedded_dump_path()
+    header, pages = multistream.dump_parts(source)
+    pages = list(pages)
+    id_stride = max(page_id_and_title(page)[0] for page in pages) + 1
+
+    def scaled():
+        return (multistream.renumber_page(page, copy, id_stride)
+                for copy in range(config.scale) for page in pages)
+
+    paths = {
+        "1x": source,
+        "1x_multistream": str(workdir / "excerpt-pages-articles-multistream.xml.bz2"),
+        "scaled": str(workdir / f"excerpt{config.scale}x-pages-articles.xml.bz2"),
+        "scaled_multistream": str(workdir / f"excerpt{config.scale}x-pages-articles-multistream.xml.bz2"),
+    }
+    multistream.write_multistream_dump(header, pages, paths["1x_multistream"],
+                                       multistream.index_path_for(paths["1x_multistream"]),
+                                       config.pages_per_stream)
+    multistream.write_plain_dump(header, scaled(), paths["scaled"])
+    streams = multistream.write_multistream_dump(
+        header, scaled(), paths["scaled_multistream"],
+        multistream.index_path_for(paths["scaled_multistream"]), config.pages_per_stream)
+    print(f"[benchmark] built {config.scale * len(pages)} pages ({config.scale}x {len(pages)}), "
+          f"{streams} streams in the multistream file", flush=True)
+    return paths
+
+
+def pipeline_command(input_path: str, output: Path, workers: int | None = None) -> list[str]:
+    command = [sys.executable, "-m", "pipeline.run", "--input", input_path, "--output", str(output),
+               "--runner", "DirectRunner"]
+    if workers:
+        command += ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(workers)]
+    return command
+
+
+def read_only_command(input_path: str, workers: int | None = None) -> list[str]:
+    command = [sys.executable, "-m", "pipeline.benchmark", "--read-only", input_path]
+    if workers:
+        command += ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(workers)]
+    return command
+
+
+def run_read_only(input_path: str, beam_args: list[str]) -> None:
+    """The reader alone: ReadDumpPages into a count of pages (what decoding costs)."""
+    import apache_beam as beam
+
+    from pipeline.dumps import ReadDumpPages
+
+    with beam.Pipeline(argv=["--runner", "DirectRunner", *beam_args]) as pipeline:
+        read = pipeline | ReadDumpPages(input_path)
+        _ = read["pages"] | beam.combiners.Count.Globally() | beam.Map(print)
+
+
+def profile_pipeline(input_path: str, output: Path, top: int) -> dict:
+    """cProfile of one in-process pipeline run; total seconds by library and the top functions."""
+    from pipeline import run as pipeline_run
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    pipeline_run.main(["--input", input_path, "--output", str(output), "--runner", "DirectRunner"])
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    by_library: dict[str, float] = {}
+    rows = []
+    for (filename, line, function), (_, calls, own, cumulative, _) in stats.stats.items():
+        library = _library_of(filename)
+        by_library[library] = by_library.get(library, 0.0) + own
+        rows.append((own, cumulative, calls, f"{library}:{Path(filename).name}:{line}:{function}"))
+    rows.sort(reverse=True)
+    return {"total_s": sum(by_library.values()),
+            "own_time_by_library_s": dict(sorted(by_library.items(), key=lambda kv: -kv[1])),
+            "top_functions": [{"own_s": round(own, 3), "cumulative_s": round(cum, 3), "calls": calls,
+                               "function": name} for own, cum, calls, name in rows[:top]]}
+
+
+def _library_of(filename: str) -> str:
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1].split("/", 1)[0]
+    if "/pipeline/" in filename:
+        return "pipeline." + Path(filename).stem
+    if filename.startswith("~") or filename.startswith("<"):
+        return "builtins"
+    return "python-stdlib"
+
+
+def ratios(results: dict[str, Measurement]) -> dict[str, float]:
+    r = {}
+    for size in ("1x", "scaled"):
+        r[f"pipeline_vs_segment_wiki_{size}"] = results[f"pipeline_{size}"].wall_s / results[f"segment_wiki_{size}"].wall_s
+        r[f"pipeline_vs_bzcat_{size}"] = results[f"pipeline_{size}"].wall_s / results[f"bzcat_{size}"].wall_s
+        r[f"reader_vs_bzcat_{size}"] = results[f"reader_{size}"].wall_s / results[f"bzcat_{size}"].wall_s
+    r["rss_16x_vs_1x"] = results["pipeline_scaled"].peak_rss_mib / results["pipeline_1x"].peak_rss_mib
+    r["speedup_2_vs_1_workers"] = (results["pipeline_multistream_1_worker"].wall_s
+                                   / results["pipeline_multistream_2_workers"].wall_s)
+    r["reader_speedup_2_vs_1_workers"] = (results["reader_multistream_1_worker"].wall_s
+                                          / results["reader_multistream_2_workers"].wall_s)
+    return r
+
+
+def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Measurement],
+                 measured_ratios: dict[str, float], profile: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = ["| measurement | wall s | peak RSS MiB |", "|---|---:|---:|"]
+    lines += [f"| {m.name} | {m.wall_s:.2f} | {m.peak_rss_mib:.0f} |" for m in results.values()]
+    lines += ["", "| ratio | measured | goal |", "|---|---:|---|"]
+    for name, value in measured_ratios.items():
+        goal = next((f"{op} {bound}" for key, (op, bound) in GOALS.items() if name.startswith(key)), "")
+        lines.append(f"| {name} | {value:.2f} | {goal} |")
+    lines += ["", f"cProfile of the pipeline on the 1x excerpt ({profile['total_s']:.1f} s of own time):",
+              "", "| library | own s |", "|---|---:|"]
+    lines += [f"| {lib} | {sec:.2f} |" for lib, sec in list(profile["own_time_by_library_s"].items())[:12]]
+    lines += ["", "| function | own s | cumulative s | calls |", "|---|---:|---:|---:|"]
+    lines += [f"| {f['function']} | {f['own_s']} | {f['cumulative_s']} | {f['calls']} |"
+              for f in profile["top_functions"]]
+    (workdir / "benchmark.md").write_text("\n".join(lines) + "\n")
+    (workdir / "benchmark.json").write_text(json.dumps(
+        {"config": dataclasses.asdict(config), "cpu_count": os.cpu_count(),
+         "measurements": {k: dataclasses.asdict(v) for k, v in results.items()},
+         "ratios": measured_ratios, "profile": profile}, indent=2))
+
+    figure, (walls, rates) = plt.subplots(1, 2, figsize=(13, 5))
+    names = list(results)
+    walls.barh(names, [results[n].wall_s for n in names], color="tab:blue")
+    walls.set_xlabel("wall time (s)")
+    walls.set_title("Commands measured")
+    ratio_names = list(measured_ratios)
+    rates.barh(ratio_names, [measured_ratios[n] for n in ratio_names], color="tab:orange")
+    for name, (op, bound) in GOALS.items():
+        for i, ratio_name in enumerate(ratio_names):
+            if ratio_name.startswith(name):
+                rates.plot([bound, bound], [i - 0.4, i + 0.4], color="black")
+    rates.set_xscale("log")
+    rates.set_xlabel("ratio (black tick: goal)")
+    rates.set_title("Ratios")
+    figure.tight_layout()
+    figure.savefig(workdir / "benchmark.png", dpi=110)
+    plt.close(figure)
+
+
+def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
+    import mwparserfromhell
+
+    workdir = Path(config.workdir or tempfile.mkdtemp(prefix="wikisim-benchmark-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    paths = build_inputs(workdir, config)
+    profile = profile_pipeline(paths["1x"], workdir / "out_profile", config.profile_top)
+    profile["mwparserfromhell_c_tokenizer"] = bool(mwparserfromhell.parser.use_c)
+    print(f"[benchmark] profile: {json.dumps(profile['own_time_by_library_s'])}", flush=True)
+    results: dict[str, Measurement] = {}
+
+    def record(name: str, command: list[str]) -> None:
+        results[name] = measure(name, command)
+        partial = {k: dataclasses.asdict(v) for k, v in results.items()}
+        (workdir / "measurements.partial.json").write_text(json.dumps(partial, indent=2))
+
+    for size in ("1x", "scaled"):
+        dump = paths[size]
+        record(f"bzcat_{size}", ["bzcat", dump])
+        record(f"segment_wiki_{size}", [sys.executable, "-m", "gensim.scripts.segment_wiki", "-f", dump,
+                                        "-o", str(workdir / f"segment_wiki_{size}.json.gz")])
+        record(f"reader_{size}", read_only_command(dump))
+        shutil.rmtree(workdir / f"out_{size}", ignore_errors=True)
+        record(f"pipeline_{size}", pipeline_command(dump, workdir / f"out_{size}"))
+    for workers, label in ((1, "1_worker"), (2, "2_workers")):
+        record(f"reader_multistream_{label}", read_only_command(paths["scaled_multistream"], workers))
+        shutil.rmtree(workdir / f"out_multistream_{label}", ignore_errors=True)
+        record(f"pipeline_multistream_{label}",
+               pipeline_command(paths["scaled_multistream"], workdir / f"out_multistream_{label}", workers))
+    measured_ratios = ratios(results)
+    write_report(workdir, config, results, measured_ratios, profile)
+    print((workdir / "benchmark.md").read_text())
+    print(f"mwparserfromhell C tokenizer active: {profile['mwparserfromhell_c_tokenizer']}")
+    print(f"cores: {os.cpu_count()} (shared with whatever else runs); results in {workdir}")
+    return measured_ratios
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for field in dataclasses.fields(BenchmarkConfig):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
+                            default=field.default)
+    parser.add_argument("--read-only", metavar="DUMP",
+                        help="internal: run only the reader on DUMP (remaining args go to Beam)")
+    args, beam_args = parser.parse_known_args(argv)
+    if args.read_only:
+        run_read_only(args.read_only, beam_args)
+        return
+    if beam_args:
+        parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
+    config = BenchmarkConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchmarkConfig)})
+    run_benchmark(config)
+
+
+if __name__ == "__main__":
+    main()
