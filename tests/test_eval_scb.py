@@ -39,6 +39,11 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
                        "--encoder", "mean-vectors", "--encoder", "tfidf", "--runner", "DirectRunner"])
     assert result["articles"] == len(articles)
     assert result["dead_letters"] == 2
+    counters = result["counters"]
+    assert counters["scb_eval_articles_read"] == len(articles) + 2
+    assert counters["scb_eval_articles_malformed"] == 2
+    assert counters["scb_eval_articles_scored"] == len(articles)
+    assert counters["scb_eval_sentences_encoded"] == 2 * sum(len(a["sentences"]) for a in articles)
     dead = [json.loads(line) for path in (tmp_path / "out" / "scb").glob("dead_letters-*")
             for line in path.read_text().splitlines()]
     assert {d["reason"] for d in dead} == {"malformed_scb_record"} and all(d["stage"] == "eval-scb" for d in dead)

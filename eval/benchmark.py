@@ -1,0 +1,73 @@
+"""Throughput of the SCB scoring job: sentences per second, per method, on this machine.
+
+    python -m eval.benchmark --data OUT [--encoder SPEC ...] [--model-dir DIR ...] [--output DIR]
+
+For each method separately it times (1) encoding alone: `encode` over every SCB article, as the
+job calls it, and (2) the whole Beam job (DirectRunner: read, encode, three clusterings x two
+variants, metrics, write), and prints sentences/s for both and the share of the job spent
+encoding. Sentences are counted by the job's own `scb_eval_sentences_encoded` counter.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+from apache_beam.io.filesystems import FileSystems
+
+from eval import scb
+from eval.encoders import default_encoder_specs, load_encoder, model_dir_specs
+from eval.report import markdown_table, write_text
+
+
+def read_articles(data: str) -> list[dict]:
+    articles = []
+    for metadata in FileSystems.match([scb.scb_pattern(data)])[0].metadata_list:
+        with FileSystems.open(metadata.path) as handle:
+            articles += [scb.parse_scb_record(line) for line in handle.read().decode("utf-8").splitlines() if line]
+    return articles
+
+
+def benchmark_method(spec: str, data: str, articles: list[dict], output: str) -> dict:
+    encoder = load_encoder(spec)
+    start = time.perf_counter()
+    for article in articles:
+        encoder.encode(article["sentences"])
+    encode_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name), encoders=[spec]),
+                     ["--runner", "DirectRunner"])
+    job_seconds = time.perf_counter() - start
+    sentences = result["counters"]["scb_eval_sentences_encoded"]
+    return {"method": encoder.name, "articles": result["articles"], "sentences": sentences,
+            "encode_seconds": encode_seconds, "encode_sentences_per_s": sentences / encode_seconds,
+            "job_seconds": job_seconds, "job_sentences_per_s": sentences / job_seconds,
+            "encode_share_of_job": encode_seconds / job_seconds}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/)")
+    parser.add_argument("--encoder", dest="encoders", action="append", help="encoder spec, repeatable")
+    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[])
+    parser.add_argument("--output", help="where to keep the job outputs and benchmark.md (default: a temp dir)")
+    args = parser.parse_args(argv)
+    scb.check_scb_input(args.data)
+    output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
+    articles = read_articles(args.data)
+    specs = (args.encoders or default_encoder_specs()) + model_dir_specs(args.model_dirs)
+    rows = [benchmark_method(spec, args.data, articles, output) for spec in specs]
+    table = markdown_table(
+        ["method", "articles", "sentences", "encode s", "encode sentences/s", "job s", "job sentences/s",
+         "encode share of job"],
+        [[r["method"], r["articles"], r["sentences"], r["encode_seconds"], r["encode_sentences_per_s"],
+          r["job_seconds"], r["job_sentences_per_s"], r["encode_share_of_job"]] for r in rows])
+    write_text(FileSystems.join(output, "benchmark.md"), "## SCB scoring throughput (DirectRunner)\n\n" + table)
+    write_text(FileSystems.join(output, "benchmark.json"), json.dumps(rows, indent=2) + "\n")
+    print(table)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

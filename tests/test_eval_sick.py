@@ -1,0 +1,84 @@
+"""SICK relatedness (Tai et al. setup) on a small SICK-format fixture written here."""
+import csv
+
+import numpy as np
+import pytest
+
+from eval import sick
+from eval_fixtures import THEMES
+
+COLUMNS = ["pair_ID", "sentence_A", "sentence_B", "entailment_label", "relatedness_score", "SemEval_set"]
+
+
+def write_sick_fixture(path, rows_per_split=(("TRAIN", 48), ("TRIAL", 16), ("TEST", 24))):
+    """Same-theme pairs are related (4-5), cross-theme pairs unrelated (1-2), like SICK's scale."""
+    rng = np.random.default_rng(0)
+    themes = sorted(THEMES)
+    rows, pair_id = [], 0
+    for split, count in rows_per_split:
+        for index in range(count):
+            first = themes[rng.integers(len(themes))]
+            related = index % 2 == 0
+            second = first if related else themes[(themes.index(first) + 1 + rng.integers(3)) % len(themes)]
+            a, b = rng.choice(len(THEMES[first]), 2, replace=False)
+            score = rng.uniform(4.0, 5.0) if related else rng.uniform(1.0, 2.0)
+            pair_id += 1
+            rows.append([pair_id, THEMES[first][a], THEMES[second][b], "NEUTRAL", f"{score:.1f}", split])
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+    return path
+
+
+def test_score_distribution_matches_tai_et_al():
+    target = sick.score_distribution([3.6, 1.0, 5.0, 4.0])
+    np.testing.assert_allclose(target[0], [0, 0, 0.4, 0.6, 0])
+    np.testing.assert_allclose(target[1], [1, 0, 0, 0, 0])
+    np.testing.assert_allclose(target[2], [0, 0, 0, 0, 1])
+    np.testing.assert_allclose(target[3], [0, 0, 0, 1, 0])
+    np.testing.assert_allclose(target @ sick.CLASSES, [3.6, 1.0, 5.0, 4.0])
+
+
+def test_relatedness_metrics_by_hand():
+    metrics = sick.relatedness_metrics([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])
+    assert metrics["pearson"] == pytest.approx(1.0)
+    assert metrics["spearman"] == pytest.approx(1.0)
+    assert metrics["mse"] == pytest.approx((1 + 4 + 9) / 3)
+
+
+def test_soft_logistic_regression_learns_the_expected_score():
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(1, 5, 300)
+    features = np.column_stack([scores + rng.normal(0, 0.1, 300), rng.normal(size=300)])
+    model = sick.fit_soft_logistic(features, sick.score_distribution(scores), c=10.0)
+    predicted = sick.expected_score(model, features)
+    assert sick.relatedness_metrics(predicted, scores)["pearson"] > 0.95
+
+
+def test_sick_job_on_a_fixture(tmp_path):
+    path = write_sick_fixture(tmp_path / "SICK.txt")
+    result = sick.main(["--sick", str(path), "--output", str(tmp_path / "out"),
+                        "--encoder", "mean-vectors", "--encoder", "tfidf", "--c-grid", "0.1", "1"])
+    assert result["pairs"] == {"TRAIN": 48, "TRIAL": 16, "TEST": 24}
+    methods = {entry["method"]: entry for entry in result["methods"]}
+    assert set(methods) == {"mean-vectors", "tfidf"}
+    assert methods["mean-vectors"]["C"] in (0.1, 1.0)
+    assert methods["mean-vectors"]["pearson"] > 0.5  # related pairs are same-theme sentences
+    for name in ("sick.json", "sick.md", "sick_pearson.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_sick_input_errors_name_the_problem(tmp_path):
+    with pytest.raises(sick.SickInputError, match="not found"):
+        sick.read_sick(str(tmp_path / "missing.txt"))
+    (tmp_path / "wrong.txt").write_text("a\tb\n1\t2\n")
+    with pytest.raises(sick.SickInputError, match="missing columns"):
+        sick.read_sick(str(tmp_path / "wrong.txt"))
+    bad = tmp_path / "bad.txt"
+    write_sick_fixture(bad)
+    lines = bad.read_text().splitlines()
+    lines[3] = lines[3].replace("\tTRAIN", "\tDEV")
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(sick.SickInputError, match=r"bad.txt:4"):
+        sick.read_sick(str(bad))

@@ -1,0 +1,66 @@
+"""Triplet accuracy (Table 3) with cosine and L1 for baselines and a tiny trained encoder."""
+import json
+
+import numpy as np
+import pytest
+
+from eval import triplets
+from model_shards import write_triplet_shards
+
+
+def test_triplet_accuracies_by_hand():
+    anchor = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    positive = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 1.0]])
+    negative = np.array([[0.0, 1.0], [3.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
+    # cosine: 1>0 yes; 0>1 no; 1>0.71 yes; 1>1 tie -> no        => 2/4
+    # L1:     1<2 yes; 2<2 tie -> no; 2<1 no; 0<2 yes           => 2/4, but on different triplets
+    result = triplets.triplet_accuracies(anchor, positive, negative)
+    assert result == {"accuracy_cosine": 0.5, "accuracy_l1": 0.5}
+    result = triplets.triplet_accuracies(anchor[:3], positive[:3], negative[:3])
+    assert result["accuracy_cosine"] == pytest.approx(2 / 3) and result["accuracy_l1"] == pytest.approx(1 / 3)
+
+
+@pytest.fixture(scope="module")
+def topic_shards(tmp_path_factory):
+    return write_triplet_shards(str(tmp_path_factory.mktemp("shards")))
+
+
+@pytest.fixture(scope="module")
+def tiny_models(topic_shards, tmp_path_factory):
+    """A tiny trained encoder (3 steps), given as both of the paper's models so the sen-titles
+    concatenation is exercised too (one training keeps the test short)."""
+    from model.config import TrainConfig
+    from model.train import train
+
+    model_dir = str(tmp_path_factory.mktemp("models") / "tiny")
+    train(TrainConfig(data=topic_shards, model_dir=model_dir, epochs=1, steps=3, batch_size=8,
+                      lstm_units=8, attention_size=4, patience=1, progress=False))
+    return [f"triplets-sen={model_dir}", f"triplets-titles={model_dir}"]
+
+
+def test_triplets_job_scores_baselines_and_trained_encoders(topic_shards, tiny_models, tmp_path):
+    result = triplets.main(["--data", topic_shards, "--output", str(tmp_path), "--encoder", "mean-vectors",
+                            "--encoder", "tfidf", *sum((["--model-dir", d] for d in tiny_models), [])])
+    assert result["triplets"] == 64
+    methods = {entry["method"]: entry for entry in result["methods"]}
+    assert list(methods) == ["mean-vectors", "tfidf", "triplets-sen", "triplets-titles", "triplets-sen-titles"]
+    for entry in methods.values():
+        assert 0.0 <= entry["accuracy_cosine"] <= 1.0 and 0.0 <= entry["accuracy_l1"] <= 1.0
+    # Anchor and positive share a topic's words, the negative does not: the baselines must see it.
+    assert methods["mean-vectors"]["accuracy_cosine"] > 0.8
+    assert methods["tfidf"]["accuracy_cosine"] > 0.8
+    # The concatenation of an encoder with itself ranks exactly like the encoder.
+    for metric in ("accuracy_cosine", "accuracy_l1"):
+        assert methods["triplets-sen-titles"][metric] == pytest.approx(methods["triplets-sen"][metric])
+    saved = json.loads((tmp_path / "triplets.json").read_text())
+    assert saved["methods"] == result["methods"]
+    markdown = (tmp_path / "triplets.md").read_text()
+    assert "| mean-vectors |" in markdown and "0.650" in markdown  # the paper's reference column
+    assert (tmp_path / "triplets_accuracy.png").stat().st_size > 0
+
+
+def test_triplets_job_names_missing_shards(tmp_path):
+    from model.data import TripletDataError
+
+    with pytest.raises(TripletDataError, match="triplets-sen/test"):
+        triplets.main(["--data", str(tmp_path), "--output", str(tmp_path / "out")])
