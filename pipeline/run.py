@@ -26,7 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from pipeline import records, transforms
 from pipeline.dumps import DumpInputError, ReadDumpPages, check_input, embedded_dump_path
 from pipeline.rules import RuleConfig
-from pipeline.sentences import DEFAULT_SPACY_MODEL
+from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
 
 # Every page that was read ends in exactly one of these counters.
@@ -37,6 +37,10 @@ PAGE_OUTCOMES = (
     "pages_redirect",
     "parse_errors",
 )
+
+
+class ConfigError(ValueError):
+    """A flag value the job cannot run with; the message names the flag."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,27 @@ class PipelineConfig:
         default=1000, metadata={"help": "about how many articles share a bucket when drawing other_article negatives"}
     )
     rules: RuleConfig = RuleConfig()
+
+    def __post_init__(self):
+        if self.other_article_bucket_size < 1:
+            raise ConfigError(f"--other_article_bucket_size must be >= 1, got {self.other_article_bucket_size}")
+        rules = self.rules
+        if not 1 <= rules.min_tokens <= rules.max_tokens:
+            raise ConfigError(f"--min_tokens {rules.min_tokens} / --max_tokens {rules.max_tokens}: need 1 <= min <= max")
+        if not 1 <= rules.scb_min_sections <= rules.scb_max_sections:
+            raise ConfigError(
+                f"--scb_min_sections {rules.scb_min_sections} / --scb_max_sections {rules.scb_max_sections}: "
+                "need 1 <= min <= max")
+        if rules.min_sections < 1 or rules.max_paragraph_distance < 1:
+            raise ConfigError("--min_sections and --max_paragraph_distance must be >= 1")
+
+
+def check_spacy_model(name: str) -> None:
+    """Loads the sentence pipeline once here, so a wrong --spacy_model fails before the job starts."""
+    try:
+        SentenceSplitter(name)
+    except (OSError, ImportError, ValueError) as err:
+        raise ConfigError(f"--spacy_model {name!r} cannot be loaded: {err}") from err
 
 
 def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
@@ -184,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
     input_pattern = config.input or embedded_dump_path()
     check_input(input_pattern, config.index)
+    check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
 def cli() -> int:
     try:
         main(sys.argv[1:])
-    except DumpInputError as err:
+    except (DumpInputError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -276,6 +276,18 @@ def test_bad_input_stops_with_one_error_naming_the_file(tmp_path, content, compl
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "flags, named",
+    [(["--spacy_model", "no_such_spacy_model"], "--spacy_model"),
+     (["--min_tokens", "20", "--max_tokens", "10"], "--min_tokens"),
+     (["--other_article_bucket_size", "0"], "--other_article_bucket_size")],
+)
+def test_bad_flags_stop_before_the_job_with_an_error_naming_the_flag(tmp_path, flags, named):
+    with pytest.raises(run.ConfigError, match=named):
+        run.main(["--output", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_reports_bad_input_as_one_line_and_exit_status_2(tmp_path):
     missing = tmp_path / "missing.xml.bz2"
     done = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "out"), "--input", str(missing)],
