@@ -61,16 +61,17 @@ def read_queries(pattern: str) -> tuple[list[Query], list[dict]]:
         raise FileNotFoundError(f"--passages {pattern!r} matches no file")
     queries, dead_letters = [], []
     for path in paths:
-        for line_number, line in enumerate(read_bytes(path).decode("utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                queries.append(query_from_record(json.loads(line)))
-            except (json.JSONDecodeError, PassageRecordError) as error:
-                dead_letters.append({
-                    "stage": "qs3m-read", "source": f"{path}:{line_number}", "page_id": None,
-                    "title": None, "reason": type(error).__name__, "detail": str(error),
-                })
+        with FileSystems.open(path) as handle:
+            for line_number, line in enumerate(iter(handle.readline, b""), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    queries.append(query_from_record(json.loads(line)))
+                except (json.JSONDecodeError, PassageRecordError) as error:
+                    dead_letters.append({
+                        "stage": "qs3m-read", "source": f"{path}:{line_number}", "page_id": None,
+                        "title": None, "reason": type(error).__name__, "detail": str(error),
+                    })
     return queries, dead_letters
 
 
@@ -118,7 +119,8 @@ def embed_queries(queries: Sequence[Query], encoder: SentenceEncoder, batch_size
     titles = encode_in_batches(encoder, [query.title for query in queries], batch_size, "titles")
     leads = [" ".join(query.lead) if query.lead else query.title for query in queries]
     descriptions = encode_in_batches(encoder, leads, batch_size, "leads")
-    means = np.stack([passages[offsets[i]:offsets[i + 1]].mean(axis=0) for i in range(len(queries))])
+    means = np.stack([passages[offsets[i]:offsets[i + 1]].mean(axis=0) if offsets[i + 1] > offsets[i]
+                      else np.zeros(passages.shape[1], np.float32) for i in range(len(queries))])
     return QueryEmbeddings(
         passages=passages,
         offsets=offsets,
@@ -347,31 +349,28 @@ def train(config: TrainConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     if not pairs["train"]:
         raise ValueError("no train-split article has two clusters to sample balanced pairs from")
     dim = embeddings["train"].passages.shape[1]
+    # QS3M-no-q ignores the query, so it is trained once whatever --queries lists.
+    plan = {model_name(kind, rep): (kind, rep) for kind in config.models for rep in config.queries}
     histories: dict[str, dict[str, list[float]]] = {}
     trained: dict[str, dict[str, Any]] = {}
-    names = list(dict.fromkeys(model_name(kind, rep) for kind in config.models for rep in config.queries))
-    for kind in config.models:
-        for representation in config.queries:
-            name = model_name(kind, representation)
-            if name in trained:
-                continue
-            trained[name] = {"kind": kind, "query": None if kind == "qs3m-noq" else representation,
-                             "path": f"{name}.keras"}
-            keras.utils.set_random_seed(config.seed)  # each model's start depends only on the seed
-            print(f"[qs3m] training {name} on {len(pairs['train'])} pairs ({len(names)} models)", file=sys.stderr)
-            model = build_model(kind, dim, config.nn1_units, config.nn2_units, config.learning_rate,
-                                train_passages=embeddings["train"].passages)
-            train_data = pair_dataset(pairs["train"], embeddings["train"], representation, kind,
-                                      config.batch_size, shuffle_seed=config.seed)
-            validation_data, callbacks = None, []
-            if pairs.get("validation"):
-                validation_data = pair_dataset(pairs["validation"], embeddings["validation"], representation, kind,
-                                               config.batch_size)
-                callbacks = [keras.callbacks.EarlyStopping(patience=config.patience, restore_best_weights=True)]
-            history = model.fit(train_data, validation_data=validation_data, epochs=config.epochs,
-                                callbacks=callbacks, verbose=1)
-            histories[name] = {key: [float(v) for v in values] for key, values in history.history.items()}
-            save_model(model, f"{config.output.rstrip('/')}/{name}.keras")
+    for number, (name, (kind, representation)) in enumerate(plan.items(), start=1):
+        print(f"[qs3m] model {number}/{len(plan)}: {name} on {len(pairs['train'])} train pairs", file=sys.stderr)
+        keras.utils.set_random_seed(config.seed)  # each model's start depends only on the seed
+        model = build_model(kind, dim, config.nn1_units, config.nn2_units, config.learning_rate,
+                            train_passages=embeddings["train"].passages)
+        train_data = pair_dataset(pairs["train"], embeddings["train"], representation, kind,
+                                  config.batch_size, shuffle_seed=config.seed)
+        validation_data, callbacks = None, []
+        if pairs.get("validation"):
+            validation_data = pair_dataset(pairs["validation"], embeddings["validation"], representation, kind,
+                                           config.batch_size)
+            callbacks = [keras.callbacks.EarlyStopping(patience=config.patience, restore_best_weights=True)]
+        history = model.fit(train_data, validation_data=validation_data, epochs=config.epochs,
+                            callbacks=callbacks, verbose=1)
+        histories[name] = {key: [float(v) for v in values] for key, values in history.history.items()}
+        save_model(model, f"{config.output.rstrip('/')}/{name}.keras")
+        trained[name] = {"kind": kind, "query": None if kind == "qs3m-noq" else representation,
+                         "path": f"{name}.keras"}
     summary = {
         "config": dataclasses.asdict(config),
         "encoder_name": getattr(encoder, "name", type(encoder).__name__),

@@ -1,0 +1,36 @@
+"""QS3M end to end on the pipeline's passages from the embedded real Wikipedia excerpt."""
+import pytest
+
+from eval import qs3m as qs3m_eval
+from eval.encoders import load_encoders
+from model import qs3m
+
+
+@pytest.fixture(scope="module")
+def mean_vectors():
+    (encoder,) = load_encoders(["mean-vectors"])
+    return encoder
+
+
+def test_end_to_end_on_the_embedded_wikipedia_excerpt(embedded_pipeline_output, tmp_path, mean_vectors):
+    """Pipeline passages -> QS3M training -> clustering scores, on real articles."""
+    passages = str(embedded_pipeline_output / "passages" / "*.jsonl.gz")
+    queries, dead_letters = qs3m.read_queries(passages)
+    assert queries and not dead_letters
+    by_split = {split: [q for q in queries if q.split == split] for split in ("train", "validation", "test")}
+    train_config = qs3m.TrainConfig(passages=passages, output=str(tmp_path / "model"), queries=("P",),
+                                    nn1_units=(16,), nn2_units=(8,), epochs=2, max_pairs_per_query=40)
+    summary = qs3m.train(train_config, mean_vectors)
+    counts = summary["counts"]
+    assert counts["articles_train"] == len(by_split["train"]) > 0
+    assert counts["pairs_train"] == 2 * counts["positive_pairs_train"] <= 40 * len(by_split["train"])
+    eval_config = qs3m_eval.EvalConfig(passages=passages, model_dir=str(tmp_path / "model"),
+                                       output=str(tmp_path / "eval"), lda_topics=5)
+    results = qs3m_eval.evaluate(eval_config, mean_vectors)
+    assert results["articles_per_split"] == {split: len(chosen) for split, chosen in by_split.items()}
+    for labeling in ("flat", "hierarchical"):
+        benchmark = results["benchmarks"][labeling]
+        assert benchmark["queries"] == sum(1 for q in by_split["test"] if q.num_clusters(labeling) >= 2)
+        assert set(benchmark["methods"]) >= {qs3m_eval.REFERENCE, "QS3M (P)", "QSS (P)", "QS3M-no-q"}
+        assert all(-1 <= row["ari"] <= 1 for row in benchmark["methods"].values())
+    assert (tmp_path / "eval" / "qs3m-flat.png").read_bytes()[:4] == b"\x89PNG"
