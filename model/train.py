@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import count_words, list_shards, parse_triplets, read_records, training_batches
+from model.data import count_words, training_batches, triplet_strings
 from model.text import WordIds
 from model.vectors import load_word_vectors
 
@@ -66,7 +66,7 @@ def build_vocabulary(config: TrainConfig) -> list[str]:
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as handle:
             return handle.read().splitlines()
-    counts = count_words(parse_triplets(read_records(list_shards(config.data, config.dataset, "train"))))
+    counts = count_words(triplet_strings(config.data, config.dataset, "train"))
     frequent = {word for word, n in counts.items() if n >= config.min_count}
     with_vectors = set(load_word_vectors(config.embeddings, frequent).words)
     vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
@@ -93,7 +93,7 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
 
 def split_batches(config: TrainConfig, split: str, word_ids: WordIds, global_batch: int) -> tf.data.Dataset:
     training = split == "train"
-    triplets = parse_triplets(read_records(list_shards(config.data, config.dataset, split)))
+    triplets = triplet_strings(config.data, config.dataset, split)
     return training_batches(triplets, word_ids, global_batch,
                             shuffle_buffer=config.shuffle_buffer if training else 0,
                             repeat=training and config.steps is not None, seed=config.seed)

@@ -27,10 +27,12 @@ def shards(tmp_path_factory):
 
 def test_flags_mirror_the_config():
     config = parse_args(["--data", "d", "--model-dir", "m", "--lstm-units", "7", "--fine-tune-embeddings", "true",
-                         "--steps", "5", "--embeddings", "g.txt"])
-    assert (config.lstm_units, config.fine_tune_embeddings, config.steps, config.embeddings) == (7, True, 5, "g.txt")
-    assert dataclasses.replace(config, lstm_units=300, fine_tune_embeddings=False, steps=None, embeddings=None) \
-        == TrainConfig(data="d", model_dir="m")
+                         "--steps", "none", "--embeddings", "g.txt", "--dropout", "0.5"])
+    assert (config.lstm_units, config.fine_tune_embeddings, config.steps, config.embeddings, config.dropout) \
+        == (7, True, None, "g.txt", 0.5)
+    defaults = TrainConfig(data="d", model_dir="m")
+    assert dataclasses.replace(config, lstm_units=defaults.lstm_units, fine_tune_embeddings=False, dropout=defaults.dropout,
+                               steps=defaults.steps, embeddings=None) == defaults
     with pytest.raises(ValueError, match="--strategy"):
         parse_args(["--data", "d", "--model-dir", "m", "--strategy", "gpu-please"])
 
