@@ -184,6 +184,14 @@ def check_scb_input(data: str) -> None:
         raise FileNotFoundError(f"no SCB files match {pattern} (run the pipeline with --output {data} first)")
 
 
+def remove_previous_rows(output: str) -> None:
+    """Deletes a previous run's row files, which a run with fewer shards would not overwrite."""
+    stale = [metadata.path for pattern in ("articles-*.jsonl", "dead_letters-*.jsonl")
+             for metadata in FileSystems.match([FileSystems.join(output, "scb", pattern)])[0].metadata_list]
+    if stale:
+        FileSystems.delete(stale)
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """Macro-averages per variant x method x algorithm over the scored articles."""
     summary = []
@@ -196,6 +204,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
     check_scb_input(config.data)
+    remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
     build_pipeline(pipeline, config)
     pipeline_result = pipeline.run()

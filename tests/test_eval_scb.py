@@ -73,6 +73,17 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     assert "paragraph openers only" in markdown and "| mean-vectors |" in markdown
 
 
+def test_scb_job_rerun_ignores_a_previous_runs_shards(tmp_path):
+    articles = write_scb(tmp_path / "data")
+    stale = tmp_path / "out" / "scb" / "articles-00001-of-00002.jsonl"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"article_id": 77, "method": "old", "variant": "all", "algorithm": "kmeans",
+                                 "MI": 0.0, "AMI": 0.0, "RI": 0.0, "ARI": 0.0}) + "\n")
+    result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
+    assert not stale.exists()
+    assert {row["article_id"] for row in result["rows"]} == {a["article_id"] for a in articles}
+
+
 def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
