@@ -17,7 +17,7 @@ class TrainConfig:
     embeddings: str | None = None          # GloVe text file (local/gs://); None = embedded GloVe 6B 50d
     fine_tune_embeddings: bool = False
     epochs: int = 4                        # defaults sized for the embedded demo: 4 x 100 x 32 = 12.8 k
-    steps: int | None = 100                # triplets (~1 pass over its 12 k) in ~6 min on 2 CPU cores;
+    steps: int | None = 100                # triplets (~1 pass over its 12 k), ~7 CPU-minutes (measured);
                                            # steps per epoch (data repeated), None = one pass per epoch
     batch_size: int = 32                   # per replica; global batch = batch_size x replicas
     learning_rate: float = 1e-3
@@ -58,6 +58,12 @@ def _flag_type(field: dataclasses.Field):
     return parse
 
 
+def _parse_bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """One flag per TrainConfig field (`model_dir` -> `--model-dir`); booleans take true/false."""
     parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__)
@@ -65,8 +71,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         flag = "--" + field.name.replace("_", "-")
         required = field.default is dataclasses.MISSING
         if field.type == "bool":
-            parser.add_argument(flag, type=lambda text: text.lower() in ("1", "true", "yes"),
-                                default=field.default, metavar="true|false")
+            parser.add_argument(flag, type=_parse_bool, default=field.default, metavar="true|false")
         else:
             parser.add_argument(flag, type=_flag_type(field), required=required,
                                 default=None if required else field.default)
