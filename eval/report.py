@@ -91,8 +91,8 @@ def scb_markdown(result: dict) -> str:
 def scb_ari_figure(result: dict):
     """Box plots of per-article ARI per method; one panel per variant x algorithm."""
     variants = [v for v in ("all", "openers") if any(row["variant"] == v for row in result["rows"])] or ["all"]
-    figure, axes = plt.subplots(len(variants), len(ALGORITHMS), figsize=(4.2 * len(ALGORITHMS), 3.6 * len(variants)),
-                                squeeze=False, sharey=True)
+    figure, axes = plt.subplots(len(variants), len(ALGORITHMS), figsize=(4.2 * len(ALGORITHMS), 4.2 * len(variants)),
+                                squeeze=False, sharey=True, constrained_layout=True)
     methods = _methods_in_order(result["rows"])
     for row_index, variant in enumerate(variants):
         for column, algorithm in enumerate(ALGORITHMS):
@@ -105,6 +105,7 @@ def scb_ari_figure(result: dict):
             axis.set_title(f"{algorithm}, {variant} sentences")
             axis.axhline(0.0, color="grey", linewidth=0.5)
             axis.tick_params(axis="x", rotation=30)
+            plt.setp(axis.get_xticklabels(), horizontalalignment="right")
         axes[row_index][0].set_ylabel("per-article ARI")
     figure.suptitle("SCB: adjusted Rand index per article")
     return figure
