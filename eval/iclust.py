@@ -47,7 +47,7 @@ class IclustConfig:
 
     t_start: float = 1.0
     t_end: float = 1e-2
-    cooling: float = 0.9
+    cooling: float = 0.8
     perturbation: float = 0.3
     max_iter: int = 200
     tol: float = 1e-5
