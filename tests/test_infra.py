@@ -10,6 +10,7 @@ from pathlib import Path
 
 import apache_beam
 import pytest
+import tensorflow as tf
 import yaml
 from apache_beam.options.pipeline_options import (
     GoogleCloudOptions,
@@ -52,7 +53,12 @@ def test_pipeline_dry_run_prints_a_dataflow_submission_beam_accepts(capsys):
     assert command[command.index("--output") + 1] == "gs://wikisim-data/wikisim/enwiki-latest/data"
     assert command[command.index("--input") + 1].startswith("gs://wikisim-data/dumps/")
 
-    options, errors = beam_errors(command[3:])
+    from pipeline.run import parse_args as pipeline_args
+
+    config, beam_args = pipeline_args(command[3:])  # pipeline.run's own flags take the rest
+    assert config.output == "gs://wikisim-data/wikisim/enwiki-latest/data"
+    assert config.input.startswith("gs://wikisim-data/dumps/")
+    options, errors = beam_errors(beam_args)
     assert errors == []
     cloud = options.view_as(GoogleCloudOptions)
     assert options.view_as(StandardOptions).runner == "DataflowRunner"
@@ -147,6 +153,7 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
     assert config.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
     assert config.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
     assert config.strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu"}[accelerator]
+    assert config.steps is None and config.epochs > 1  # full passes, not the demo-sized default
 
 
 def valid_spec() -> dict:
@@ -200,6 +207,13 @@ def test_flex_template_metadata_is_dataflow_template_metadata():
             if example:
                 assert re.match(regex, example.group(1)), (parameter.name, regex)
     assert submit.flex_metadata_errors(metadata) == []
+    # Each parameter reaches pipeline.run as --name=value: its parser must take them all.
+    from pipeline.run import parse_args as pipeline_args
+
+    values = {name: ("7" if name == "seed" else f"gs://wikisim-data/{name}") for name in names}
+    config, leftover = pipeline_args([f"--{name}={value}" for name, value in values.items()])
+    assert leftover == []
+    assert {name: str(getattr(config, name)) for name in names} == values
     assert submit.flex_metadata_errors({"name": "x", "parameters": [{"name": "p"}]}) != []
 
 
@@ -242,3 +256,83 @@ def test_cloud_build_builds_the_dockerfile_from_the_repository_root(capsys):
     substitutions = next(arg for arg in command if arg.startswith("--substitutions="))
     assert "_EXTRA_PIP=tensorflow[and-cuda]" in substitutions
     assert "wikisim-gpu" in substitutions
+
+
+# The local chain on gs:// paths: pipeline -> training -> SCB scoring, every path laid out as the
+# wrapper lays out a cloud run, served by gcp-storage-emulator (the `gcs_emulator` fixture).
+TINY_TRAINING = ["--epochs", "1", "--steps", "3", "--batch-size", "16", "--lstm-units", "8",
+                 "--attention-size", "4", "--progress", "false"]
+
+
+@pytest.fixture(scope="module")
+def chain_layout(gcs_emulator):
+    root = gcs_emulator()  # gs://BUCKET/PREFIX: the prefix plays the run's name
+    bucket, run = root.removeprefix("gs://").split("/", 1)
+    return submit.gcs_layout(submit.CloudConfig(project="wikisim-demo", region="europe-west4", bucket=bucket, run=run))
+
+
+@pytest.fixture(scope="module")
+def pipeline_on_gcs(chain_layout):
+    from pipeline import run as pipeline_run
+
+    return pipeline_run.main(["--output", chain_layout.data, "--runner", "DirectRunner"])
+
+
+def gcs_paths(pattern: str) -> list[str]:
+    from apache_beam.io.filesystems import FileSystems
+
+    return sorted(meta.path for meta in FileSystems.match([pattern])[0].metadata_list)
+
+
+def test_chain_pipeline_writes_its_outputs_to_gcs(pipeline_on_gcs, chain_layout):
+    from apache_beam.io.filesystems import FileSystems
+
+    data = chain_layout.data
+    assert data.startswith("gs://")
+    for dataset in ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles"):
+        for split in ("train", "validation", "test"):
+            assert gcs_paths(f"{data}/{dataset}/{split}/part-*-of-*.tfrecord.gz"), (dataset, split)
+    assert gcs_paths(f"{chain_layout.scb}/*.jsonl.gz") and gcs_paths(f"{data}/passages/*.jsonl.gz")
+    with FileSystems.open(f"{data}/stats.json") as handle:
+        stats = json.load(handle)
+    assert stats["counters"] == pipeline_on_gcs["counters"]
+    assert stats["reconciliation"]["balanced"]
+
+
+def test_chain_training_reads_gcs_and_scb_scores_from_gcs(pipeline_on_gcs, chain_layout, tmp_path):
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval import scb as eval_scb
+    from model.train import main as train
+
+    local_model_dir = tmp_path / "triplets-sen"  # see test_chain_model_dir_on_gcs for why not gs://
+    summary = train(["--data", chain_layout.data, "--model-dir", str(local_model_dir), *TINY_TRAINING])
+    assert summary["vocabulary_size"] > 0 and (local_model_dir / "encoder" / "saved_model.pb").is_file()
+
+    result = eval_scb.main(["--data", chain_layout.data, "--output", chain_layout.eval_scb,
+                            "--model-dir", f"triplets-sen={local_model_dir}", "--encoder", "tfidf",
+                            "--runner", "DirectRunner"])
+    for name in ("scb.json", "scb.md", "scb_ari.png"):
+        assert FileSystems.exists(f"{chain_layout.eval_scb}/{name}"), name
+    with FileSystems.open(f"{chain_layout.eval_scb}/scb.json") as handle:
+        scored = json.load(handle)
+    assert scored == json.loads(json.dumps(result))
+    assert scored["articles"] == pipeline_on_gcs["counters"]["scb_articles"] > 0
+    assert {row["method"] for row in scored["summary"]} == {"tfidf", "triplets-sen"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=tf.errors.OpError,
+    reason="model.train and model.encoder reach the model dir through tf.io.gfile, whose GCS "
+    "filesystem has no endpoint override (it ignores STORAGE_EMULATOR_HOST and calls "
+    "www.googleapis.com): a gs:// model dir works on Cloud Storage, not on the emulator",
+)
+def test_chain_model_dir_on_gcs(pipeline_on_gcs, chain_layout, monkeypatch):
+    from model.encoder import SavedModelEncoder
+    from model.train import main as train
+
+    monkeypatch.setenv("GCS_RETRY_CONFIG_MAX_RETRIES", "0")  # TensorFlow's GCS client: fail without retrying
+    train(["--data", chain_layout.data, "--model-dir", chain_layout.model_dir, *TINY_TRAINING])
+    encoder = SavedModelEncoder(chain_layout.model_dir)
+    assert encoder.encode(["The striker scored a late goal."]).shape == (1, encoder.dim)
