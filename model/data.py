@@ -63,10 +63,18 @@ def read_records(shards: list[str]) -> tf.data.Dataset:
 
 def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
     """Serialized Examples -> {anchor, positive, negative} strings. An undecodable record is
-    skipped with a logged warning (tf.data's ignore_errors), never fatal."""
+    skipped with a logged warning (tf.data's ignore_errors), never fatal; `count_unparseable`
+    counts them for the trainer's summary."""
     return (records.map(lambda record: tf.io.parse_single_example(record, FEATURES),
                         num_parallel_calls=tf.data.AUTOTUNE)
             .ignore_errors(log_warning=True))
+
+
+def count_unparseable(data: str, dataset: str, split: str) -> int:
+    """Records of the split that `parse_triplets` skips (raw records minus parsed triplets)."""
+    records = read_records(list_shards(data, dataset, split))
+    count = lambda ds: int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
+    return count(records) - count(parse_triplets(records))
 
 
 def triplet_strings(data: str, dataset: str, split: str) -> tf.data.Dataset:

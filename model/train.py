@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import count_words, training_batches, triplet_strings
+from model.data import SPLITS, count_unparseable, count_words, training_batches, triplet_strings
 from model.text import WordIds
 from model.vectors import load_word_vectors
 
@@ -149,6 +149,9 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     matrix = embedding_matrix(vocabulary, word_ids, config)
     train_batches = split_batches(config, "train", word_ids, global_batch)
     validation_batches = split_batches(config, "validation", word_ids, global_batch)
+    skipped = {split: count_unparseable(config.data, config.dataset, split) for split in SPLITS}
+    if any(skipped.values()):
+        LOG.warning("unparseable records skipped per split of %s/%s: %s", config.data, config.dataset, skipped)
     with strategy.scope():
         encoder, model = build_models(config, matrix)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
@@ -177,6 +180,7 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
         "test_loss": float(test["loss"]),
         "epochs_run": len(history["loss"]),
         "vocabulary_size": len(vocabulary),
+        "skipped_records": skipped,
         "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": global_batch,
         "config": dataclasses.asdict(config),

@@ -48,6 +48,7 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     model_dir = tmp_path / "model"
     summary = train(TrainConfig(data=shards, model_dir=str(model_dir), **TINY))
     assert summary["epochs_run"] == 2 and len(summary["val_triplet_accuracy"]) == 2
+    assert summary["skipped_records"] == {"train": 1, "validation": 0, "test": 0}   # the planted corrupt record
     assert all(np.isfinite(summary["loss"]))
     history = json.loads((model_dir / "history.json").read_text())
     assert history["test_triplet_accuracy"] == summary["test_triplet_accuracy"]
