@@ -3,14 +3,19 @@
 `SavedModelEncoder` loads the trainer's export (`<model-dir>/encoder`), whose
 `serving_default` signature maps a 1-D tf.string tensor of raw sentences to
 `{"embeddings": float32 [n, d]}`; tokenisation and the vocabulary live inside the graph.
+A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
+FileSystems (`model.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
 """
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
+
+from model.storage import download_tree, is_remote
 
 SIGNATURE = "serving_default"
 OUTPUT_KEY = "embeddings"
@@ -27,12 +32,18 @@ class SentenceEncoder(Protocol):
 
 
 def _encoder_dir(path: str) -> str:
-    """Accepts the SavedModel folder itself or the model dir holding `encoder/`."""
+    """Accepts the SavedModel folder itself or the model dir holding `encoder/`, local or remote."""
     path = str(path)
-    if tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+    if is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        join, exists = FileSystems.join, FileSystems.exists
+    else:
+        join, exists = os.path.join, tf.io.gfile.exists
+    if exists(join(path, "saved_model.pb")):
         return path
-    nested = os.path.join(path, "encoder")
-    if tf.io.gfile.exists(os.path.join(nested, "saved_model.pb")):
+    nested = join(path, "encoder")
+    if exists(join(nested, "saved_model.pb")):
         return nested
     raise FileNotFoundError(f"no SavedModel encoder at {path} (nor at {nested})")
 
@@ -44,7 +55,12 @@ class SavedModelEncoder:
         self.path = _encoder_dir(path)
         self.name = name or os.path.basename(os.path.dirname(self.path.rstrip("/"))) or "saved"
         self.batch_size = batch_size
-        self._module = tf.saved_model.load(self.path)
+        local = self.path
+        if is_remote(self.path):   # kept (and removed with the encoder): restored tables may read assets
+            self._download = tempfile.TemporaryDirectory(prefix="saved-encoder-")
+            local = self._download.name
+            download_tree(self.path, local)
+        self._module = tf.saved_model.load(local)
         self._serve = self._module.signatures[SIGNATURE]
         self.dim = int(self._module.embedding_dim.numpy())
 

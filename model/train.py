@@ -7,6 +7,12 @@
 Writes into the model dir: `vocabulary.txt`, `backup/` (BackupAndRestore: a killed job resumes
 from its last backup), `checkpoints/best.weights.h5`, `logs/` (TensorBoard), `history.json`,
 `training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}).
+
+A remote model dir (`gs://...`, any Beam FileSystems scheme) is staged in a local directory
+(`model.storage`: TensorFlow's GCS filesystem cannot reach the emulator the tests use, Beam's
+FileSystems can): its contents are downloaded first, so a preempted job resumes from its backup;
+every new backup is mirrored up as soon as BackupAndRestore writes it (with the previous epoch's
+checkpoint and logs); everything is uploaded at the end.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
 from model.data import SPLITS, count_unparseable, count_words, training_batches, triplet_strings
+from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
 
@@ -59,10 +66,12 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
         resolver.task_type == "worker" and resolver.task_id == 0)
 
 
-def build_vocabulary(config: TrainConfig) -> list[str]:
+def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[str]:
     """Training-split words seen `min_count` times that have a pre-trained vector, most
-    frequent first; kept in `vocabulary.txt` so a resumed job rebuilds the same id space."""
-    path = f"{config.model_dir}/vocabulary.txt"
+    frequent first; kept in `<model_dir>/vocabulary.txt` (default: config.model_dir) so a
+    resumed job rebuilds the same id space."""
+    model_dir = model_dir or config.model_dir
+    path = f"{model_dir}/vocabulary.txt"
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as handle:
             return handle.read().splitlines()
@@ -73,7 +82,7 @@ def build_vocabulary(config: TrainConfig) -> list[str]:
     covered = sum(counts[word] for word in vocabulary)
     LOG.info("vocabulary: %d of %d training words have vectors (%.1f%% of %d tokens)",
              len(vocabulary), len(counts), 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
-    tf.io.gfile.makedirs(config.model_dir)
+    tf.io.gfile.makedirs(model_dir)
     with tf.io.gfile.GFile(path, "w") as handle:
         handle.write("\n".join(vocabulary))
     return vocabulary
@@ -133,18 +142,47 @@ def plot_history(history: dict, path: str) -> None:
     plt.close(figure)
 
 
+def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
+    """Keras callback, placed right after BackupAndRestore: after every batch it checks (stat
+    only) whether a new backup was written and, if so, pushes the staging dir to the remote
+    model dir; at each epoch's start it pushes what the previous epoch's callbacks wrote."""
+    import keras
+
+    class MirrorBackups(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if mirror.changed(backup):
+                mirror.push()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            mirror.push()
+
+    return MirrorBackups()
+
+
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json."""
     import keras
 
-    from model.network import ExportableEncoder
-
     keras.utils.set_random_seed(config.seed)
     strategy = make_strategy(config.strategy)
+    chief = is_chief(strategy)
+    with staged(config.model_dir, push=chief) as (model_dir, mirror):
+        return _train(config, strategy, model_dir, mirror if chief else None, extra_callbacks)
+
+
+def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str, mirror: TreeMirror | None,
+           extra_callbacks: list | None) -> dict:
+    """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one."""
+    import keras
+
+    from model.network import ExportableEncoder
+
     global_batch = config.batch_size * strategy.num_replicas_in_sync
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
-    vocabulary = build_vocabulary(config)
+    vocabulary = build_vocabulary(config, model_dir)
+    if mirror:
+        mirror.push()
     word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
     matrix = embedding_matrix(vocabulary, word_ids, config)
     train_batches = split_batches(config, "train", word_ids, global_batch)
@@ -158,12 +196,13 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
 
     chief = is_chief(strategy)
     callbacks = [  # BackupAndRestore first: the others must see the restored state
-        keras.callbacks.BackupAndRestore(f"{config.model_dir}/backup", save_freq=config.checkpoint_every),
-        keras.callbacks.ModelCheckpoint(f"{config.model_dir}/checkpoints/best.weights.h5", save_weights_only=True,
+        keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=config.checkpoint_every),
+        *([mirror_backups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
+        keras.callbacks.ModelCheckpoint(f"{model_dir}/checkpoints/best.weights.h5", save_weights_only=True,
                                         monitor="val_triplet_accuracy", mode="max", save_best_only=True),
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience,
                                       restore_best_weights=True),
-        keras.callbacks.TensorBoard(f"{config.model_dir}/logs"),
+        keras.callbacks.TensorBoard(f"{model_dir}/logs"),
         *(extra_callbacks or []),
     ]
     fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
@@ -186,10 +225,10 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
         "config": dataclasses.asdict(config),
     }
     if chief:
-        ExportableEncoder(word_ids, encoder).export(f"{config.model_dir}/encoder")
-        with tf.io.gfile.GFile(f"{config.model_dir}/history.json", "w") as handle:
+        ExportableEncoder(word_ids, encoder).export(f"{model_dir}/encoder")
+        with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
             json.dump(summary, handle, indent=2)
-        plot_history(summary, f"{config.model_dir}/training_curve.png")
+        plot_history(summary, f"{model_dir}/training_curve.png")
     LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
              summary["test_triplet_accuracy"], config.model_dir)

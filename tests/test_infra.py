@@ -10,7 +10,6 @@ from pathlib import Path
 
 import apache_beam
 import pytest
-import tensorflow as tf
 import yaml
 from apache_beam.options.pipeline_options import (
     GoogleCloudOptions,
@@ -321,13 +320,6 @@ def test_chain_training_reads_gcs_and_scb_scores_from_gcs(pipeline_on_gcs, chain
     assert {row["method"] for row in scored["summary"]} == {"tfidf", "triplets-sen"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=tf.errors.OpError,
-    reason="model.train and model.encoder reach the model dir through tf.io.gfile, whose GCS "
-    "filesystem has no endpoint override (it ignores STORAGE_EMULATOR_HOST and calls "
-    "www.googleapis.com): a gs:// model dir works on Cloud Storage, not on the emulator",
-)
 def test_chain_model_dir_on_gcs(pipeline_on_gcs, chain_layout, monkeypatch):
     from model.encoder import SavedModelEncoder
     from model.train import main as train

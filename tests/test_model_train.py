@@ -72,6 +72,45 @@ def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
     assert len(remote_anchors) == 64 and remote_anchors == local_anchors
 
 
+def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, tmp_path):
+    import keras
+    from apache_beam.io.filesystems import FileSystems
+
+    from model.storage import download_tree, list_tree
+    from model.train import train
+
+    remote = gcs_emulator() + "/model"
+    seen = []
+
+    class RemoteBackupProbe(keras.callbacks.Callback):   # runs after the mirror: the backup is already up
+        def on_train_batch_end(self, batch, logs=None):
+            if int(self.model.optimizer.iterations.numpy()) == 2:
+                with FileSystems.open(f"{remote}/backup/training_metadata.json") as handle:
+                    seen.append(json.load(handle))
+
+    summary = train(TrainConfig(data=shards, model_dir=remote, checkpoint_every=2, **TINY),
+                    extra_callbacks=[RemoteBackupProbe()])
+    assert seen == [{"epoch": 0, "batch": 1}]
+    files = list_tree(remote)
+    for artefact in ("history.json", "training_curve.png", "vocabulary.txt", "checkpoints/best.weights.h5",
+                     "encoder/saved_model.pb"):
+        assert artefact in files, artefact
+    assert any(name.startswith("logs/") for name in files)
+    assert not any(name.startswith("backup/") for name in files)   # deleted at the end, as in a local dir
+    with FileSystems.open(f"{remote}/history.json") as handle:
+        history = json.load(handle)
+    assert history["test_triplet_accuracy"] == summary["test_triplet_accuracy"]
+    assert history["config"]["model_dir"] == remote
+
+    sentences = ["The striker scored a goal.", "Bake the flour.", "An unseenword here."]
+    local = tmp_path / "copy"
+    download_tree(remote, str(local))
+    from_gcs = SavedModelEncoder(f"{remote}/encoder")
+    assert from_gcs.name == "model" and from_gcs.path == f"{remote}/encoder"
+    from_local = SavedModelEncoder(str(local / "encoder"))
+    np.testing.assert_array_equal(from_gcs.encode(sentences), from_local.encode(sentences))
+
+
 TRAIN_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import tensorflow as tf
@@ -120,19 +159,24 @@ def test_mirrored_over_two_logical_cpus(shards, tmp_path):
     assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
 
 
-def test_killed_job_resumes_from_its_backup(shards, tmp_path):
-    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "epochs": 3, "steps": 4,
-              "checkpoint_every": 2}
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
+    from apache_beam.io.filesystems import FileSystems
+
+    model_dir = request.getfixturevalue("gcs_emulator")() + "/m" if where == "gcs" else str(tmp_path / "m")
+    config = {**TINY, "data": shards, "model_dir": model_dir, "epochs": 3, "steps": 4, "checkpoint_every": 2}
     killed = _train_in_subprocess(config, tmp_path / "first.json", kill_at=6)   # mid-epoch 2, backup at step 6
     assert killed.returncode == 17, killed.stderr[-3000:]
     assert json.loads((tmp_path / "first.json").read_text()) == {"iterations": 0, "epoch": 0}
-    assert not (tmp_path / "m" / "encoder").exists()
+    assert not FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
+    with FileSystems.open(f"{model_dir}/backup/training_metadata.json") as handle:   # gcs: mirrored before the kill
+        assert json.load(handle) == {"epoch": 1, "batch": 1}
 
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
     resumed = json.loads((tmp_path / "second.json").read_text())
     assert resumed == {"iterations": 6, "epoch": 1}      # continues in epoch 2 with the optimizer state
     assert summary["epochs_run"] == 2                      # only the remaining epochs 2 and 3
-    assert (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
+    assert FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
 
 
 def test_short_real_training_beats_the_untrained_model(request, tmp_path):
