@@ -15,7 +15,7 @@ import time
 from apache_beam.io.filesystems import FileSystems
 
 from eval import scb, sick, triplets
-from eval.encoders import default_encoder_specs, model_dir_specs
+from eval.encoders import add_method_flags, default_encoder_specs, model_dir_specs
 from eval.report import scb_markdown, sick_markdown, triplets_markdown, write_json, write_text
 
 
@@ -23,11 +23,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the pipeline's --output; local or gs://")
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
-                        help="trained model dir (DIR or NAME=DIR), repeatable; triplets-sen + triplets-titles "
-                             "also give triplets-sen-titles")
-    parser.add_argument("--encoder", dest="encoders", action="append",
-                        help="baseline encoder spec, repeatable (default: the baselines installed)")
+    add_method_flags(parser)
     parser.add_argument("--sick", help="SICK.txt; without it the SICK step is skipped")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_known_args(argv)

@@ -17,7 +17,7 @@ import time
 from apache_beam.io.filesystems import FileSystems
 
 from eval import scb
-from eval.encoders import default_encoder_specs, load_encoder, model_dir_specs
+from eval.encoders import add_method_flags, default_encoder_specs, load_encoder, model_dir_specs
 from eval.report import markdown_table, write_text
 
 
@@ -49,8 +49,7 @@ def benchmark_method(spec: str, data: str, articles: list[dict], output: str) ->
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/)")
-    parser.add_argument("--encoder", dest="encoders", action="append", help="encoder spec, repeatable")
-    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[])
+    add_method_flags(parser)
     parser.add_argument("--output", help="where to keep the job outputs and benchmark.md (default: a temp dir)")
     args = parser.parse_args(argv)
     scb.check_scb_input(args.data)

@@ -14,6 +14,7 @@ Specs:
 """
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 
@@ -173,3 +174,13 @@ def model_dir_specs(model_dirs: list[str]) -> list[str]:
     if "triplets-sen" in named and "triplets-titles" in named:
         specs.append(f"concat:triplets-sen-titles={named['triplets-sen']}+{named['triplets-titles']}")
     return specs
+
+
+def add_method_flags(parser: argparse.ArgumentParser) -> None:
+    """`--encoder SPEC` and `--model-dir [NAME=]DIR`, repeatable: the same two flags on every eval job."""
+    parser.add_argument("--encoder", dest="encoders", action="append",
+                        help="baseline encoder spec, repeatable (default: the baselines installed): "
+                             "mean-vectors, tfidf, minilm, saved:NAME=DIR, concat:NAME=DIR1+DIR2")
+    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
+                        help="trained model dir (DIR or NAME=DIR), repeatable; triplets-sen + "
+                             "triplets-titles also give triplets-sen-titles")

@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
-from eval.encoders import default_encoder_specs, load_encoders, model_dir_specs
+from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import read_jsonl, write_scb_report
 
 NAMESPACE = "wikisim"
@@ -233,10 +233,7 @@ def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/*.jsonl.gz); local or gs://")
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    parser.add_argument("--encoder", dest="encoders", action="append",
-                        help="encoder spec, repeatable (default: the baselines installed); see eval.encoders")
-    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
-                        help="trained model dir (DIR or NAME=DIR), repeatable")
+    add_method_flags(parser)
     parser.add_argument("--seed", type=int, default=0)
     args, beam_args = parser.parse_known_args(argv)
     config = ScbConfig(data=args.data, output=args.output,

@@ -26,7 +26,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tqdm import tqdm
 
-from eval.encoders import default_encoder_specs, load_encoders, model_dir_specs
+from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import write_sick_report
 
 CLASSES = np.arange(1, 6)
@@ -167,10 +167,7 @@ def parse_args(argv: list[str] | None) -> SickConfig:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sick", required=True, help="SICK.txt (tab-separated, with SemEval_set); local or gs://")
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    parser.add_argument("--encoder", dest="encoders", action="append",
-                        help="encoder spec, repeatable (default: the baselines installed); see eval.encoders")
-    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
-                        help="trained model dir (DIR or NAME=DIR), repeatable")
+    add_method_flags(parser)
     parser.add_argument("--c-grid", type=float, nargs="+", default=list(DEFAULT_C_GRID),
                         help="inverse regularisation strengths tried, chosen on TRIAL")
     args = parser.parse_args(argv)

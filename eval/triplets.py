@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from eval.encoders import default_encoder_specs, load_encoders, model_dir_specs
+from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import write_triplets_report
 from model.data import triplet_strings
 
@@ -91,10 +91,7 @@ def parse_args(argv: list[str] | None) -> TripletsConfig:
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
     parser.add_argument("--dataset", default="triplets-sen")
     parser.add_argument("--split", default="test")
-    parser.add_argument("--encoder", dest="encoders", action="append",
-                        help="encoder spec, repeatable (default: the baselines installed); see eval.encoders")
-    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
-                        help="trained model dir (DIR or NAME=DIR), repeatable")
+    add_method_flags(parser)
     args = parser.parse_args(argv)
     return TripletsConfig(data=args.data, output=args.output, dataset=args.dataset, split=args.split,
                           encoders=args.encoders or default_encoder_specs(), model_dirs=args.model_dirs)
