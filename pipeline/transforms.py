@@ -126,6 +126,7 @@ class SentenceTriplets(beam.PTransform):
         n_articles = articles | "CountArticles" >> beam.combiners.Count.Globally()
         return (
             articles
+            | "SentencesOnly" >> beam.Map(triplets.sentences_only)
             | "KeyByBucket"
             >> beam.Map(
                 lambda article, n: (

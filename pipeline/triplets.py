@@ -126,6 +126,15 @@ def other_article_triplets(
     return triplets, missing
 
 
+def sentences_only(article: Article) -> Article:
+    """The article without its lead and paragraph texts: all that triplets-sen reads.
+
+    `other_article` groups whole buckets of articles; shipping only the kept sentences halves
+    what that shuffle (and, on the DirectRunner, its in-memory buffers) holds.
+    """
+    return article._replace(lead=(), sections=tuple(s._replace(paragraphs=()) for s in article.sections))
+
+
 def other_article_bucket(article_id: int, seed: int, n_buckets: int) -> int:
     return stable_hash("other_article_bucket", seed, article_id) % n_buckets
 

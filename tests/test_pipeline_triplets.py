@@ -1,5 +1,7 @@
 """triplets-sen (three negative strategies), triplets-titles, the split, and the record format."""
 import collections
+import subprocess
+import sys
 
 import tensorflow as tf
 
@@ -125,6 +127,22 @@ def test_triplet_examples_parse_back_with_the_contract_features():
         assert int(parsed[name]) == getattr(triplet, name)
     assert {"anchor", "positive", "negative", "title", "anchor_section", "negative_section", "kind", "strategy",
             "article_id"} <= set(parsed)
+
+
+def test_triplet_examples_are_byte_identical_to_tensorflows_own_serialisation():
+    triplet = adjacent_triplets(_article(8), seed=0)[0]
+    features = {name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[getattr(triplet, name).encode("utf-8")]))
+                for name in records.BYTES_FEATURES}
+    features.update({name: tf.train.Feature(int64_list=tf.train.Int64List(value=[getattr(triplet, name)]))
+                     for name in records.INT64_FEATURES})
+    expected = tf.train.Example(features=tf.train.Features(feature=features))
+    assert records.triplet_example(triplet) == expected.SerializeToString(deterministic=True)
+
+
+def test_the_pipeline_does_not_import_tensorflow():
+    code = "import sys, pipeline.run, pipeline.benchmark; print('tensorflow' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "False"
 
 
 def test_scb_record_labels_index_sections_and_flag_openers():
