@@ -33,7 +33,9 @@ def list_shards(data: str, dataset: str, split: str) -> list[str]:
     pattern = f"{data.rstrip('/')}/{dataset}/{split}/part-*.tfrecord.gz"
     shards = sorted(meta.path for meta in FileSystems.match([pattern])[0].metadata_list)
     if not shards:
-        raise TripletDataError(f"no triplet shards match {pattern}")
+        hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
+                if dataset.startswith("triplets-sen-") else "")
+        raise TripletDataError(f"no triplet shards match {pattern}{hint}")
     return shards
 
 

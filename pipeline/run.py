@@ -54,12 +54,22 @@ class PipelineConfig:
     spacy_model: str = dataclasses.field(
         default=DEFAULT_SPACY_MODEL, metadata={"help": "spaCy pipeline for sentences: blank:<lang> or a model name"}
     )
+    negatives: str = dataclasses.field(
+        default="adjacent",
+        metadata={"help": "comma-separated negative strategies of triplets-sen to write: adjacent (the paper's "
+                          "dataset, triplets-sen/), same_article, other_article (the paper's ablation, "
+                          "triplets-sen-<strategy>/)"},
+    )
     other_article_bucket_size: int = dataclasses.field(
         default=1000, metadata={"help": "about how many articles share a bucket when drawing other_article negatives"}
     )
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
+        unknown = [name for name in self.negative_strategies() if name not in transforms.DATASET_OF_STRATEGY]
+        if unknown or not self.negative_strategies():
+            raise ConfigError(f"--negatives {self.negatives!r}: choose one or more of "
+                              f"{', '.join(transforms.DATASET_OF_STRATEGY)}, comma-separated")
         if self.other_article_bucket_size < 1:
             raise ConfigError(f"--other_article_bucket_size must be >= 1, got {self.other_article_bucket_size}")
         rules = self.rules
@@ -71,6 +81,15 @@ class PipelineConfig:
                 "need 1 <= min <= max")
         if rules.min_sections < 1 or rules.max_paragraph_distance < 1:
             raise ConfigError("--min_sections and --max_paragraph_distance must be >= 1")
+
+    def negative_strategies(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name.strip() for name in self.negatives.split(",") if name.strip()))
+
+    def triplet_datasets(self) -> list[str]:
+        """The triplet datasets this run writes, in a fixed order."""
+        chosen = self.negative_strategies()
+        sentence = [dataset for dataset, strategy in transforms.SENTENCE_DATASETS.items() if strategy in chosen]
+        return [*sentence, transforms.TITLES_DATASET]
 
 
 def check_spacy_model(name: str) -> None:
@@ -107,7 +126,8 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -
     built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
     articles = built["articles"]
 
-    for dataset, strategy in transforms.SENTENCE_DATASETS.items():
+    for strategy in config.negative_strategies():
+        dataset = transforms.DATASET_OF_STRATEGY[strategy]
         (
             articles
             | f"Triplets[{dataset}]"
@@ -136,23 +156,23 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -
     )
 
 
-def expected_counters() -> list[str]:
+def expected_counters(config: PipelineConfig) -> list[str]:
     """Counters stats.json always lists, at 0 when nothing incremented them."""
-    datasets = [*transforms.SENTENCE_DATASETS, transforms.TITLES_DATASET]
+    datasets = config.triplet_datasets()
     return [
         "pages_read",
         *PAGE_OUTCOMES,
         *(f"{dataset}/{split}" for dataset in datasets for split in SPLITS),
-        "triplets_other_article_no_donor",
+        *(["triplets_other_article_no_donor"] if "other_article" in config.negative_strategies() else []),
         "scb_articles",
         "passages_articles",
         "dead_letters_written",
     ]
 
 
-def counters_of(result) -> dict[str, int]:
+def counters_of(result, config: PipelineConfig) -> dict[str, int]:
     """Every "wikisim" counter of the finished run, summed over the steps that use it."""
-    totals: dict[str, int] = dict.fromkeys(expected_counters(), 0)
+    totals: dict[str, int] = dict.fromkeys(expected_counters(config), 0)
     query = result.metrics().query(MetricsFilter().with_namespace(transforms.COUNTER_NAMESPACE))
     for metric in query["counters"]:
         value = metric.committed if metric.committed is not None else metric.attempted
@@ -180,14 +200,13 @@ def write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def triplets_plot_png(counters: dict[str, int]) -> bytes:
+def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
     """A grouped bar chart of triplets per dataset and split."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    datasets = [*transforms.SENTENCE_DATASETS, transforms.TITLES_DATASET]
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(SPLITS)
     for offset, split in enumerate(SPLITS):
@@ -216,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     build(pipeline, config, input_pattern)
     result = pipeline.run()
     result.wait_until_finish()
-    counters = counters_of(result)
+    counters = counters_of(result, config)
     stats = {
         "counters": counters,
         "reconciliation": reconciliation(counters),
@@ -227,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     out = config.output.rstrip("/")
     write_bytes(f"{out}/stats.json", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
-    write_bytes(f"{out}/triplets.png", triplets_plot_png(counters))
+    write_bytes(f"{out}/triplets.png", triplets_plot_png(counters, config.triplet_datasets()))
     print(summary_table(counters))
     print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
           f"wall time {stats['wall_seconds']} s; outputs in {out}")

@@ -27,6 +27,7 @@ SENTENCE_DATASETS = {
     "triplets-sen-same_article": "same_article",
     "triplets-sen-other_article": "other_article",
 }
+DATASET_OF_STRATEGY = {strategy: dataset for dataset, strategy in SENTENCE_DATASETS.items()}
 TITLES_DATASET = "triplets-titles"
 
 

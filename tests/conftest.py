@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from dump_support import ALL_NEGATIVES
 
 
 def _free_port() -> int:
@@ -62,5 +63,5 @@ def embedded_pipeline_output(tmp_path_factory) -> Path:
     from pipeline import run as pipeline_run
 
     out = tmp_path_factory.mktemp("pipeline-out")
-    pipeline_run.main(["--output", str(out), "--runner", "DirectRunner"])
+    pipeline_run.main(["--output", str(out), "--runner", "DirectRunner", *ALL_NEGATIVES])
     return out

@@ -8,6 +8,10 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from pipeline.dumps import Page, ReadDumpPages
 
+# pipeline.run writes only the paper's adjacent triplets-sen by default; tests that check the
+# ablation datasets or compare whole outputs ask for every negative strategy.
+ALL_NEGATIVES = ["--negatives", "adjacent,same_article,other_article"]
+
 
 def run_read(file_pattern: str, out_dir: str, index=None, workers: int = 1):
     """Runs ReadDumpPages on the DirectRunner, writes both outputs as JSON lines under

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 from apache_beam.io.filesystems import FileSystems
-from dump_support import as_tuples, run_read
+from dump_support import ALL_NEGATIVES, as_tuples, run_read
 
 from pipeline import multistream
 from pipeline.dumps import decode_pages, embedded_dump_path
@@ -172,7 +172,7 @@ def test_pipeline_on_split_reading_equals_sequential(tmp_path, multistream_dump,
 
     dump, _, streams = multistream_dump
     out = tmp_path / "out"
-    run.main(["--output", str(out), "--input", str(dump), "--runner", "DirectRunner"])
+    run.main(["--output", str(out), "--input", str(dump), "--runner", "DirectRunner", *ALL_NEGATIVES])
     split = pipeline_outputs(str(out), tmp_path / "fetched")
     assert split["read_ranges"] == streams + 1 and sequential_outputs["read_ranges"] == 1
     assert_same_outputs(split, sequential_outputs)
@@ -187,7 +187,7 @@ def test_pipeline_gcs_in_and_out_with_2_workers_equals_sequential(
     dump = f"{prefix}/in/enwiki-test-pages-articles-multistream.xml.bz2"
     streams = multistream.write_multistream_dump(
         header, pages, dump, multistream.index_path_for(dump), PAGES_PER_STREAM)
-    run.main(["--output", f"{prefix}/out", "--input", dump, "--runner", "DirectRunner",
+    run.main(["--output", f"{prefix}/out", "--input", dump, "--runner", "DirectRunner", *ALL_NEGATIVES,
               "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])
     split = pipeline_outputs(f"{prefix}/out", tmp_path / "fetched")
     assert split["read_ranges"] == streams + 1

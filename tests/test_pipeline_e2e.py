@@ -27,6 +27,7 @@ from pipeline.rules import is_removed_section
 from pipeline.sentences import SentenceSplitter
 from pipeline.splits import SPLITS, split_of
 from pipeline.transforms import SENTENCE_DATASETS
+from dump_support import ALL_NEGATIVES
 
 DATASETS = ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles")
 
@@ -212,7 +213,7 @@ def small_dump(tmp_path_factory) -> str:
 def small_run(small_dump, tmp_path_factory) -> tuple[Path, dict]:
     """The pipeline on the small dump, default (in-memory) DirectRunner."""
     out = tmp_path_factory.mktemp("small-out")
-    return out, run.main(["--output", str(out), "--input", small_dump])
+    return out, run.main(["--output", str(out), "--input", small_dump, *ALL_NEGATIVES])
 
 
 def test_a_page_that_fails_to_parse_is_counted_and_dead_lettered_and_empty_splits_are_readable(small_run):
@@ -241,7 +242,7 @@ def _shard_records(out: Path) -> dict:
 
 def test_multiprocessing_direct_runner_writes_the_same_bytes_as_in_memory(small_dump, small_run, tmp_path):
     """Same input and seed, two worker processes: the same triplets, byte for byte, and counters."""
-    stats = run.main(["--output", str(tmp_path), "--input", small_dump, "--runner", "DirectRunner",
+    stats = run.main(["--output", str(tmp_path), "--input", small_dump, "--runner", "DirectRunner", *ALL_NEGATIVES,
                       "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
     in_memory_out, in_memory_stats = small_run
     assert stats["reconciliation"]["balanced"]
@@ -250,11 +251,18 @@ def test_multiprocessing_direct_runner_writes_the_same_bytes_as_in_memory(small_
     assert stats["counters"] == in_memory_stats["counters"]
 
 
-def test_outputs_can_go_to_gcs(small_dump, gcs_emulator):
+def test_outputs_can_go_to_gcs_and_the_default_writes_only_the_papers_datasets(small_dump, small_run, gcs_emulator):
     out = gcs_emulator()
     stats = run.main(["--output", out, "--input", small_dump])
     with FileSystems.open(f"{out}/stats.json") as handle:
         assert json.loads(handle.read())["counters"] == stats["counters"]
+    written = {m.path.removeprefix(out + "/").split("/")[0]
+               for m in FileSystems.match([f"{out}/triplets-*/*/part-*"])[0].metadata_list}
+    assert written == {"triplets-sen", "triplets-titles"}
+    # The ablation datasets are opt-in; what the default writes is the same as in a run with all.
+    _, all_stats = small_run
+    assert {k: v for k, v in all_stats["counters"].items() if k in stats["counters"]} == stats["counters"]
+    assert not any("other_article" in name for name in stats["counters"])
     shards = FileSystems.match([f"{out}/triplets-sen/train/part-*-of-*.tfrecord.gz"])[0].metadata_list
     assert shards and all(m.size_in_bytes > 0 for m in shards)
     assert FileSystems.match([f"{out}/passages/*.jsonl.gz"])[0].metadata_list
@@ -280,7 +288,9 @@ def test_bad_input_stops_with_one_error_naming_the_file(tmp_path, content, compl
     "flags, named",
     [(["--spacy_model", "no_such_spacy_model"], "--spacy_model"),
      (["--min_tokens", "20", "--max_tokens", "10"], "--min_tokens"),
-     (["--other_article_bucket_size", "0"], "--other_article_bucket_size")],
+     (["--other_article_bucket_size", "0"], "--other_article_bucket_size"),
+     (["--negatives", "adjacent,nearby"], "--negatives"),
+     (["--negatives", ""], "--negatives")],
 )
 def test_bad_flags_stop_before_the_job_with_an_error_naming_the_flag(tmp_path, flags, named):
     with pytest.raises(run.ConfigError, match=named):
