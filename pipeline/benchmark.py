@@ -6,15 +6,22 @@ Builds, from the real excerpt, a 16x dump (every page repeated with new ids and 
 ordinary bz2 stream and as a multistream file with its index, then measures each command as a
 subprocess (wall time and peak RSS from `os.wait4`):
 
-1. `python -m pipeline.run` vs `python -m gensim.scripts.segment_wiki` on the same file (goal <= 1.0x);
+1. `python -m pipeline.run` vs `python -m gensim.scripts.segment_wiki` on the same file (goal <= 1.0x),
+   with the pipeline's defaults (one in-memory worker) and, as `..._2_workers`, with two
+   multi_processing workers sharing the file (`--page_shards 2`; segment_wiki uses its default
+   pool, `cpu_count - 1` workers beside its reading process);
 2. `python -m pipeline.run` vs `bzcat` of the same file, the decode limit (goal <= 10x);
-3. the pipeline's peak RSS at 16x vs 1x (goal <= 1.2x);
+3. the pipeline's peak RSS at 16x vs 1x (goal <= 1.2x), with the default datasets and, as
+   `..._all_negatives`, with the ablation datasets too (`--negatives` all three);
 4. the pipeline on the 16x multistream file with 1 vs 2 DirectRunner workers, multi_processing
    (goal >= 1.6x speed-up; the speed-up is bounded by the cores actually free);
 plus the reader alone (`ReadDumpPages` into a count) for the share of the wall time that is
-decoding, and a cProfile of the pipeline on the 1x file, grouped by library, with whether
-mwparserfromhell's C tokenizer is active. Writes `benchmark.json`, `benchmark.md` and
-`benchmark.png` to the workdir. Not a test: numbers depend on the machine and its load.
+decoding; the per-page stages timed alone in one process on the 1x article pages (bz2 + page
+split + mwxml, mwparserfromhell's C tokenizer alone, its whole parse, our rendering to
+paragraphs, spaCy sentences), which bound what any orchestration can reach; and a cProfile of
+the pipeline on the 1x file, grouped by library, with whether mwparserfromhell's C tokenizer is
+active. Writes `benchmark.json`, `benchmark.md` and `benchmark.png` to the workdir. Not a test:
+numbers depend on the machine and its load.
 """
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ from pipeline.dumps import embedded_dump_path, page_id_and_title
 
 GOALS = {"pipeline_vs_segment_wiki": ("<=", 1.0), "pipeline_vs_bzcat": ("<=", 10.0),
          "rss_16x_vs_1x": ("<=", 1.2), "speedup_2_vs_1_workers": (">=", 1.6)}
+ALL_NEGATIVES = ["--negatives", "adjacent,same_article,other_article"]
 
 
 @dataclasses.dataclass
@@ -112,11 +120,15 @@ def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
     return paths
 
 
-def pipeline_command(input_path: str, output: Path, workers: int | None = None) -> list[str]:
+def pipeline_command(input_path: str, output: Path, workers: int | None = None,
+                     extra: tuple[str, ...] = ()) -> list[str]:
+    """The pipeline on the DirectRunner; with `workers`, that many processes, sharing a plain
+    file by page shards (a multistream file is shared by its streams anyway)."""
     command = [sys.executable, "-m", "pipeline.run", "--input", input_path, "--output", str(output),
-               "--runner", "DirectRunner"]
+               "--runner", "DirectRunner", *extra]
     if workers:
-        command += ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(workers)]
+        command += ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(workers),
+                    "--page_shards", str(workers)]
     return command
 
 
@@ -136,6 +148,36 @@ def run_read_only(input_path: str, beam_args: list[str]) -> None:
     with beam.Pipeline(argv=["--runner", "DirectRunner", *beam_args]) as pipeline:
         read = pipeline | ReadDumpPages(input_path)
         _ = read["pages"] | beam.combiners.Count.Globally() | beam.Map(print)
+
+
+def stage_seconds(input_path: str) -> dict[str, float]:
+    """Each per-page stage timed alone, in this process, over the dump's article pages."""
+    import mwparserfromhell
+    from mwparserfromhell.parser import Parser
+
+    from pipeline.dumps import Page, decode_pages
+    from pipeline.sentences import SentenceSplitter
+    from pipeline.wikitext import parse_wikitext
+
+    def timed(work) -> float:
+        started = time.perf_counter()
+        work()
+        return time.perf_counter() - started
+
+    pages = []
+    seconds = {"read: bz2 + page split + mwxml": timed(lambda: pages.extend(decode_pages(input_path)))}
+    texts = [p.text for p in pages if isinstance(p, Page) and p.namespace == 0 and not p.redirect]
+    tokenizer = Parser()._tokenizer  # the C tokenizer when mwparserfromhell.parser.use_c
+    seconds["mwparserfromhell tokenizer alone"] = timed(lambda: [tokenizer.tokenize(t, 0, False) for t in texts])
+    seconds["mwparserfromhell parse (tokenizer + tree builder)"] = timed(
+        lambda: [mwparserfromhell.parse(t) for t in texts])
+    parsed = []
+    seconds["parse_wikitext (parse + render to paragraphs)"] = timed(
+        lambda: parsed.extend(parse_wikitext(t) for t in texts))
+    splitter = SentenceSplitter()
+    paragraphs = [p.text for page in parsed for section in page.sections for p in section.paragraphs]
+    seconds["spaCy sentences + tokens (all section paragraphs)"] = timed(lambda: splitter.split(paragraphs))
+    return seconds
 
 
 def profile_pipeline(input_path: str, output: Path, top: int) -> dict:
@@ -174,10 +216,14 @@ def _library_of(filename: str) -> str:
 def ratios(results: dict[str, Measurement]) -> dict[str, float]:
     r = {}
     for size in ("1x", "scaled"):
-        r[f"pipeline_vs_segment_wiki_{size}"] = results[f"pipeline_{size}"].wall_s / results[f"segment_wiki_{size}"].wall_s
-        r[f"pipeline_vs_bzcat_{size}"] = results[f"pipeline_{size}"].wall_s / results[f"bzcat_{size}"].wall_s
+        for run in (f"pipeline_{size}", f"pipeline_{size}_2_workers"):
+            suffix = run.removeprefix("pipeline_")
+            r[f"pipeline_vs_segment_wiki_{suffix}"] = results[run].wall_s / results[f"segment_wiki_{size}"].wall_s
+            r[f"pipeline_vs_bzcat_{suffix}"] = results[run].wall_s / results[f"bzcat_{size}"].wall_s
         r[f"reader_vs_bzcat_{size}"] = results[f"reader_{size}"].wall_s / results[f"bzcat_{size}"].wall_s
     r["rss_16x_vs_1x"] = results["pipeline_scaled"].peak_rss_mib / results["pipeline_1x"].peak_rss_mib
+    r["rss_16x_vs_1x_all_negatives"] = (results["pipeline_scaled_all_negatives"].peak_rss_mib
+                                        / results["pipeline_1x_all_negatives"].peak_rss_mib)
     r["speedup_2_vs_1_workers"] = (results["pipeline_multistream_1_worker"].wall_s
                                    / results["pipeline_multistream_2_workers"].wall_s)
     r["reader_speedup_2_vs_1_workers"] = (results["reader_multistream_1_worker"].wall_s
@@ -186,7 +232,7 @@ def ratios(results: dict[str, Measurement]) -> dict[str, float]:
 
 
 def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Measurement],
-                 measured_ratios: dict[str, float], profile: dict) -> None:
+                 measured_ratios: dict[str, float], stages: dict[str, float], profile: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,6 +244,10 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
     for name, value in measured_ratios.items():
         goal = next((f"{op} {bound}" for key, (op, bound) in GOALS.items() if name.startswith(key)), "")
         lines.append(f"| {name} | {value:.2f} | {goal} |")
+    lines += ["", "Per-page stages alone, one process, the 1x excerpt's article pages:", "",
+              "| stage | s | x segment_wiki 1x |", "|---|---:|---:|"]
+    lines += [f"| {stage} | {sec:.2f} | {sec / results['segment_wiki_1x'].wall_s:.2f} |"
+              for stage, sec in stages.items()]
     lines += ["", f"cProfile of the pipeline on the 1x excerpt ({profile['total_s']:.1f} s of own time):",
               "", "| library | own s |", "|---|---:|"]
     lines += [f"| {lib} | {sec:.2f} |" for lib, sec in list(profile["own_time_by_library_s"].items())[:12]]
@@ -208,7 +258,7 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
     (workdir / "benchmark.json").write_text(json.dumps(
         {"config": dataclasses.asdict(config), "cpu_count": os.cpu_count(),
          "measurements": {k: dataclasses.asdict(v) for k, v in results.items()},
-         "ratios": measured_ratios, "profile": profile}, indent=2))
+         "ratios": measured_ratios, "stage_seconds_1x": stages, "profile": profile}, indent=2))
 
     figure, (walls, rates) = plt.subplots(1, 2, figsize=(13, 5))
     names = list(results)
@@ -235,6 +285,8 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
     workdir = Path(config.workdir or tempfile.mkdtemp(prefix="wikisim-benchmark-"))
     workdir.mkdir(parents=True, exist_ok=True)
     paths = build_inputs(workdir, config)
+    stages = stage_seconds(paths["1x"])
+    print(f"[benchmark] stages alone: {json.dumps(stages)}", flush=True)
     profile = profile_pipeline(paths["1x"], workdir / "out_profile", config.profile_top)
     profile["mwparserfromhell_c_tokenizer"] = bool(mwparserfromhell.parser.use_c)
     print(f"[benchmark] profile: {json.dumps(profile['own_time_by_library_s'])}", flush=True)
@@ -251,15 +303,17 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
         record(f"segment_wiki_{size}", [sys.executable, "-m", "gensim.scripts.segment_wiki", "-f", dump,
                                         "-o", str(workdir / f"segment_wiki_{size}.json.gz")])
         record(f"reader_{size}", read_only_command(dump))
-        shutil.rmtree(workdir / f"out_{size}", ignore_errors=True)
-        record(f"pipeline_{size}", pipeline_command(dump, workdir / f"out_{size}"))
+        for run, workers, extra in ((f"pipeline_{size}", None, ()), (f"pipeline_{size}_2_workers", 2, ()),
+                                    (f"pipeline_{size}_all_negatives", None, tuple(ALL_NEGATIVES))):
+            shutil.rmtree(workdir / f"out_{run}", ignore_errors=True)
+            record(run, pipeline_command(dump, workdir / f"out_{run}", workers, extra))
     for workers, label in ((1, "1_worker"), (2, "2_workers")):
         record(f"reader_multistream_{label}", read_only_command(paths["scaled_multistream"], workers))
         shutil.rmtree(workdir / f"out_multistream_{label}", ignore_errors=True)
         record(f"pipeline_multistream_{label}",
                pipeline_command(paths["scaled_multistream"], workdir / f"out_multistream_{label}", workers))
     measured_ratios = ratios(results)
-    write_report(workdir, config, results, measured_ratios, profile)
+    write_report(workdir, config, results, measured_ratios, stages, profile)
     print((workdir / "benchmark.md").read_text())
     print(f"mwparserfromhell C tokenizer active: {profile['mwparserfromhell_c_tokenizer']}")
     print(f"cores: {os.cpu_count()} (shared with whatever else runs); results in {workdir}")

@@ -244,18 +244,33 @@ def dead_letter(source: str, page_id: int | None, title: str | None, reason: str
             "reason": reason, "detail": detail}
 
 
-def decode_pages(path: str, start: int = 0, end: int | None = None) -> Iterator[Page | dict]:
+def page_shard(page_id: int | None, n_shards: int) -> int:
+    """The page shard a page belongs to; pages whose id cannot be read go to shard 0."""
+    return 0 if page_id is None else page_id % n_shards
+
+
+def decode_pages(path: str, start: int = 0, end: int | None = None,
+                 shard: int = 0, n_shards: int = 1) -> Iterator[Page | dict]:
     """Every page of `path[start:end]` as a `Page`, every fault as a dead-letter dict.
 
     Faults: a page whose bytes are not UTF-8 or not well-formed (its record carries the page
     id); an unterminated page or stray bytes between pages; a truncated or corrupt bz2 stream
     (a record with the decompressed offset where decoding stopped).
+
+    With `n_shards > 1` only the pages of page shard `shard` (`page_shard`) are parsed and
+    yielded; the others are skipped on their raw bytes. Faults that belong to no page (stray
+    bytes, a stream that stops decoding) are reported by shard 0 only, so the shards of a file
+    together yield exactly what one unsharded read yields.
     """
     source = range_source(path, start, end)
     failures: list[BaseException] = []
     last_offset = 0
     for segment in split_pages(until_failure(decompressed_chunks(path, start, end), failures)):
         last_offset = segment.offset + len(segment.data)
+        if n_shards > 1:
+            owner = 0 if segment.kind == "outside" else page_shard(page_id_and_title(segment.data)[0], n_shards)
+            if owner != shard:
+                continue
         if segment.kind == "outside":
             if not is_dump_framing(segment.data):
                 page_id, title = page_id_and_title(segment.data)
@@ -276,6 +291,8 @@ def decode_pages(path: str, start: int = 0, end: int | None = None) -> Iterator[
             page_id, title = page_id_and_title(segment.data)
             yield dead_letter(source, page_id, title, err.reason,
                               f"{err.detail} (page at decompressed offset {segment.offset})")
+    if shard != 0:
+        return
     for failure in failures:
         yield dead_letter(source, None, None, stream_fault_reason(failure),
                           f"{type(failure).__name__}: {failure} (decoding stopped after "
@@ -338,8 +355,8 @@ def check_input(file_pattern: str, index: str | None = None) -> list[str]:
     return paths
 
 
-def decode_read_unit(read_unit: tuple) -> Iterator[Page | dict]:
-    """Pages and dead letters of one read unit `(path, start, end, expected)`.
+def decode_read_unit(read_unit) -> Iterator[Page | dict]:
+    """Pages and dead letters of one `multistream.ReadUnit`.
 
     `expected` lists the (page_id, title) a multistream index places in the range. Pages it
     lists that the range yielded in no form (lost to a truncated or corrupt stream) get one
@@ -347,10 +364,10 @@ def decode_read_unit(read_unit: tuple) -> Iterator[Page | dict]:
     `index pages == pages read + page dead letters` holds exactly. Without an index the stream
     fault itself is the record (no page id, the decompressed offset in its detail).
     """
-    path, start, end, expected = read_unit
+    path, start, end, expected, shard, n_shards = read_unit
     seen: set[int] = set()
     stream_fault = None
-    for item in decode_pages(path, start, end):
+    for item in decode_pages(path, start, end, shard, n_shards):
         if isinstance(item, Page):
             seen.add(item.page_id)
         elif expected and item["page_id"] is None and item["reason"] in STREAM_FAULTS:
@@ -383,7 +400,7 @@ class _DecodeReadUnitsFn(beam.DoFn):
 
     def process(self, read_unit):
         self.units_read.inc()
-        self.index_pages.inc(len(read_unit[3]))
+        self.index_pages.inc(len(read_unit.expected))
         for item in decode_read_unit(read_unit):
             if isinstance(item, Page):
                 self.pages_read.inc()
@@ -402,15 +419,17 @@ class ReadDumpPages(beam.PTransform):
 
     Files are listed and checked when the pipeline is built (a bad `--input` fails at once with
     its path). Each file becomes read units: one per bz2 stream range when a multistream index
-    is given or lies beside it, else the whole file; units are reshuffled so that workers decode
-    them in parallel, and each unit is read and decoded by one worker, fused with whatever
-    consumes the pages (no dump-sized buffer between read and parse).
+    is given or lies beside it, else one per page shard of the whole file (`page_shards`);
+    units are reshuffled so that workers decode them in parallel, and each unit is read and
+    decoded by one worker, fused with whatever consumes the pages (no dump-sized buffer
+    between read and parse).
     """
 
-    def __init__(self, file_pattern: str, index: str | None = None):
+    def __init__(self, file_pattern: str, index: str | None = None, page_shards: int = 1):
         super().__init__()
         self.file_pattern = file_pattern
         self.index = index
+        self.page_shards = page_shards
 
     def expand(self, pbegin):
         from pipeline import multistream
@@ -421,7 +440,7 @@ class ReadDumpPages(beam.PTransform):
         decoded = (
             pbegin
             | "ListDumpFiles" >> beam.Create(files)
-            | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units)
+            | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units, self.page_shards)
             | "SpreadReadUnits" >> beam.Reshuffle()
             | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn()).with_outputs("dead_letters", main="pages")
         )

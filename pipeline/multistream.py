@@ -8,6 +8,12 @@ the rest of the file; `plan_read_units` turns the index into such ranges, and
 `pipeline.dumps.decode_pages` decodes one. The pages of a range are parsed one by one (each
 `<page>` element alone, via mwxml), so a range needs no header of its own.
 
+A dump file without an index (a plain `.xml.bz2` or `.xml`, e.g. one of the ~60 part files)
+is one read unit per *page shard* instead: `page_shards` workers each decompress the whole file
+and parse only the pages whose id is theirs (`page_id % page_shards`). Decompression costs a few
+percent of what parsing a page costs, so this buys page-level parallelism inside one file for
+`page_shards` times the cheap part.
+
 `write_multistream_dump` produces the same layout from any page source; tests and the benchmark
 use it to turn the embedded excerpt into a real multistream file with its index.
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 
 import bz2
 import re
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 from xml.sax.saxutils import unescape as xml_unescape
 
 from apache_beam.io.filesystem import CompressionTypes
@@ -28,9 +34,18 @@ _ENTITIES = {"&quot;": '"', "&apos;": "'"}
 _MULTISTREAM_NAME = re.compile(r"multistream(\d*)\.xml")
 _FOOTER = b"\n</mediawiki>\n"
 
-# One read unit: (dump path, first byte, end byte or None for end of file,
-#                 ((page_id, title), ...) the index lists in it).
-ReadUnit = tuple[str, int, "int | None", tuple[tuple[int, str], ...]]
+
+
+class ReadUnit(NamedTuple):
+    """What one worker decodes: `path[start:end]` (end None: to the end of the file), and of
+    its pages only those with `page_id % n_shards == shard`."""
+
+    path: str
+    start: int
+    end: int | None
+    expected: tuple[tuple[int, str], ...]  # (page_id, title) the index lists in the range
+    shard: int = 0
+    n_shards: int = 1
 
 
 def index_path_for(dump_path: str) -> str | None:
@@ -73,8 +88,9 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def plan_read_units(dump_and_index: tuple[str, str | None]) -> Iterator[ReadUnit]:
-    """Read units of one dump file: each bz2 stream range from its index, or the whole file.
+def plan_read_units(dump_and_index: tuple[str, str | None], page_shards: int = 1) -> Iterator[ReadUnit]:
+    """Read units of one dump file: each bz2 stream range from its index, or, without an
+    index, the whole file once per page shard.
 
     With an index, the bytes before the first indexed offset (the header stream) form a unit
     of their own, and the last unit runs to the end of the file (taking the footer stream).
@@ -82,7 +98,8 @@ def plan_read_units(dump_and_index: tuple[str, str | None]) -> Iterator[ReadUnit
     """
     dump_path, index_path = dump_and_index
     if index_path is None:
-        yield dump_path, 0, None, ()
+        for shard in range(page_shards):
+            yield ReadUnit(dump_path, 0, None, (), shard, page_shards)
         return
     (_, size), = match_dump_files(dump_path)
     start, pages, previous = None, [], -1
@@ -92,16 +109,16 @@ def plan_read_units(dump_and_index: tuple[str, str | None]) -> Iterator[ReadUnit
                                  f"{size} bytes of {dump_path}; is it the index of this dump?")
         if start is None:
             if offset > 0:
-                yield dump_path, 0, offset, ()
+                yield ReadUnit(dump_path, 0, offset, ())
             start = offset
         elif offset != start:
-            yield dump_path, start, offset, tuple(pages)
+            yield ReadUnit(dump_path, start, offset, tuple(pages))
             start, pages = offset, []
         pages.append((page_id, title))
         previous = offset
     if start is None:
         raise DumpInputError(f"multistream index {index_path} is empty")
-    yield dump_path, start, None, tuple(pages)
+    yield ReadUnit(dump_path, start, None, tuple(pages))
 
 
 def dump_parts(source_path: str) -> tuple[bytes, Iterator[bytes]]:

@@ -50,6 +50,10 @@ class PipelineConfig:
         default=None, metadata={"help": "dump file or glob (.xml, .xml.bz2), local or gs://; default: the embedded excerpt"}
     )
     index: str | None = dataclasses.field(default=None, metadata={"help": "multistream index of a single dump file"})
+    page_shards: int = dataclasses.field(
+        default=1, metadata={"help": "workers that share each dump file without a multistream index: each "
+                                     "decompresses the file and parses every N-th page (by id); set it to about "
+                                     "the number of workers when the input is a few large plain files"})
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the split and of every random draw"})
     spacy_model: str = dataclasses.field(
         default=DEFAULT_SPACY_MODEL, metadata={"help": "spaCy pipeline for sentences: blank:<lang> or a model name"}
@@ -70,6 +74,8 @@ class PipelineConfig:
         if unknown or not self.negative_strategies():
             raise ConfigError(f"--negatives {self.negatives!r}: choose one or more of "
                               f"{', '.join(transforms.DATASET_OF_STRATEGY)}, comma-separated")
+        if self.page_shards < 1:
+            raise ConfigError(f"--page_shards must be >= 1, got {self.page_shards}")
         if self.other_article_bucket_size < 1:
             raise ConfigError(f"--other_article_bucket_size must be >= 1, got {self.other_article_bucket_size}")
         rules = self.rules
@@ -122,7 +128,7 @@ def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
 def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -> None:
     """Adds every stage and output of the job to `pipeline`."""
     out = config.output.rstrip("/")
-    read = pipeline | "ReadDump" >> ReadDumpPages(input_pattern, config.index)
+    read = pipeline | "ReadDump" >> ReadDumpPages(input_pattern, config.index, config.page_shards)
     built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
     articles = built["articles"]
 

@@ -2,12 +2,13 @@
 dead-lettered with its page id (or stream offset), the rest of the dump is read, and the
 counters reconcile exactly with the index."""
 import bz2
+import itertools
 
 import pytest
 from dump_support import as_tuples, run_read
 
 from pipeline import multistream
-from pipeline.dumps import decode_pages, embedded_dump_path, page_id_and_title
+from pipeline.dumps import Page, decode_pages, embedded_dump_path, page_id_and_title
 
 PAGES_PER_STREAM = 20
 MALFORMED, UNDECODABLE, UNTERMINATED = 25, 27, 65  # positions of pages in the excerpt
@@ -98,6 +99,27 @@ def test_sequential_file_isolates_bad_pages(tmp_path, excerpt):
     assert len(read) == 206 - 3 and not set(bad) & {p.page_id for p in read}
     assert counters["pages_read"] == 203 and counters["read_pages_dead_lettered"] == 3
     assert counters["read_fragments_dead_lettered"] == 1
+
+
+@pytest.mark.parametrize("n_shards", [2, 3])
+def test_page_shards_of_a_faulty_plain_file_add_up_to_one_read(tmp_path, excerpt, n_shards):
+    header, pages = excerpt
+    faulty = plant_page_faults(pages)
+    faulty[150] = faulty[150] + b"\n  <junk>left by a broken export</junk>"
+    dump = tmp_path / "faulty.xml.bz2"
+    multistream.write_plain_dump(header, faulty, str(dump))
+    data = dump.read_bytes()
+    dump.write_bytes(data[: len(data) * 9 // 10])  # and the stream ends early
+
+    whole = list(decode_pages(str(dump)))
+    shards = [list(decode_pages(str(dump), shard=shard, n_shards=n_shards)) for shard in range(n_shards)]
+
+    reasons = {item["reason"] for item in whole if isinstance(item, dict)}
+    assert reasons == {"malformed_xml", "undecodable_bytes", "stray_bytes", "truncated_stream"}
+    assert sorted(map(repr, itertools.chain(*shards))) == sorted(map(repr, whole))
+    for shard, items in enumerate(shards):  # each page parsed by one shard only, every shard busy
+        parsed = [item.page_id for item in items if isinstance(item, Page)]
+        assert parsed and all(page_id % n_shards == shard for page_id in parsed)
 
 
 def test_truncated_single_stream_file_keeps_what_it_read(tmp_path, excerpt):

@@ -59,8 +59,9 @@ def test_read_units_tile_the_file_and_follow_the_index(multistream_dump):
     listed = [page_id for unit in units for page_id, _ in unit[3]]
     assert listed == [p.page_id for p in decode_pages(str(dump))]
     # Each unit alone decodes to exactly the pages the index lists for it.
-    for path, start, end, expected in units:
-        assert [(p.page_id, p.title) for p in decode_pages(path, start, end)] == list(expected)
+    for unit in units:
+        assert (unit.shard, unit.n_shards) == (0, 1)
+        assert [(p.page_id, p.title) for p in decode_pages(unit.path, unit.start, unit.end)] == list(unit.expected)
 
 
 def test_index_name_beside_dump_and_part_files():

@@ -240,15 +240,17 @@ def _shard_records(out: Path) -> dict:
     }
 
 
-def test_multiprocessing_direct_runner_writes_the_same_bytes_as_in_memory(small_dump, small_run, tmp_path):
-    """Same input and seed, two worker processes: the same triplets, byte for byte, and counters."""
+def test_two_worker_processes_sharing_the_file_write_the_same_bytes_as_in_memory(small_dump, small_run, tmp_path):
+    """Same input and seed, two worker processes each parsing half the pages of the one plain
+    file (--page_shards 2): the same triplets, byte for byte, and the same counters."""
     stats = run.main(["--output", str(tmp_path), "--input", small_dump, "--runner", "DirectRunner", *ALL_NEGATIVES,
-                      "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+                      "--direct_running_mode=multi_processing", "--direct_num_workers=2", "--page_shards", "2"])
     in_memory_out, in_memory_stats = small_run
     assert stats["reconciliation"]["balanced"]
     assert _shard_records(tmp_path) == _shard_records(in_memory_out)
     assert sum(map(len, _shard_records(tmp_path).values())) > 1000
-    assert stats["counters"] == in_memory_stats["counters"]
+    assert (stats["counters"]["read_ranges"], in_memory_stats["counters"]["read_ranges"]) == (2, 1)
+    assert {**stats["counters"], "read_ranges": 1} == in_memory_stats["counters"]
 
 
 def test_outputs_can_go_to_gcs_and_the_default_writes_only_the_papers_datasets(small_dump, small_run, gcs_emulator):
@@ -290,7 +292,8 @@ def test_bad_input_stops_with_one_error_naming_the_file(tmp_path, content, compl
      (["--min_tokens", "20", "--max_tokens", "10"], "--min_tokens"),
      (["--other_article_bucket_size", "0"], "--other_article_bucket_size"),
      (["--negatives", "adjacent,nearby"], "--negatives"),
-     (["--negatives", ""], "--negatives")],
+     (["--negatives", ""], "--negatives"),
+     (["--page_shards", "0"], "--page_shards")],
 )
 def test_bad_flags_stop_before_the_job_with_an_error_naming_the_flag(tmp_path, flags, named):
     with pytest.raises(run.ConfigError, match=named):
