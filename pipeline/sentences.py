@@ -14,6 +14,10 @@ from typing import NamedTuple, Sequence
 import spacy
 
 DEFAULT_SPACY_MODEL = "blank:en"
+# spaCy's vocabulary keeps every word type it has tokenised (about 400 bytes each, measured), so
+# over a whole dump a worker's would grow by millions. Sentences and token counts do not depend
+# on it, so the pipeline is loaded afresh once it holds this many (about 100 MiB).
+MAX_VOCAB_LEXEMES = 250_000
 
 
 class Sentence(NamedTuple):
@@ -24,16 +28,15 @@ class Sentence(NamedTuple):
 class SentenceSplitter:
     """Splits paragraphs into sentences; build one per worker (loading spaCy is slow)."""
 
-    def __init__(self, model: str = DEFAULT_SPACY_MODEL):
-        if model.startswith("blank:"):
-            self.nlp = spacy.blank(model.split(":", 1)[1])
-        else:
-            self.nlp = spacy.load(model, exclude=["ner", "lemmatizer", "textcat"])
-        if not any(self.nlp.has_pipe(name) for name in ("sentencizer", "senter", "parser")):
-            self.nlp.add_pipe("sentencizer")
+    def __init__(self, model: str = DEFAULT_SPACY_MODEL, max_vocab_lexemes: int = MAX_VOCAB_LEXEMES):
+        self.model = model
+        self.max_vocab_lexemes = max_vocab_lexemes
+        self.nlp = load_sentence_pipeline(model)
 
     def split(self, paragraphs: Sequence[str]) -> list[list[Sentence]]:
         """One list of sentences per paragraph, in order."""
+        if len(self.nlp.vocab) > self.max_vocab_lexemes:
+            self.nlp = load_sentence_pipeline(self.model)
         return [
             [
                 Sentence(span.text.strip(), sum(1 for token in span if not token.is_space))
@@ -42,3 +45,14 @@ class SentenceSplitter:
             ]
             for doc in self.nlp.pipe(paragraphs)
         ]
+
+
+def load_sentence_pipeline(model: str):
+    """A blank pipeline (`blank:<lang>`) or an installed model, with a sentence splitter."""
+    if model.startswith("blank:"):
+        nlp = spacy.blank(model.split(":", 1)[1])
+    else:
+        nlp = spacy.load(model, exclude=["ner", "lemmatizer", "textcat"])
+    if not any(nlp.has_pipe(name) for name in ("sentencizer", "senter", "parser")):
+        nlp.add_pipe("sentencizer")
+    return nlp

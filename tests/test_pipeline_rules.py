@@ -112,3 +112,18 @@ def test_build_article_rejects_an_article_with_four_remaining_sections(splitter)
     article, counts = build_article(7, "Test page", "train", parse_wikitext(four), splitter)
     assert article is None
     assert counts["articles_too_few_sections"] == 1 and counts["articles_used"] == 0
+
+
+def test_the_sentence_splitter_bounds_its_vocabulary_without_changing_sentences():
+    paragraphs = [f"Word{i}a word{i}b appear here. Then word{i}c and word{i}d end it." for i in range(300)]
+    unbounded = SentenceSplitter()
+    fresh = len(unbounded.nlp.vocab)  # a new pipeline's own lexemes
+    bounded = SentenceSplitter(max_vocab_lexemes=fresh + 100)
+    split_bounded, split_unbounded = [], []
+    for start in range(0, len(paragraphs), 10):  # one call per article, as the pipeline does
+        split_bounded += bounded.split(paragraphs[start:start + 10])
+        split_unbounded += unbounded.split(paragraphs[start:start + 10])
+        assert len(bounded.nlp.vocab) <= fresh + 100 + 40  # the bound plus one call's new words
+    assert len(unbounded.nlp.vocab) > fresh + 1200
+    assert split_bounded == split_unbounded
+    assert [len(sentences) for sentences in split_bounded] == [2] * 300
