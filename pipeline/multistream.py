@@ -35,7 +35,6 @@ _MULTISTREAM_NAME = re.compile(r"multistream(\d*)\.xml")
 _FOOTER = b"\n</mediawiki>\n"
 
 
-
 class ReadUnit(NamedTuple):
     """What one worker decodes: `path[start:end]` (end None: to the end of the file), and of
     its pages only those with `page_id % n_shards == shard`."""

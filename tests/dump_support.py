@@ -7,10 +7,11 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 
 from pipeline.dumps import Page, ReadDumpPages
+from pipeline.transforms import DATASET_OF_STRATEGY
 
 # pipeline.run writes only the paper's adjacent triplets-sen by default; tests that check the
 # ablation datasets or compare whole outputs ask for every negative strategy.
-ALL_NEGATIVES = ["--negatives", "adjacent,same_article,other_article"]
+ALL_NEGATIVES = ["--negatives", ",".join(DATASET_OF_STRATEGY)]
 
 
 def run_read(file_pattern: str, out_dir: str, index=None, workers: int = 1):
