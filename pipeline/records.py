@@ -4,7 +4,8 @@ Triplet shards hold `tf.train.Example`s with the contract's features (bytes `anc
 `positive`, `negative`, `title`, `anchor_section`, `negative_section`, `kind`, `strategy`;
 int64 `article_id`) plus int64 provenance features that let a reader check the rules:
 `anchor_section_index`, `negative_section_index`, `negative_article_id`, `anchor_paragraph`,
-`positive_paragraph` (-1 for titles triplets).
+`positive_paragraph`, `negative_paragraph` (paragraph indices within their sections; -1 where
+the sentence is a title, in titles triplets).
 
 The pipeline does not import TensorFlow: importing it costs every Beam worker about 3 s and
 several hundred MiB for nothing but two protobuf messages. `tf.train.Example` is declared here
@@ -29,6 +30,7 @@ INT64_FEATURES = (
     "negative_article_id",
     "anchor_paragraph",
     "positive_paragraph",
+    "negative_paragraph",
 )
 
 

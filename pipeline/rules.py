@@ -113,6 +113,14 @@ def neighbour_sections(index: int, n_sections: int) -> list[int]:
     return [i for i in (index - 1, index + 1) if 0 <= i < n_sections]
 
 
+def triplet_slots(sections: Sequence[ArticleSection], config: RuleConfig = RuleConfig()) -> int:
+    """(positive pair, neighbouring section) slots: the most triplets-sen one strategy can give."""
+    return sum(
+        len(positive_pairs(paragraph_openers(section), config)) * len(neighbour_sections(index, len(sections)))
+        for index, section in enumerate(sections)
+    )
+
+
 def build_article(
     article_id: int,
     title: str,
@@ -156,6 +164,7 @@ def build_article(
     counts["articles_used"] += 1
     counts["sections_kept"] += len(kept_sections)
     counts["sentences_kept"] += sum(len(section.sentences) for section in kept_sections)
+    counts["triplet_slots"] += triplet_slots(kept_sections, config)
     article = Article(
         article_id=article_id,
         title=title,

@@ -169,7 +169,9 @@ def expected_counters(config: PipelineConfig) -> list[str]:
         "pages_read",
         *PAGE_OUTCOMES,
         *(f"{dataset}/{split}" for dataset in datasets for split in SPLITS),
-        *(["triplets_other_article_no_donor"] if "other_article" in config.negative_strategies() else []),
+        "triplet_slots",
+        *(transforms.NO_DONOR_COUNTER if strategy == "other_article" else transforms.no_opener_counter(strategy)
+          for strategy in config.negative_strategies()),
         "scb_articles",
         "passages_articles",
         "dead_letters_written",
@@ -186,11 +188,27 @@ def counters_of(result, config: PipelineConfig) -> dict[str, int]:
     return dict(sorted(totals.items()))
 
 
-def reconciliation(counters: dict[str, int]) -> dict:
-    """pages_read against the sum of the page outcomes (articles used + each reason to skip)."""
+def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
+    """Triplets written with `strategy` plus its slots that had no negative to draw."""
+    dataset = transforms.DATASET_OF_STRATEGY[strategy]
+    unfilled = transforms.NO_DONOR_COUNTER if strategy == "other_article" else transforms.no_opener_counter(strategy)
+    return sum(counters.get(f"{dataset}/{split}", 0) for split in SPLITS) + counters.get(unfilled, 0)
+
+
+def reconciliation(counters: dict[str, int], strategies: tuple[str, ...]) -> dict:
+    """pages_read against the page outcomes (articles used + each reason to skip), and for each
+    negative strategy, `triplet_slots` against triplets written + slots left unfilled."""
     outcomes = {name: counters.get(name, 0) for name in PAGE_OUTCOMES}
     pages_read = counters.get("pages_read", 0)
-    return {"pages_read": pages_read, "outcomes": outcomes, "balanced": pages_read == sum(outcomes.values())}
+    slots = {strategy: triplet_slots_filled(counters, strategy) for strategy in strategies}
+    balanced = pages_read == sum(outcomes.values()) and all(n == counters.get("triplet_slots", 0) for n in slots.values())
+    return {
+        "pages_read": pages_read,
+        "outcomes": outcomes,
+        "triplet_slots": counters.get("triplet_slots", 0),
+        "triplet_slots_by_strategy": slots,
+        "balanced": balanced,
+    }
 
 
 def summary_table(counters: dict[str, int]) -> str:
@@ -244,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
     counters = counters_of(result, config)
     stats = {
         "counters": counters,
-        "reconciliation": reconciliation(counters),
+        "reconciliation": reconciliation(counters, config.negative_strategies()),
         "input": input_pattern,
         "config": dataclasses.asdict(config),
         "runner": options.view_as(StandardOptions).runner or "DirectRunner",

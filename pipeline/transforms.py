@@ -86,14 +86,25 @@ class BuildArticles(beam.PTransform):
         return {"articles": outputs.articles, DEAD_LETTERS: outputs[DEAD_LETTERS]}
 
 
+def no_opener_counter(strategy: str) -> str:
+    """Slots of `strategy` left without a triplet because the chosen section has no opener."""
+    return f"triplets_{strategy}_no_opener_negative"
+
+
+NO_DONOR_COUNTER = "triplets_other_article_no_donor"
+
+
 class _SentenceTripletsFn(beam.DoFn):
     def __init__(self, strategy: str, seed: int, rules: RuleConfig):
         self.make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
+        self.no_opener_counter = no_opener_counter(strategy)
         self.seed = seed
         self.rules = rules
 
     def process(self, article: Article):
-        yield from self.make(article, self.seed, self.rules)
+        made, no_opener = self.make(article, self.seed, self.rules)
+        count(self.no_opener_counter, no_opener)
+        yield from made
 
 
 class _OtherArticleTripletsFn(beam.DoFn):
@@ -106,7 +117,7 @@ class _OtherArticleTripletsFn(beam.DoFn):
         bucket = list(bucket)
         for article in bucket:
             made, missing = triplets.other_article_triplets(article, bucket, self.seed, self.rules)
-            count("triplets_other_article_no_donor", missing)
+            count(NO_DONOR_COUNTER, missing)
             yield from made
 
 

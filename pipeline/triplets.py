@@ -2,14 +2,20 @@
 
 triplets-sen: every positive pair of `rules.positive_pairs` (two paragraph openers of one
 section, at most 3 paragraphs apart) gives one triplet per neighbouring section, so at most
-two. The negative is any kept sentence (not only openers) of the chosen section:
+two: a pair's *slots* (`rules.triplet_slots` counts them). All three sentences are paragraph
+openers, as the paper has it (section 3.1: "to focus our weakly labeled data on sentences
+that are typically stand-alone in nature, we consider only paragraph opening sentences"): the
+negative is a random opener of the chosen section, never a mid-paragraph sentence, so a model
+cannot score a triplet by telling openers from non-openers. A slot whose chosen section has no
+opener gives no triplet and is counted (`triplets_<strategy>_no_opener_negative`), so that per
+strategy: triplets written + no-opener slots (+ no-donor slots) = `triplet_slots`.
 
-* `adjacent` (the paper's default): one triplet with a sentence of the previous section and
-  one with a sentence of the next section (only one at the first/last section).
-* `same_article`: as many triplets as `adjacent` would give, each negative drawn from a random
-  section of the same article other than the anchor's.
-* `other_article`: as many triplets as `adjacent` would give, each negative drawn from a random
-  section of a random *other* article. To scale without a side input holding the corpus,
+* `adjacent` (the paper's default): one triplet with an opener of the previous section and
+  one with an opener of the next section (only one at the first/last section).
+* `same_article`: as many slots as `adjacent`, each negative an opener of a random section of
+  the same article other than the anchor's, among the sections that have one.
+* `other_article`: as many slots as `adjacent`, each negative an opener of a random section
+  (among those with one) of a random *other* article. To scale without a side input holding the corpus,
   articles are bucketed by `stable_hash(seed, article_id) % n_buckets` (n_buckets grows with the
   corpus, about `bucket_size` articles each), grouped by bucket, and each article draws its
   donors among the *other* articles of its bucket (sorted by id, so the draw does not depend
@@ -32,9 +38,6 @@ from typing import Iterator, NamedTuple, Sequence
 from pipeline.rules import Article, KeptSentence, RuleConfig, neighbour_sections, paragraph_openers, positive_pairs
 from pipeline.splits import stable_hash
 
-STRATEGIES = ("adjacent", "same_article", "other_article")
-
-
 class Triplet(NamedTuple):
     anchor: str
     positive: str
@@ -51,6 +54,7 @@ class Triplet(NamedTuple):
     negative_article_id: int
     anchor_paragraph: int
     positive_paragraph: int  # -1 for titles triplets (the positive is a title)
+    negative_paragraph: int  # -1 for titles triplets (the negative is a title)
 
 
 def seeded_rng(seed: int, *keys) -> random.Random:
@@ -81,37 +85,59 @@ def _triplet(article, strategy, index, anchor, positive, negative_article, negat
         negative_article_id=negative_article.article_id,
         anchor_paragraph=anchor.paragraph,
         positive_paragraph=positive.paragraph,
+        negative_paragraph=negative.paragraph,
     )
 
 
-def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> list[Triplet]:
-    triplets = []
+def sections_with_openers(article: Article) -> list[int]:
+    return [index for index, section in enumerate(article.sections) if paragraph_openers(section)]
+
+
+def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> tuple[list[Triplet], int]:
+    """Triplets with an opener of each neighbouring section, and how many slots had none."""
+    triplets, no_opener = [], 0
     for index, anchor, positive in sentence_pairs(article, config):
         for neighbour in neighbour_sections(index, len(article.sections)):
+            openers = paragraph_openers(article.sections[neighbour])
+            if not openers:
+                no_opener += 1
+                continue
             rng = seeded_rng(seed, "adjacent", article.article_id, index, anchor.paragraph, positive.paragraph, neighbour)
-            negative = rng.choice(article.sections[neighbour].sentences)
+            negative = rng.choice(openers)
             triplets.append(_triplet(article, "adjacent", index, anchor, positive, article, neighbour, negative))
-    return triplets
+    return triplets, no_opener
 
 
-def same_article_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> list[Triplet]:
-    triplets = []
+def same_article_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> tuple[list[Triplet], int]:
+    """Triplets with an opener of another section of the article, and how many slots had none."""
+    triplets, no_opener = [], 0
     n_sections = len(article.sections)
+    with_openers = sections_with_openers(article)
     for index, anchor, positive in sentence_pairs(article, config):
-        others = [i for i in range(n_sections) if i != index]
+        others = [i for i in with_openers if i != index]
         for draw in range(len(neighbour_sections(index, n_sections))):
+            if not others:
+                no_opener += 1
+                continue
             rng = seeded_rng(seed, "same_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
             chosen = rng.choice(others)
-            negative = rng.choice(article.sections[chosen].sentences)
+            negative = rng.choice(paragraph_openers(article.sections[chosen]))
             triplets.append(_triplet(article, "same_article", index, anchor, positive, article, chosen, negative))
-    return triplets
+    return triplets, no_opener
 
 
 def other_article_triplets(
     article: Article, bucket: Sequence[Article], seed: int, config: RuleConfig = RuleConfig()
 ) -> tuple[list[Triplet], int]:
-    """Triplets with negatives from other articles of the bucket, and how many had no donor."""
-    donors = sorted((other for other in bucket if other.article_id != article.article_id), key=lambda a: a.article_id)
+    """Triplets with an opener from another article of the bucket, and how many slots had no donor.
+
+    A donor is an other article with at least one opener; every article that reaches here has
+    one (its positive pairs are openers), so "no opener" cannot happen apart from "no donor".
+    """
+    donors = sorted(
+        (other for other in bucket if other.article_id != article.article_id and sections_with_openers(other)),
+        key=lambda a: a.article_id,
+    )
     triplets, missing = [], 0
     for index, anchor, positive in sentence_pairs(article, config):
         for draw in range(len(neighbour_sections(index, len(article.sections)))):
@@ -120,8 +146,8 @@ def other_article_triplets(
                 continue
             rng = seeded_rng(seed, "other_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
             donor = rng.choice(donors)
-            chosen = rng.randrange(len(donor.sections))
-            negative = rng.choice(donor.sections[chosen].sentences)
+            chosen = rng.choice(sections_with_openers(donor))
+            negative = rng.choice(paragraph_openers(donor.sections[chosen]))
             triplets.append(_triplet(article, "other_article", index, anchor, positive, donor, chosen, negative))
     return triplets, missing
 
@@ -166,6 +192,7 @@ def title_triplets(article: Article) -> list[Triplet]:
                     negative_article_id=article.article_id,
                     anchor_paragraph=pivot.paragraph,
                     positive_paragraph=-1,
+                    negative_paragraph=-1,
                 )
             )
     return triplets

@@ -6,7 +6,7 @@ import sys
 import tensorflow as tf
 
 from pipeline import records
-from pipeline.rules import Article, ArticleSection, KeptSentence
+from pipeline.rules import Article, ArticleSection, KeptSentence, triplet_slots
 from pipeline.splits import split_of
 from pipeline.triplets import (
     adjacent_triplets,
@@ -32,6 +32,19 @@ def _article(article_id: int, paragraphs_per_section=(2, 5, 1, 3, 2)) -> Article
     return Article(article_id, f"Article {article_id}", "train", ("Lead.",), sections)
 
 
+def _without_openers(article: Article, index: int) -> Article:
+    """The article with section `index` keeping only its non-opener sentences."""
+    section = article.sections[index]
+    stripped = section._replace(sentences=tuple(s for s in section.sentences if not s.opener))
+    return article._replace(sections=article.sections[:index] + (stripped,) + article.sections[index + 1:])
+
+
+def _assert_negatives_are_openers(made):
+    for t in made:
+        assert t.negative.endswith(" opener"), t.negative
+        assert t.negative.split()[2] == f"p{t.negative_paragraph}"
+
+
 def _pairs(article):
     # Section with n paragraphs whose openers are all kept: pairs at distance 1..3.
     return {i: sum(1 for a in range(len(s.sentences) // 2) for b in range(a + 1, len(s.sentences) // 2) if b - a <= 3)
@@ -40,10 +53,11 @@ def _pairs(article):
 
 def test_adjacent_gives_one_triplet_per_neighbour_with_negatives_from_that_neighbour():
     article = _article(1)
-    made = adjacent_triplets(article, seed=0)
+    made, no_opener = adjacent_triplets(article, seed=0)
     pairs = _pairs(article)
     expected = sum(n * (1 if i in (0, len(article.sections) - 1) else 2) for i, n in pairs.items())
-    assert len(made) == expected
+    assert len(made) == expected == triplet_slots(article.sections) and no_opener == 0
+    _assert_negatives_are_openers(made)
     for t in made:
         assert " opener" in t.anchor and " opener" in t.positive
         assert t.anchor.split()[1] == t.positive.split()[1] == f"s{t.anchor_section_index}"
@@ -57,16 +71,31 @@ def test_adjacent_gives_one_triplet_per_neighbour_with_negatives_from_that_neigh
     assert set(middle.values()) == {2}
 
 
+def test_a_neighbour_without_openers_gives_no_triplet_and_is_counted():
+    article = _without_openers(_article(1, (3, 4, 4, 4, 3)), 2)
+    made, no_opener = adjacent_triplets(article, seed=0)
+    # Sections 1 and 3 lose their slot towards section 2; section 2 has no pairs of its own.
+    assert no_opener == _pairs(article)[1] + _pairs(article)[3] > 0
+    assert len(made) + no_opener == triplet_slots(article.sections)
+    assert all(t.negative_section_index != 2 for t in made)
+    _assert_negatives_are_openers(made)
+    same, same_no_opener = same_article_triplets(article, seed=0)
+    assert same_no_opener == 0 and len(same) == triplet_slots(article.sections)
+    assert all(t.negative_section_index != 2 for t in same)
+
+
 def test_draws_are_deterministic_per_seed():
     article = _article(1, (3, 8, 8, 8, 3))
     assert adjacent_triplets(article, seed=5) == adjacent_triplets(article, seed=5)
-    assert [t.negative for t in adjacent_triplets(article, seed=5)] != [t.negative for t in adjacent_triplets(article, seed=6)]
+    negatives = {seed: [t.negative for t in adjacent_triplets(article, seed=seed)[0]] for seed in (5, 6)}
+    assert negatives[5] != negatives[6]
 
 
 def test_same_article_negatives_come_from_another_section_of_the_article():
     article = _article(2, (4, 4, 4, 4, 4, 4))
-    made = same_article_triplets(article, seed=0)
-    assert len(made) == len(adjacent_triplets(article, seed=0))
+    made, no_opener = same_article_triplets(article, seed=0)
+    assert len(made) == len(adjacent_triplets(article, seed=0)[0]) and no_opener == 0
+    _assert_negatives_are_openers(made)
     assert all(t.negative_section_index != t.anchor_section_index and t.negative_article_id == 2 for t in made)
     assert all(t.negative.startswith(f"a2 s{t.negative_section_index} ") for t in made)
     # Not only neighbours: a random section of the article.
@@ -77,7 +106,8 @@ def test_other_article_negatives_never_come_from_the_same_article():
     bucket = [_article(i) for i in (3, 4, 5)]
     for article in bucket:
         made, missing = other_article_triplets(article, bucket, seed=0)
-        assert missing == 0 and len(made) == len(adjacent_triplets(article, seed=0))
+        assert missing == 0 and len(made) == len(adjacent_triplets(article, seed=0)[0])
+        _assert_negatives_are_openers(made)
         assert all(t.negative_article_id != article.article_id for t in made)
         assert all(t.negative.startswith(f"a{t.negative_article_id} s{t.negative_section_index} ") for t in made)
     # The draw does not depend on the order the bucket arrives in.
@@ -87,7 +117,7 @@ def test_other_article_negatives_never_come_from_the_same_article():
 def test_an_article_alone_in_its_bucket_gets_no_other_article_triplet_and_counts_them():
     alone = _article(6)
     made, missing = other_article_triplets(alone, [alone], seed=0)
-    assert made == [] and missing == len(adjacent_triplets(alone, seed=0)) > 0
+    assert made == [] and missing == len(adjacent_triplets(alone, seed=0)[0]) > 0
 
 
 def test_other_article_buckets_grow_with_the_corpus():
@@ -119,7 +149,7 @@ def test_split_is_deterministic_about_80_10_10_and_depends_on_the_seed():
 
 
 def test_triplet_examples_parse_back_with_the_contract_features():
-    triplet = adjacent_triplets(_article(8), seed=0)[0]
+    triplet = adjacent_triplets(_article(8), seed=0)[0][0]
     parsed = tf.io.parse_single_example(records.triplet_example(triplet), records.triplet_feature_spec())
     for name in records.BYTES_FEATURES:
         assert parsed[name].numpy().decode("utf-8") == getattr(triplet, name)
@@ -130,7 +160,7 @@ def test_triplet_examples_parse_back_with_the_contract_features():
 
 
 def test_triplet_examples_are_byte_identical_to_tensorflows_own_serialisation():
-    triplet = adjacent_triplets(_article(8), seed=0)[0]
+    triplet = adjacent_triplets(_article(8), seed=0)[0][0]
     features = {name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[getattr(triplet, name).encode("utf-8")]))
                 for name in records.BYTES_FEATURES}
     features.update({name: tf.train.Feature(int64_list=tf.train.Int64List(value=[getattr(triplet, name)]))
