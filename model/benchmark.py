@@ -1,84 +1,116 @@
-"""Measures training throughput with TFRecord input vs in-memory tensors, and encoder speed.
+"""Training throughput, today's trainer against the fast one, side by side in one run.
 
-    python -m model.benchmark --data PIPELINE_OUT [--steps 30] [--batch-size 32] [--out DIR]
+    python -m model.benchmark --data PIPELINE_OUT [--triplets 4096] [--out DIR]
 
-TFRecord input: the trainer's own tf.data pipeline (interleaved gzip shards, parse, shuffle,
-in-graph tokenisation, batch, prefetch). In-memory: the same batches cached in memory as
-token-id tensors (`take(k).cache().repeat()`, filled before timing), so the model's compute is
-identical and only the input differs. A ratio >= 0.9 means input is not the bottleneck.
-Also reports encoder sentences/s through the exported SavedModel and the projected time of one
-paper-size epoch (1.78 M triplets). Prints a table; with --out writes benchmark.json and a PNG.
+Every variant trains on the *same* real training triplets (the first `--triplets` of the
+split, held in memory as strings and repeated, so shard reading is not timed and every batch
+is full) for one pass's worth of steps, with the same network size; only the input path and
+the model call differ. The variants add one lever at a time:
+
+* `baseline`: the trainer before this benchmark existed: batches of 32 in random order, each
+  role padded to its own longest sentence, the encoder called three times (anchor, positive,
+  negative);
+* `+one call`: the encoder called once on the three roles stacked ([3n, t]);
+* `+length groups`: batches of similar-length triplets (`model.data.LENGTH_BOUNDARIES`);
+* `+batch B`: the trainer's batch size (`--batch-size`, default 128);
+* `+XLA`: the training step compiled with XLA (`jit_compile`); kept off in the trainer when
+  it does not pay.
+
+Prints triplets/s per variant and the ratio of the fast trainer's default (`+batch B`, or
+`+XLA` when the trainer's default turns it on) to the baseline as `train_speedup`; with
+`--out`, writes benchmark.json and benchmark.png. The first pass of each variant traces and
+warms it; the second is timed, the variants taking turns, so that load from other processes
+hits all alike.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import tempfile
 import time
 
+import keras
 import tensorflow as tf
 
 from model.config import TrainConfig
-from model.data import triplet_strings
-from model.encoder import SavedModelEncoder
-from model.network import ExportableEncoder
+from model.data import training_batches, triplet_strings
+from model.network import (TRIPLET_KEYS, TripletDistances, build_sentence_encoder, build_triplet_model,
+                           compile_triplet_model)
 from model.text import WordIds
-from model.train import build_models, build_vocabulary, embedding_matrix, make_strategy, split_batches
+from model.train import build_vocabulary, embedding_matrix
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
 
-def _triplets_per_second(model, inputs: dict, steps: int, global_batch: int, rounds: int) -> dict:
-    """Best rate of `rounds` timed fits per input, the inputs taking turns so that load from
-    other processes on the machine hits both alike; each input is traced and warmed first."""
-    for batches in inputs.values():
-        model.fit(batches, epochs=1, steps_per_epoch=max(3, steps // 5), verbose=0)
-    rates = {name: 0.0 for name in inputs}
-    for _ in range(rounds):
-        for name, batches in inputs.items():
-            start = time.perf_counter()
-            model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
-            rates[name] = max(rates[name], steps * global_batch / (time.perf_counter() - start))
-    return rates
+def three_call_triplet_model(sentence_encoder: keras.Model) -> keras.Model:
+    """The baseline's triplet model: Net called once per role, same weights and output."""
+    inputs = {key: keras.Input(shape=(None,), dtype="int32", name=key) for key in TRIPLET_KEYS}
+    embeddings = [sentence_encoder(inputs[key]) for key in TRIPLET_KEYS]
+    stacked = keras.layers.Concatenate(axis=0)(embeddings)
+    return keras.Model(inputs, TripletDistances()(stacked))
 
 
-def run(config: TrainConfig, steps: int, encode_sentences: int, rounds: int = 2) -> dict:
-    strategy = make_strategy(config.strategy)
-    global_batch = config.batch_size * strategy.num_replicas_in_sync
+def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int) -> tf.data.Dataset:
+    """The baseline's input: random-order batches, each role padded to its own longest sentence."""
+    def to_ids(batch):
+        return {key: word_ids(batch[key]) for key in TRIPLET_KEYS}, tf.zeros(tf.shape(batch["anchor"])[:1], tf.int32)
+
+    return (triplets.repeat().batch(batch_size).map(to_ids, num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids: WordIds, matrix) -> dict:
+    """name -> (compiled model, (batch size, endless batches of `triplets`))."""
+    def model(one_call: bool, jit: bool):
+        encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+                                         dropout=config.dropout)
+        triplet_model = build_triplet_model(encoder) if one_call else three_call_triplet_model(encoder)
+        compile_triplet_model(triplet_model, config.learning_rate, jit_compile=jit)
+        return triplet_model
+
+    def grouped(batch_size):
+        return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, group_by_length=True)
+
+    def random_order(batch_size):
+        return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, group_by_length=False)
+
+    batch = config.batch_size
+    return {
+        "baseline": (model(one_call=False, jit=False), (32, per_role_batches(triplets, word_ids, 32))),
+        "+one call": (model(one_call=True, jit=False), random_order(32)),
+        "+length groups": (model(one_call=True, jit=False), grouped(32)),
+        f"+batch {batch}": (model(one_call=True, jit=False), grouped(batch)),
+        "+XLA": (model(one_call=True, jit=True), grouped(batch)),
+    }
+
+
+def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
     vocabulary = build_vocabulary(config)
     word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
     matrix = embedding_matrix(vocabulary, word_ids, config)
-    with strategy.scope():
-        encoder, model = build_models(config, matrix)
-
-    from_records = split_batches(config, "train", word_ids, global_batch)
-    in_memory = from_records.take(steps).cache().repeat()
-    for _ in in_memory.take(steps):    # fill the cache before timing
-        pass
-    rates = _triplets_per_second(model, {"tfrecord": from_records, "in_memory": in_memory}, steps, global_batch,
-                                 rounds)
-    record_rate, memory_rate = rates["tfrecord"], rates["in_memory"]
-
-    with tempfile.TemporaryDirectory() as export_dir:
-        ExportableEncoder(word_ids, encoder).export(export_dir)
-        sentences = [t["anchor"].numpy().decode() for t in triplet_strings(config.data, config.dataset, "train")
-                     .take(encode_sentences)]
-        sentences = (sentences * (encode_sentences // max(1, len(sentences)) + 1))[:encode_sentences]
-        saved = SavedModelEncoder(export_dir)
-        saved.encode(sentences[:64])
-        start = time.perf_counter()
-        saved.encode(sentences)
-        encode_rate = len(sentences) / (time.perf_counter() - start)
-
+    triplets = triplet_strings(config.data, config.dataset, "train").take(n_triplets).cache()
+    n_triplets = int(triplets.reduce(0, lambda n, _: n + 1))   # fills the cache; the split may be smaller
+    timed = variants(config, triplets, word_ids, matrix)
+    steps = {name: -(-n_triplets // batch_size) for name, (_, (batch_size, _)) in timed.items()}
+    for name, (model, (_, batches)) in timed.items():    # trace and warm every variant on a whole pass
+        model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0)
+    rates = {name: 0.0 for name in timed}
+    for _ in range(rounds):
+        for name, (model, (batch_size, batches)) in timed.items():
+            start = time.perf_counter()
+            model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0)
+            rates[name] = max(rates[name], steps[name] * batch_size / (time.perf_counter() - start))
+    fast = "+XLA" if config.jit_compile else f"+batch {config.batch_size}"
     return {
         "device": ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU",
-        "strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync,
-        "global_batch_size": global_batch, "lstm_units": config.lstm_units, "timed_steps": steps, "rounds": rounds,
-        "tfrecord_triplets_per_s": record_rate, "in_memory_triplets_per_s": memory_rate,
-        "tfrecord_over_in_memory": record_rate / memory_rate,
-        "encoder_sentences_per_s": encode_rate,
-        "paper_epoch_minutes_at_tfrecord_rate": PAPER_EPOCH_TRIPLETS / record_rate / 60,
+        "cpu_cores": os.cpu_count(),
+        "triplets_per_pass": n_triplets, "lstm_units": config.lstm_units, "rounds": rounds,
+        "triplets_per_s": rates,
+        "fast_variant": fast,
+        "train_speedup": rates[fast] / rates["baseline"],
+        "paper_epoch_hours": {name: PAPER_EPOCH_TRIPLETS / rate / 3600 for name, rate in rates.items()},
     }
 
 
@@ -87,13 +119,15 @@ def plot(results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    labels = ["TFRecord input", "in-memory tensors"]
-    values = [results["tfrecord_triplets_per_s"], results["in_memory_triplets_per_s"]]
-    axis.bar(labels, values, color=["tab:blue", "tab:grey"])
+    names = list(results["triplets_per_s"])
+    values = [results["triplets_per_s"][name] for name in names]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    bars = axis.bar(names, values, color=["tab:grey"] + ["tab:blue"] * (len(names) - 1))
+    axis.bar_label(bars, labels=[f"{v:.0f}" for v in values])
     axis.set_ylabel("training triplets / s")
-    axis.set_title(f"ratio {results['tfrecord_over_in_memory']:.2f} ({results['device']}, "
-                   f"batch {results['global_batch_size']})")
+    axis.set_title(f"Trainer throughput, BiLSTM {results['lstm_units']} ({results['device']}, "
+                   f"{results['cpu_cores']} cores): {results['fast_variant']} = {results['train_speedup']:.2f}x baseline",
+                   fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
@@ -102,22 +136,23 @@ def plot(results: dict, path: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m model.benchmark", description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="pipeline output folder (local or gs://)")
-    parser.add_argument("--dataset", default="triplets-sen")
-    parser.add_argument("--steps", type=int, default=30, help="timed training steps per input kind")
-    parser.add_argument("--batch-size", type=int, default=32, help="per replica")
-    parser.add_argument("--lstm-units", type=int, default=300)
-    parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--rounds", type=int, default=2, help="timed fits per input kind; the best counts")
-    parser.add_argument("--encode-sentences", type=int, default=2000)
+    parser.add_argument("--dataset", default="triplets-sen", help="triplet dataset whose training split is timed")
+    parser.add_argument("--triplets", type=int, default=4096, help="training triplets per timed pass")
+    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="the fast trainer's batch")
+    parser.add_argument("--lstm-units", type=int, default=TrainConfig.lstm_units, help="BiLSTM units per direction")
+    parser.add_argument("--rounds", type=int, default=1, help="timed passes per variant; the best counts")
     parser.add_argument("--out", help="folder for benchmark.json and benchmark.png")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,
-                         lstm_units=args.lstm_units, strategy=args.strategy, steps=args.steps)
-    results = run(config, args.steps, args.encode_sentences, args.rounds)
-    for key, value in results.items():
-        print(f"{key:40s} {value:.3f}" if isinstance(value, float) else f"{key:40s} {value}")
+                         lstm_units=args.lstm_units)
+    results = run(config, args.triplets, args.rounds)
+    print(f"{'variant':<16} {'triplets/s':>10} {'x baseline':>10} {'paper epoch':>12}")
+    for name, rate in results["triplets_per_s"].items():
+        print(f"{name:<16} {rate:>10.1f} {rate / results['triplets_per_s']['baseline']:>10.2f} "
+              f"{results['paper_epoch_hours'][name]:>10.1f} h")
+    print(f"train_speedup ({results['fast_variant']} / baseline): {results['train_speedup']:.2f}")
     if args.out:
         with tf.io.gfile.GFile(f"{args.out}/benchmark.json", "w") as handle:
             json.dump(results, handle, indent=2)

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+VOCABULARIES = ("embeddings", "train")
 DATASETS = ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles")
 
 
@@ -16,17 +17,21 @@ class TrainConfig:
     dataset: str = "triplets-sen"
     embeddings: str | None = None          # GloVe text file (local/gs://); None = embedded GloVe 6B 50d
     fine_tune_embeddings: bool = False
-    epochs: int = 4                        # defaults sized for the embedded demo: 4 x 100 x 32 = 12.8 k
-    steps: int | None = 100                # triplets (~1 pass over its 12 k), ~7 CPU-minutes (measured);
-                                           # steps per epoch (data repeated), None = one pass per epoch
+    epochs: int = 4                        # evaluation points: validation, checkpoint, curve after each
+    steps: int | None = 100                # steps per epoch (data repeated); None = one pass per epoch
     batch_size: int = 32                   # per replica; global batch = batch_size x replicas
     learning_rate: float = 1e-3
+    group_by_length: bool = True           # batches of similar-length triplets (see model.data)
+    vocabulary: str = "embeddings"         # "embeddings": every word with a vector; "train": training words
+    jit_compile: bool = False              # XLA for the training step
+    budget_minutes: float | None = None    # wall-clock training budget; stops after the current step
+    evaluation_triplets: int | None = None  # validation/test triplets scored per epoch and at the end; None = all
     lstm_units: int = 300
     attention_size: int = 200
     dropout: float = 0.2                   # a rate (fraction dropped) on the BiLSTM outputs
     max_tokens: int = 64
     num_oov_buckets: int = 1
-    min_count: int = 1                     # vocabulary: training-split words seen this often
+    min_count: int = 1                     # --vocabulary train: training-split words seen this often
     shuffle_buffer: int = 10000
     patience: int = 2                      # early stopping on validation triplet accuracy
     checkpoint_every: int = 50             # steps between BackupAndRestore backups
@@ -45,8 +50,13 @@ class TrainConfig:
                      "num_oov_buckets", "min_count", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"--steps must be >= 1, got {self.steps}")
+        for name in ("steps", "evaluation_triplets"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(self, name)}")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
+        if self.vocabulary not in VOCABULARIES:
+            raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
 
 
 def _flag_type(field: dataclasses.Field):

@@ -52,9 +52,17 @@ class WordIds(tf.Module):
         """Rows an embedding matrix needs: padding + vocabulary + OOV buckets."""
         return 1 + self.vocabulary_size + self.num_oov_buckets
 
-    def __call__(self, sentences: tf.Tensor) -> tf.Tensor:
+    def ragged(self, sentences: tf.Tensor) -> tf.RaggedTensor:
+        """int32 ids [n, (tokens)], no padding: what length-grouped batching reads."""
         tokens = tokenize_graph(sentences)[:, : self.max_tokens]
         # The table gives 0..V-1 to the vocabulary and V..V+B-1 to the buckets; +1 frees 0.
-        ids = tf.cast((tf.ragged.map_flat_values(self.table.lookup, tokens) + 1).to_tensor(0), tf.int32)
-        # At least one (padding) column, so a batch of empty sentences still has a time axis.
-        return tf.pad(ids, [[0, 0], [0, tf.maximum(0, 1 - tf.shape(ids)[1])]])
+        return tf.cast(tf.ragged.map_flat_values(self.table.lookup, tokens) + 1, tf.int32)
+
+    def __call__(self, sentences: tf.Tensor) -> tf.Tensor:
+        return pad_ids(self.ragged(sentences).to_tensor(0))
+
+
+def pad_ids(ids: tf.Tensor, width: tf.Tensor | int = 1) -> tf.Tensor:
+    """Right-pads int ids [n, t] with 0 to at least `width` columns (at least one, so a batch of
+    empty sentences still has a time axis)."""
+    return tf.pad(ids, [[0, 0], [0, tf.maximum(0, tf.maximum(width, 1) - tf.shape(ids)[1])]])

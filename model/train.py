@@ -21,12 +21,14 @@ import json
 import logging
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import SPLITS, count_unparseable, count_words, training_batches, triplet_strings
+from model.data import (SPLITS, count_unparseable, count_words, training_batches, triplet_sample, triplet_strings,
+                        with_known_length)
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -67,24 +69,32 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 
 def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[str]:
-    """Training-split words seen `min_count` times that have a pre-trained vector, most
-    frequent first; kept in `<model_dir>/vocabulary.txt` (default: config.model_dir) so a
-    resumed job rebuilds the same id space."""
+    """The id space, kept in `<model_dir>/vocabulary.txt` (default: config.model_dir) so a resumed
+    job rebuilds the same one. `--vocabulary embeddings` (default): every word of the vector file
+    in its order; with frozen vectors a word unseen in training still has its pre-trained vector
+    at no training cost, where the other choice sends it to an OOV bucket that mean-vectors does
+    not have. `--vocabulary train`: training-split words seen `min_count` times that have a
+    vector, most frequent first."""
     model_dir = model_dir or config.model_dir
     path = f"{model_dir}/vocabulary.txt"
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as handle:
             return handle.read().splitlines()
-    counts = count_words(triplet_strings(config.data, config.dataset, "train"))
-    frequent = {word for word, n in counts.items() if n >= config.min_count}
-    with_vectors = set(load_word_vectors(config.embeddings, frequent).words)
-    vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
-    covered = sum(counts[word] for word in vocabulary)
-    LOG.info("vocabulary: %d of %d training words have vectors (%.1f%% of %d tokens)",
-             len(vocabulary), len(counts), 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
+    if config.vocabulary == "embeddings":
+        vocabulary = load_word_vectors(config.embeddings).words
+        LOG.info("vocabulary: all %d words of the word vectors", len(vocabulary))
+    else:
+        counts = count_words(triplet_strings(config.data, config.dataset, "train"))
+        frequent = {word for word, n in counts.items() if n >= config.min_count}
+        with_vectors = set(load_word_vectors(config.embeddings, frequent).words)
+        vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
+        covered = sum(counts[word] for word in vocabulary)
+        LOG.info("vocabulary: %d of %d training words have vectors (%.1f%% of %d tokens)",
+                 len(vocabulary), len(counts), 100 * covered / max(1, sum(counts.values())), sum(counts.values()))
     tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(path, "w") as handle:
+    with tf.io.gfile.GFile(path + ".partial", "w") as handle:   # a killed run leaves no partial vocabulary
         handle.write("\n".join(vocabulary))
+    tf.io.gfile.rename(path + ".partial", path, overwrite=True)
     return vocabulary
 
 
@@ -101,11 +111,20 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
 
 
 def split_batches(config: TrainConfig, split: str, word_ids: WordIds, global_batch: int) -> tf.data.Dataset:
+    """Training batches are shuffled (and repeated when `--steps` sets the epoch length);
+    a pass-long epoch or an evaluation has its batches counted first (one pass) so Keras stops
+    at its end. Validation and test score a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`),
+    the same at every epoch and in every run."""
     training = split == "train"
-    triplets = triplet_strings(config.data, config.dataset, split)
-    return training_batches(triplets, word_ids, global_batch,
-                            shuffle_buffer=config.shuffle_buffer if training else 0,
-                            repeat=training and config.steps is not None, seed=config.seed)
+    if training or not config.evaluation_triplets:
+        triplets = triplet_strings(config.data, config.dataset, split)
+    else:
+        triplets = triplet_sample(config.data, config.dataset, split, config.evaluation_triplets, config.seed)
+    repeat = training and config.steps is not None
+    batches = training_batches(triplets, word_ids, global_batch,
+                               shuffle_buffer=config.shuffle_buffer if training else 0,
+                               repeat=repeat, seed=config.seed, group_by_length=config.group_by_length)
+    return batches if repeat else with_known_length(batches)
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray):
@@ -115,7 +134,7 @@ def build_models(config: TrainConfig, matrix: np.ndarray):
     encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
                                      dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
     model = build_triplet_model(encoder)
-    compile_triplet_model(model, config.learning_rate)
+    compile_triplet_model(model, config.learning_rate, jit_compile=config.jit_compile)
     return encoder, model
 
 
@@ -159,6 +178,53 @@ def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
     return MirrorBackups()
 
 
+def time_budget(minutes: float):
+    """Keras callback that stops training after the step during which `minutes` of wall-clock
+    time (counted from the start of `fit`) ran out; Keras then still validates that epoch, so
+    the curve, the best checkpoint and the export see the last weights. No Keras callback
+    stops on time, hence this one."""
+    import keras
+
+    class TimeBudget(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.deadline = time.monotonic() + 60 * minutes
+            self.stopped = False
+
+        def on_train_batch_end(self, batch, logs=None):
+            if time.monotonic() >= self.deadline:
+                self.model.stop_training = self.stopped = True
+
+    return TimeBudget()
+
+
+def learning_curve(global_batch: int):
+    """Keras callback recording, at each epoch's end, the training triplets seen so far and the
+    process CPU and wall seconds, beside the epoch's validation accuracy (the learning curve)."""
+    import keras
+
+    class LearningCurve(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.points: list[dict] = []
+
+        def on_train_begin(self, logs=None):
+            self.steps = 0
+            self.cpu_start, self.wall_start = time.process_time(), time.monotonic()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.points.append({
+                "epoch": epoch + 1, "triplets_seen": self.steps * global_batch,
+                "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
+                "wall_seconds": round(time.monotonic() - self.wall_start, 1),
+                "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
+            })
+
+    return LearningCurve()
+
+
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json."""
     import keras
@@ -195,6 +261,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
 
     chief = is_chief(strategy)
+    curve = learning_curve(global_batch)
+    budget = time_budget(config.budget_minutes) if config.budget_minutes else None
     callbacks = [  # BackupAndRestore first: the others must see the restored state
         keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=config.checkpoint_every),
         *([mirror_backups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
@@ -203,6 +271,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience,
                                       restore_best_weights=True),
         keras.callbacks.TensorBoard(f"{model_dir}/logs"),
+        curve,
+        *([budget] if budget else []),
         *(extra_callbacks or []),
     ]
     fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
@@ -218,6 +288,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
         "test_loss": float(test["loss"]),
         "epochs_run": len(history["loss"]),
+        "stopped_by_budget": bool(budget and budget.stopped),
+        "learning_curve": curve.points,
         "vocabulary_size": len(vocabulary),
         "skipped_records": skipped,
         "replicas": strategy.num_replicas_in_sync,

@@ -16,7 +16,8 @@ from model.data import TripletDataError, list_shards, triplet_strings
 from model.encoder import SavedModelEncoder
 from model_shards import write_triplet_shards
 
-TINY = dict(epochs=2, steps=3, batch_size=8, lstm_units=8, attention_size=4, progress=False)
+# vocabulary "train": a few hundred words instead of GloVe's 400 k keeps the exports small and fast.
+TINY = dict(epochs=2, steps=3, batch_size=8, lstm_units=8, attention_size=4, progress=False, vocabulary="train")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -177,6 +178,33 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     assert resumed == {"iterations": 6, "epoch": 1}      # continues in epoch 2 with the optimizer state
     assert summary["epochs_run"] == 2                      # only the remaining epochs 2 and 3
     assert FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
+
+
+def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
+    from model.train import train
+
+    model_dir = tmp_path / "m"
+    config = TrainConfig(data=shards, model_dir=str(model_dir), **{**TINY, "epochs": 5, "steps": 50},
+                         budget_minutes=1e-4)      # 6 ms: runs out during the first step
+    summary = train(config)
+    assert summary["stopped_by_budget"] is True and summary["epochs_run"] == 1
+    assert summary["learning_curve"][0]["triplets_seen"] == TINY["batch_size"]   # one step, then the stop
+    assert (model_dir / "encoder" / "saved_model.pb").is_file()
+    unbounded = train(dataclasses.replace(config, model_dir=str(tmp_path / "n"), budget_minutes=None, epochs=1, steps=4))
+    assert unbounded["stopped_by_budget"] is False and unbounded["learning_curve"][0]["triplets_seen"] == 32
+
+
+def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp_path):
+    from model.train import build_vocabulary
+    from model.vectors import load_word_vectors
+
+    config = TrainConfig(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
+    vocabulary = build_vocabulary(config)
+    glove = load_word_vectors(None)
+    assert vocabulary == glove.words and "volcano" in vocabulary      # not a word of the training shards
+    trained_only = build_vocabulary(dataclasses.replace(config, vocabulary="train"), str(tmp_path / "t"))
+    assert "volcano" not in trained_only and {"striker", "oven"} <= set(trained_only)
+    assert not (tmp_path / "m" / "vocabulary.txt.partial").exists()
 
 
 def test_short_real_training_beats_the_untrained_model(request, tmp_path):
