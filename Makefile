@@ -1,11 +1,14 @@
 # Two commands do everything on a fresh machine with Python 3.11:
 #   make demo   -- set up, then run the main job end to end on the embedded defaults
 #   make test   -- set up, then run the test suite
-# `make demo` reuses what an earlier run built; `make demo FRESH=1` rebuilds everything.
+# and one more at a real scale:
+#   make scale  -- the same chain on a real dump (DUMP=...; default: the 2019 dump beside the checkout)
+# `make demo` / `make scale` reuse what an earlier run built; FRESH=1 rebuilds everything.
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-OUT ?= demo-out
+SCALE := $(filter scale,$(MAKECMDGOALS))
+OUT ?= $(if $(SCALE),scale-out,demo-out)
 DATA := $(OUT)/data
 MODELS := $(OUT)/models
 REPORT := $(OUT)/report
@@ -14,7 +17,27 @@ SICK ?= $(wildcard ../shared/data/sick/SICK.txt)
 SEN_ENCODER := $(MODELS)/triplets-sen/encoder/saved_model.pb
 TITLES_ENCODER := $(MODELS)/triplets-titles/encoder/saved_model.pb
 
-.PHONY: demo demo-build test setup clean
+# make scale: a real multistream dump read by 2 local workers; training under wall-clock budgets
+# (minutes); evaluation on seeded samples (0 = the full sets).
+DUMP ?= $(wildcard ../shared/data/enwiki-2019/enwiki-20190720-pages-articles-multistream.xml.bz2)
+BUDGET_MIN ?= 75
+TITLES_BUDGET_MIN ?= 15
+EVAL_TRIPLETS ?= 20000
+EVAL_SCB_ARTICLES ?= 300
+ifeq ($(SCALE),scale)
+PIPELINE_FLAGS = --input $(DUMP) --direct_running_mode=multi_processing --direct_num_workers=2
+SEN_FLAGS = --steps 500 --epochs 1000 --patience 1000 --evaluation-triplets 5000 --budget-minutes $(BUDGET_MIN)
+TITLES_FLAGS = --steps 250 --epochs 1000 --patience 1000 --evaluation-triplets 5000 \
+  --budget-minutes $(TITLES_BUDGET_MIN)
+EVAL_FLAGS = $(if $(filter-out 0,$(EVAL_TRIPLETS)),--max-triplets $(EVAL_TRIPLETS)) \
+  $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES))
+else
+# The demo's training budget on 2 CPU cores: the sentence model with its defaults, the titles model
+# one pass over its (much smaller) training split per epoch.
+TITLES_FLAGS = --steps none
+endif
+
+.PHONY: demo demo-build scale test setup clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -35,22 +58,31 @@ demo: $(VENV)/.installed
 
 demo-build: $(REPORT)/report.md
 
-$(DATA)/stats.json:
-	$(PY) -m pipeline.run --output $(DATA)
+scale: $(VENV)/.installed
+	$(if $(DUMP),,$(error make scale needs DUMP=path/to/enwiki-*-pages-articles-multistream.xml.bz2))
+	$(if $(FRESH),rm -rf $(OUT))
+	@$(MAKE) --no-print-directory demo-build SCALE=scale OUT=$(OUT) DUMP=$(DUMP) BUDGET_MIN=$(BUDGET_MIN) \
+	  TITLES_BUDGET_MIN=$(TITLES_BUDGET_MIN)
+	@cat $(REPORT)/report.md
+	@echo
+	@echo "report:   $(REPORT)/report.md (+ PNG plots beside it)"
+	@echo "curves:   $(MODELS)/triplets-sen/learning_curve.png $(MODELS)/triplets-titles/learning_curve.png"
+	@echo "data:     $(DATA) (counters in $(DATA)/stats.json)"
 
-# Training budget on 2 CPU cores: the sentence model with its defaults, the titles model for one pass
-# over its (much smaller) training split per epoch.
+$(DATA)/stats.json:
+	$(PY) -m pipeline.run --output $(DATA) $(PIPELINE_FLAGS)
+
 $(SEN_ENCODER): $(DATA)/stats.json
-	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-sen --dataset triplets-sen
+	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-sen --dataset triplets-sen $(SEN_FLAGS)
 
 $(TITLES_ENCODER): $(DATA)/stats.json
-	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-titles --dataset triplets-titles --steps none
+	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-titles --dataset triplets-titles $(TITLES_FLAGS)
 
 $(REPORT)/report.md: $(SEN_ENCODER) $(TITLES_ENCODER)
 	$(PY) -m eval.all --data $(DATA) --output $(REPORT) \
 	  --model-dir triplets-sen=$(MODELS)/triplets-sen \
 	  --model-dir triplets-titles=$(MODELS)/triplets-titles \
-	  $(if $(SICK),--sick $(SICK))
+	  $(if $(SICK),--sick $(SICK)) $(EVAL_FLAGS)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests

@@ -25,7 +25,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
     add_method_flags(parser)
     parser.add_argument("--sick", help="SICK.txt; without it the SICK step is skipped")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the clustering and of the samples")
+    parser.add_argument("--max-triplets", type=int, help="score a seeded sample of this many test triplets "
+                        "(default: all)")
+    parser.add_argument("--max-scb-articles", type=int, help="score a seeded sample of this many SCB articles "
+                        "(default: all)")
     return parser.parse_known_args(argv)
 
 
@@ -37,13 +41,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     start = time.perf_counter()
     scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, encoders=encoders,
-                                       model_dirs=args.model_dirs, seed=args.seed), beam_args)
+                                       model_dirs=args.model_dirs, seed=args.seed,
+                                       max_articles=args.max_scb_articles), beam_args)
     seconds["scb"] = time.perf_counter() - start
     sections.append(scb_markdown(scb_result) + "\n![per-article ARI](scb_ari.png)\n")
 
     start = time.perf_counter()
     triplet_result = triplets.run(triplets.TripletsConfig(data=args.data, output=args.output, encoders=encoders,
-                                                          model_dirs=args.model_dirs))
+                                                          model_dirs=args.model_dirs, max_triplets=args.max_triplets,
+                                                          seed=args.seed))
     seconds["triplets"] = time.perf_counter() - start
     sections.append(triplets_markdown(triplet_result) + "\n![triplet accuracy](triplets_accuracy.png)\n")
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
 from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import read_jsonl, write_scb_report
+from pipeline.splits import stable_hash
 
 NAMESPACE = "wikisim"
 VARIANTS = ("all", "openers")
@@ -43,6 +44,7 @@ class ScbConfig:
     encoders: list[str] = field(default_factory=default_encoder_specs)
     model_dirs: list[str] = field(default_factory=list)
     seed: int = 0
+    max_articles: int | None = None     # a seeded sample of this many articles; None = all
 
     def encoder_specs(self) -> list[str]:
         return list(self.encoders) + model_dir_specs(self.model_dirs)
@@ -159,14 +161,25 @@ def scb_pattern(data: str) -> str:
 
 
 def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
-    """read SCB -> parse (dead letters aside) -> score per article -> per-article rows as JSON lines."""
+    """read SCB -> parse (dead letters aside) -> [seeded sample] -> score per article -> rows as JSON lines.
+
+    The sample keeps the `max_articles` articles of smallest `stable_hash(seed, article_id)`:
+    the same articles in every run and on every runner."""
     pattern = scb_pattern(config.data)
     parsed = (
         pipeline
         | "ReadScb" >> beam.io.ReadFromText(pattern)
         | "Parse" >> beam.ParDo(ParseScbFn(pattern)).with_outputs(ParseScbFn.DEAD_LETTERS, main="articles")
     )
-    (parsed.articles
+    articles = parsed.articles
+    if config.max_articles:
+        seed = config.seed
+        articles = (articles
+                    | "Sample" >> beam.combiners.Top.Of(config.max_articles,
+                                                        key=lambda record: -stable_hash("scb-sample", seed,
+                                                                                        record["article_id"]))
+                    | "Unlist" >> beam.FlatMap(lambda sample: sample))
+    (articles
      | "Score" >> beam.ParDo(ScoreArticleFn(config.encoder_specs(), config.seed))
      | "RowsToJson" >> beam.Map(json.dumps)
      | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
@@ -235,10 +248,11 @@ def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
     add_method_flags(parser)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-articles", type=int, help="score a seeded sample of this many articles (default: all)")
     args, beam_args = parser.parse_known_args(argv)
     config = ScbConfig(data=args.data, output=args.output,
                        encoders=args.encoders or default_encoder_specs(),
-                       model_dirs=args.model_dirs, seed=args.seed)
+                       model_dirs=args.model_dirs, seed=args.seed, max_articles=args.max_articles)
     return config, beam_args
 
 

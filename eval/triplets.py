@@ -19,8 +19,7 @@ from tqdm import tqdm
 
 from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import write_triplets_report
-from model.data import triplet_strings
-
+from model.data import triplet_sample, triplet_strings
 
 
 @dataclass
@@ -33,15 +32,21 @@ class TripletsConfig:
     split: str = "test"
     encoders: list[str] = field(default_factory=default_encoder_specs)
     model_dirs: list[str] = field(default_factory=list)
+    max_triplets: int | None = None     # a seeded sample of this many triplets; None = the whole split
+    seed: int = 0
 
     def encoder_specs(self) -> list[str]:
         return list(self.encoders) + model_dir_specs(self.model_dirs)
 
 
-def read_triplets(data: str, dataset: str, split: str) -> dict[str, list[str]]:
-    """{"anchor", "positive", "negative"}: parallel lists of sentences of one split."""
+def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None = None,
+                  seed: int = 0) -> dict[str, list[str]]:
+    """{"anchor", "positive", "negative"}: parallel lists of sentences of one split, or of a
+    seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
     columns = {"anchor": [], "positive": [], "negative": []}
-    for example in triplet_strings(data, dataset, split).as_numpy_iterator():
+    triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
+                else triplet_strings(data, dataset, split))
+    for example in triplets.as_numpy_iterator():
         for key, values in columns.items():
             values.append(example[key].decode("utf-8"))
     return columns
@@ -74,7 +79,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> dict:
 
 
 def run(config: TripletsConfig) -> dict:
-    triplets = read_triplets(config.data, config.dataset, config.split)
+    triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
         raise ValueError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")
     encoders = load_encoders(config.encoder_specs())
@@ -91,10 +96,13 @@ def parse_args(argv: list[str] | None) -> TripletsConfig:
     parser.add_argument("--output", required=True, help="where the results go; local or gs://")
     parser.add_argument("--dataset", default="triplets-sen")
     parser.add_argument("--split", default="test")
+    parser.add_argument("--max-triplets", type=int, help="score a seeded sample of this many triplets (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
     add_method_flags(parser)
     args = parser.parse_args(argv)
     return TripletsConfig(data=args.data, output=args.output, dataset=args.dataset, split=args.split,
-                          encoders=args.encoders or default_encoder_specs(), model_dirs=args.model_dirs)
+                          encoders=args.encoders or default_encoder_specs(), model_dirs=args.model_dirs,
+                          max_triplets=args.max_triplets, seed=args.seed)
 
 
 def main(argv: list[str] | None = None) -> dict:

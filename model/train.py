@@ -154,11 +154,60 @@ def plot_history(history: dict, path: str) -> None:
         axis.grid(alpha=0.3)
     accuracy_axis.axhline(history["untrained_val_triplet_accuracy"], color="grey", ls="--", label="untrained")
     accuracy_axis.legend()
-    figure.suptitle("triplet network training")
+    figure.suptitle(f"{history['config']['dataset']}: triplet network training")
     figure.tight_layout()
     with tf.io.gfile.GFile(path, "wb") as handle:
         figure.savefig(handle, format="png", dpi=100)
     plt.close(figure)
+
+
+def plot_learning_curve(summary: dict, path: str) -> None:
+    """Validation triplet accuracy against training triplets seen and against CPU minutes,
+    with the untrained network and mean word vectors on the same sample as reference lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = summary["learning_curve"]
+    accuracy = [point["val_triplet_accuracy"] for point in points]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
+                             (axes[1], "cpu_seconds", "process CPU minutes")):
+        scale = 60 if key == "cpu_seconds" else 1
+        axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
+        axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
+        axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":", label="untrained")
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("validation triplet accuracy (L1)")
+    axes[0].legend()
+    config = summary["config"]
+    figure.suptitle(f"{config['dataset']}: learning curve (BiLSTM {config['lstm_units']}, batch "
+                    f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
+    figure.tight_layout()
+    with tf.io.gfile.GFile(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=100)
+    plt.close(figure)
+
+
+def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabulary_size: int) -> float:
+    """Triplet accuracy (cosine) of mean word vectors on the same batches: the baseline the
+    network has to beat, as a reference line on the learning curve. Like `mean-vectors` in
+    eval/, a sentence averages the vectors of its in-vocabulary tokens (not padding or OOV)."""
+    def means(ids: np.ndarray) -> np.ndarray:
+        known = ((ids > 0) & (ids <= vocabulary_size))[..., None]
+        return (matrix[ids] * known).sum(axis=1) / np.maximum(known.sum(axis=1), 1)
+
+    def cosine(left, right):
+        norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
+        return (left * right).sum(axis=1) / np.where(norms > 0, norms, 1.0)
+
+    correct = total = 0
+    for inputs, _ in batches.as_numpy_iterator():
+        anchor, positive, negative = (means(inputs[key]) for key in ("anchor", "positive", "negative"))
+        correct += int((cosine(anchor, positive) > cosine(anchor, negative)).sum())
+        total += len(anchor)
+    return correct / max(total, 1)
 
 
 def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
@@ -284,6 +333,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         **history,
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
         "untrained_val_loss": float(untrained["loss"]),
+        "mean_vectors_val_triplet_accuracy": mean_vectors_accuracy(validation_batches, matrix, len(vocabulary)),
+        "evaluation_triplets": config.evaluation_triplets or "all",
         "best_val_triplet_accuracy": max(history["val_triplet_accuracy"]),
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
         "test_loss": float(test["loss"]),
@@ -301,6 +352,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
             json.dump(summary, handle, indent=2)
         plot_history(summary, f"{model_dir}/training_curve.png")
+        plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
     LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
              summary["test_triplet_accuracy"], config.model_dir)
