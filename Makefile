@@ -26,8 +26,10 @@ EVAL_TRIPLETS ?= 20000
 EVAL_SCB_ARTICLES ?= 300
 ifeq ($(SCALE),scale)
 PIPELINE_FLAGS = --input $(DUMP) --direct_running_mode=multi_processing --direct_num_workers=2
-SEN_FLAGS = --steps 500 --epochs 1000 --patience 1000 --evaluation-triplets 5000 --budget-minutes $(BUDGET_MIN)
-TITLES_FLAGS = --steps 250 --epochs 1000 --patience 1000 --evaluation-triplets 5000 \
+SCALE_TRAIN_FLAGS = --fine-tune-embeddings true --shuffle-buffer 200000 --epochs 1000 --patience 1000 \
+  --evaluation-triplets 5000
+SEN_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 300 --budget-minutes $(BUDGET_MIN)
+TITLES_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 150 \
   --budget-minutes $(TITLES_BUDGET_MIN)
 EVAL_FLAGS = $(if $(filter-out 0,$(EVAL_TRIPLETS)),--max-triplets $(EVAL_TRIPLETS)) \
   $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES))

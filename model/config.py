@@ -18,8 +18,10 @@ class TrainConfig:
     embeddings: str | None = None          # GloVe text file (local/gs://); None = embedded GloVe 6B 50d
     fine_tune_embeddings: bool = False
     epochs: int = 4                        # evaluation points: validation, checkpoint, curve after each
-    steps: int | None = 100                # steps per epoch (data repeated); None = one pass per epoch
-    batch_size: int = 32                   # per replica; global batch = batch_size x replicas
+    steps: int | None = 50                 # steps per epoch (data repeated); None = one pass per epoch;
+                                           # the defaults (4 x 50 x 128) are sized for the demo: two passes
+                                           # over the excerpt's 12 k training triplets
+    batch_size: int = 128                  # per replica; global batch = batch_size x replicas
     learning_rate: float = 1e-3
     group_by_length: bool = True           # batches of similar-length triplets (see model.data)
     vocabulary: str = "embeddings"         # "embeddings": every word with a vector; "train": training words

@@ -260,7 +260,7 @@ def test_cloud_build_builds_the_dockerfile_from_the_repository_root(capsys):
 # The local chain on gs:// paths: pipeline -> training -> SCB scoring, every path laid out as the
 # wrapper lays out a cloud run, served by gcp-storage-emulator (the `gcs_emulator` fixture).
 TINY_TRAINING = ["--epochs", "1", "--steps", "3", "--batch-size", "16", "--lstm-units", "8",
-                 "--attention-size", "4", "--progress", "false"]
+                 "--attention-size", "4", "--progress", "false", "--vocabulary", "train"]
 
 
 @pytest.fixture(scope="module")

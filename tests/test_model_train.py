@@ -213,5 +213,6 @@ def test_short_real_training_beats_the_untrained_model(request, tmp_path):
     from model.train import main
 
     summary = main(["--data", str(data), "--model-dir", str(tmp_path / "m"), "--epochs", "3", "--steps", "15",
-                    "--batch-size", "32", "--lstm-units", "32", "--attention-size", "16", "--progress", "false"])
+                    "--batch-size", "32", "--lstm-units", "32", "--attention-size", "16", "--progress", "false",
+                    "--vocabulary", "train"])
     assert summary["best_val_triplet_accuracy"] > summary["untrained_val_triplet_accuracy"]
