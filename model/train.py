@@ -16,6 +16,7 @@ checkpoint and logs); everything is uploaded at the end.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -302,9 +303,11 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     matrix = embedding_matrix(vocabulary, word_ids, config)
     train_batches = split_batches(config, "train", word_ids, global_batch)
     validation_batches = split_batches(config, "validation", word_ids, global_batch)
-    skipped = {split: count_unparseable(config.data, config.dataset, split) for split in SPLITS}
-    if any(skipped.values()):
-        LOG.warning("unparseable records skipped per split of %s/%s: %s", config.data, config.dataset, skipped)
+    # Counting what parsing skips takes a pass over every split (minutes for a million triplets):
+    # it runs beside training (tf.data releases the GIL) and is collected at the end.
+    counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    skipped_counts = {split: counting.submit(count_unparseable, config.data, config.dataset, split)
+                      for split in SPLITS}
     with strategy.scope():
         encoder, model = build_models(config, matrix)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
@@ -328,6 +331,10 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
                     steps_per_epoch=config.steps, callbacks=callbacks, verbose=1 if config.progress else 2)
 
     test = model.evaluate(split_batches(config, "test", word_ids, global_batch), verbose=0, return_dict=True)
+    skipped = {split: future.result() for split, future in skipped_counts.items()}
+    counting.shutdown()
+    if any(skipped.values()):
+        LOG.warning("unparseable records skipped per split of %s/%s: %s", config.data, config.dataset, skipped)
     history = {key: [float(v) for v in values] for key, values in fit.history.items()}
     summary = {
         **history,

@@ -102,3 +102,14 @@ def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
 def test_scb_job_names_the_missing_input(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "nothing")):
         scb.main(["--data", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")])
+
+
+def test_scb_job_scores_a_seeded_sample_of_articles(tmp_path):
+    articles = write_scb(tmp_path / "data")
+    runs = [scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / f"out{run}"), "--encoder", "tfidf",
+                      "--max-articles", "2", "--seed", str(seed)])
+            for run, seed in enumerate((0, 0, 1, 2, 3))]
+    sampled = [frozenset(row["article_id"] for row in result["rows"]) for result in runs]
+    assert all(len(ids) == 2 and ids <= {a["article_id"] for a in articles} for ids in sampled)
+    assert sampled[0] == sampled[1]                 # same seed, same articles
+    assert len(set(sampled)) > 1                    # the seed chooses them

@@ -64,3 +64,13 @@ def test_triplets_job_names_missing_shards(tmp_path):
 
     with pytest.raises(TripletDataError, match="triplets-sen/test"):
         triplets.main(["--data", str(tmp_path), "--output", str(tmp_path / "out")])
+
+
+def test_a_seeded_sample_of_triplets_is_the_same_in_every_run(topic_shards):
+    whole = triplets.read_triplets(topic_shards, "triplets-sen", "test")
+    sample = triplets.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=4)
+    again = triplets.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=4)
+    other = triplets.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=5)
+    assert len(sample["anchor"]) == 20 and sample == again and sample != other
+    whole_rows = set(zip(*(whole[key] for key in ("anchor", "positive", "negative"))))
+    assert set(zip(*(sample[key] for key in ("anchor", "positive", "negative")))) <= whole_rows   # roles aligned
