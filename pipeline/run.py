@@ -106,6 +106,18 @@ def check_spacy_model(name: str) -> None:
         raise ConfigError(f"--spacy_model {name!r} cannot be loaded: {err}") from err
 
 
+def check_beam_flags(beam_args: list[str]) -> None:
+    """Every flag we do not define must be one of Beam's pipeline options: Beam itself only logs
+    a warning and drops an unknown one, so `--negative same_article` (for `--negatives`) would
+    otherwise run without it. Beam's own option parser, asked to keep unknown flags, tells them."""
+    known = PipelineOptions([]).get_all_options()
+    given = PipelineOptions(beam_args).get_all_options(retain_unknown_options=True)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown flag --{unknown[0]} (neither a flag of python -m pipeline.run nor a Beam "
+                          "pipeline option)")
+
+
 def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
     """Our flags -> PipelineConfig; the remaining flags are Beam's, returned untouched."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.run", description=__doc__.split("\n\n")[0], allow_abbrev=False)
@@ -122,7 +134,9 @@ def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
     args, beam_args = parser.parse_known_args(argv)
     values = vars(args)
     rules = RuleConfig(**{field.name: values.pop(field.name) for field in dataclasses.fields(RuleConfig)})
-    return PipelineConfig(rules=rules, **values), beam_args
+    config = PipelineConfig(rules=rules, **values)
+    check_beam_flags(beam_args)
+    return config, beam_args
 
 
 def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -> None:

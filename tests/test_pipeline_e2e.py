@@ -302,7 +302,9 @@ def test_bad_input_stops_with_one_error_naming_the_file(tmp_path, content, compl
      (["--other_article_bucket_size", "0"], "--other_article_bucket_size"),
      (["--negatives", "adjacent,nearby"], "--negatives"),
      (["--negatives", ""], "--negatives"),
-     (["--page_shards", "0"], "--page_shards")],
+     (["--page_shards", "0"], "--page_shards"),
+     (["--negative", "same_article"], "--negative "),      # misspelt: Beam alone would drop it with a warning
+     (["--direct_num_worker=2"], "--direct_num_worker ")],
 )
 def test_bad_flags_stop_before_the_job_with_an_error_naming_the_flag(tmp_path, flags, named):
     with pytest.raises(run.ConfigError, match=named):
