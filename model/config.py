@@ -87,4 +87,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         else:
             parser.add_argument(flag, type=_flag_type(field), required=required,
                                 default=None if required else field.default)
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    try:
+        return TrainConfig(**vars(parser.parse_args(argv)))
+    except ValueError as error:   # a value the config refuses: argparse's one-line error, exit 2
+        parser.error(str(error))

@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import (SPLITS, count_unparseable, count_words, training_batches, triplet_sample, triplet_strings,
-                        with_known_length)
+from model.data import (SPLITS, TripletDataError, count_unparseable, count_words, training_batches, triplet_sample,
+                        triplet_strings, with_known_length)
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -303,6 +303,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     matrix = embedding_matrix(vocabulary, word_ids, config)
     train_batches = split_batches(config, "train", word_ids, global_batch)
     validation_batches = split_batches(config, "validation", word_ids, global_batch)
+    if int(validation_batches.cardinality()) == 0:   # refused now, not after training (no best epoch to keep)
+        raise TripletDataError(f"the validation split of {config.data}/{config.dataset} holds no triplets")
     # Counting what parsing skips takes a pass over every split (minutes for a million triplets):
     # it runs beside training (tf.data releases the GIL) and is collected at the end.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
@@ -371,5 +373,15 @@ def main(argv: list[str] | None = None) -> dict:
     return train(parse_args(argv))
 
 
+def cli() -> int:
+    """`main` for the shell: bad input data is one `error:` line and exit status 2."""
+    try:
+        main(sys.argv[1:])
+    except TripletDataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(cli())

@@ -38,6 +38,30 @@ def test_flags_mirror_the_config():
         parse_args(["--data", "d", "--model-dir", "m", "--strategy", "gpu-please"])
 
 
+@pytest.mark.parametrize("flags, named", [(["--batch-size", "0"], "--batch-size"),
+                                          (["--strategy", "tpu-please"], "--strategy"),
+                                          (["--budget-minutes", "-1"], "--budget-minutes")])
+def test_bad_trainer_flags_are_one_error_line_and_exit_2(tmp_path, flags, named):
+    done = subprocess.run([sys.executable, "-m", "model.train", "--data", str(tmp_path), "--model-dir",
+                           str(tmp_path / "m"), *flags], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 2
+    (error,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert named in error and "Traceback" not in done.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_an_empty_validation_split_is_refused_before_training(tmp_path):
+    data = write_triplet_shards(str(tmp_path / "data"), sizes={"train": 64, "validation": 0, "test": 16})
+    done = subprocess.run([sys.executable, "-m", "model.train", "--data", data, "--model-dir", str(tmp_path / "m"),
+                           "--vocabulary", "train", "--lstm-units", "4", "--attention-size", "2"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (f"error: the validation split of {data}/triplets-sen holds "
+                                                    "no triplets")
+    assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder").exists()
+
+
 def test_missing_shards_name_the_pattern(tmp_path):
     with pytest.raises(TripletDataError, match="triplets-titles/train/part-"):
         list_shards(str(tmp_path), "triplets-titles", "train")
