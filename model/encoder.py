@@ -5,6 +5,11 @@
 `{"embeddings": float32 [n, d]}`; tokenisation and the vocabulary live inside the graph.
 A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
 FileSystems (`model.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
+
+`load_encoder(path)` is the standalone entry point: it works in a fresh interpreter because this
+module imports `tensorflow_text`, which registers the tokenizer's ops (`CaseFoldUTF8`,
+`RegexSplitWithOffsets`) that the SavedModel's graph uses; plain `tf.saved_model.load` of an
+export needs `import tensorflow_text` first for the same reason.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the tokenizer ops the exported graph uses
 
 from model.storage import download_tree, is_remote
 
@@ -64,11 +70,26 @@ class SavedModelEncoder:
         self._serve = self._module.signatures[SIGNATURE]
         self.dim = int(self._module.embedding_dim.numpy())
 
-    def encode(self, sentences: list[str]) -> np.ndarray:
-        if not sentences:
+    def encode(self, sentences: str | list[str], batch_size: int | None = None,
+               normalize: bool = False) -> np.ndarray:
+        """float32 [n, d] embeddings; a single string is one sentence ([1, d]); `normalize`
+        scales each row to unit length (cosine similarity becomes a dot product)."""
+        if isinstance(sentences, str):
+            sentences = [sentences]
+        if not len(sentences):
             return np.zeros((0, self.dim), np.float32)
+        batch_size = batch_size or self.batch_size
         chunks = []
-        for start in range(0, len(sentences), self.batch_size):
-            batch = tf.constant(list(sentences[start:start + self.batch_size]), dtype=tf.string)
+        for start in range(0, len(sentences), batch_size):
+            batch = tf.constant(list(sentences[start:start + batch_size]), dtype=tf.string)
             chunks.append(self._serve(**{INPUT_KEY: batch})[OUTPUT_KEY].numpy())
-        return np.concatenate(chunks).astype(np.float32, copy=False)
+        embeddings = np.concatenate(chunks).astype(np.float32, copy=False)
+        if normalize:
+            norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+            embeddings = embeddings / np.where(norms > 0, norms, 1.0)
+        return embeddings
+
+
+def load_encoder(path: str, batch_size: int = 512) -> SavedModelEncoder:
+    """The trained encoder at `path`: a model dir, its `encoder/`, local or `gs://`."""
+    return SavedModelEncoder(path, batch_size=batch_size)

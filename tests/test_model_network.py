@@ -1,4 +1,10 @@
 """The network on hand-made tensors: token ids, shapes, attention masking, the paper's loss, export."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -7,6 +13,8 @@ from model.encoder import SavedModelEncoder, SentenceEncoder
 from model.network import (ExportableEncoder, build_sentence_encoder, build_triplet_model, triplet_accuracy,
                            triplet_loss)
 from model.text import WordIds
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _matrix(rows, dim=6, seed=0):
@@ -75,3 +83,13 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     assert signature.structured_outputs["embeddings"].dtype == tf.float32
     with pytest.raises(FileNotFoundError, match="nowhere"):
         SavedModelEncoder(str(tmp_path / "nowhere"))
+    assert loaded.encode("The cat sat on the mat.").shape == (1, 10)     # a string is one sentence
+    np.testing.assert_allclose(np.linalg.norm(loaded.encode(sentences[:2], normalize=True), axis=1), 1, rtol=1e-5)
+
+    # A fresh interpreter with nothing else imported (the tokenizer's ops must get registered).
+    code = ("import sys; from model.encoder import load_encoder; "
+            "print(load_encoder(sys.argv[1]).encode('The cat sat on the mat.').tolist())")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), in_memory[:1], rtol=1e-5, atol=1e-6)
