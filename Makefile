@@ -26,8 +26,11 @@ EVAL_TRIPLETS ?= 20000
 EVAL_SCB_ARTICLES ?= 300
 ifeq ($(SCALE),scale)
 PIPELINE_FLAGS = --input $(DUMP) --direct_running_mode=multi_processing --direct_num_workers=2
-SCALE_TRAIN_FLAGS = --fine-tune-embeddings true --shuffle-buffer 200000 --epochs 1000 --patience 1000 \
-  --evaluation-triplets 5000
+# The shuffle buffer holds a whole training split (about 1 M sentence triplets, ~1 GB): the shards
+# hold each article's triplets together in page-id order, and a partial buffer made training
+# drift with the topics of the articles in the buffer (validation accuracy fell while training
+# accuracy rose).
+SCALE_TRAIN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --evaluation-triplets 5000
 SEN_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 300 --budget-minutes $(BUDGET_MIN)
 TITLES_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 150 \
   --budget-minutes $(TITLES_BUDGET_MIN)
