@@ -26,7 +26,7 @@ def shards(tmp_path_factory):
     return write_triplet_shards(str(tmp_path_factory.mktemp("shards")), extra_records=(b"not an Example",))
 
 
-def test_flags_mirror_the_config():
+def test_flags_mirror_the_config(capsys):
     config = parse_args(["--data", "d", "--model-dir", "m", "--lstm-units", "7", "--fine-tune-embeddings", "true",
                          "--steps", "none", "--embeddings", "g.txt", "--dropout", "0.5"])
     assert (config.lstm_units, config.fine_tune_embeddings, config.steps, config.embeddings, config.dropout) \
@@ -34,8 +34,11 @@ def test_flags_mirror_the_config():
     defaults = TrainConfig(data="d", model_dir="m")
     assert dataclasses.replace(config, lstm_units=defaults.lstm_units, fine_tune_embeddings=False, dropout=defaults.dropout,
                                steps=defaults.steps, embeddings=None) == defaults
-    with pytest.raises(ValueError, match="--strategy"):
+    with pytest.raises(SystemExit) as stopped:
         parse_args(["--data", "d", "--model-dir", "m", "--strategy", "gpu-please"])
+    assert stopped.value.code == 2 and "--strategy" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--strategy"):
+        TrainConfig(data="d", model_dir="m", strategy="gpu-please")
 
 
 @pytest.mark.parametrize("flags, named", [(["--batch-size", "0"], "--batch-size"),
