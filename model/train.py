@@ -168,6 +168,7 @@ def plot_learning_curve(summary: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     points = summary["learning_curve"]
     accuracy = [point["val_triplet_accuracy"] for point in points]
@@ -180,6 +181,7 @@ def plot_learning_curve(summary: dict, path: str) -> None:
         axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":", label="untrained")
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
+    axes[0].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))
     axes[0].set_ylabel("validation triplet accuracy (L1)")
     axes[0].legend()
     config = summary["config"]
