@@ -51,7 +51,7 @@ class ScbConfig:
 
 
 def parse_scb_record(line: str) -> dict:
-    """One SCB JSON line -> the article dict, checked against the data contract (DESIGN.md)."""
+    """One SCB JSON line -> the article dict, checked against the data contract (`pipeline.records.scb_record`)."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:

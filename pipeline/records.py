@@ -1,4 +1,4 @@
-"""Serialisation of the pipeline's outputs, exactly as DESIGN.md's data contracts say.
+"""Serialisation of the pipeline's outputs, the data contracts between the stages.
 
 Triplet shards hold `tf.train.Example`s with the contract's features (bytes `anchor`,
 `positive`, `negative`, `title`, `anchor_section`, `negative_section`, `kind`, `strategy`;
