@@ -7,7 +7,7 @@ loss = |p(d+)| + |1 - p(d-)|, trained with Adam (learning rate 0.001).
 
 Net runs once per batch on the three roles stacked ([3n, t]: anchors, positives, negatives,
 padded to one width by the input pipeline) rather than three times on [n, t]: the same
-weights and result, about 1.7x faster on CPU (`python -m model.benchmark`).
+weights and result, 1.25x faster on 2 CPU cores (`python -m model.benchmark`).
 """
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ import tensorflow as tf
 from model.config import TrainConfig, parse_args
 from model.data import (SPLITS, TripletDataError, count_unparseable, count_words, training_batches, triplet_sample,
                         triplet_strings, with_known_length)
+from model.network import TRIPLET_KEYS
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -207,7 +208,7 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
 
     correct = total = 0
     for inputs, _ in batches.as_numpy_iterator():
-        anchor, positive, negative = (means(inputs[key]) for key in ("anchor", "positive", "negative"))
+        anchor, positive, negative = (means(inputs[key]) for key in TRIPLET_KEYS)
         correct += int((cosine(anchor, positive) > cosine(anchor, negative)).sum())
         total += len(anchor)
     return correct / max(total, 1)

@@ -184,8 +184,7 @@ def expected_counters(config: PipelineConfig) -> list[str]:
         *PAGE_OUTCOMES,
         *(f"{dataset}/{split}" for dataset in datasets for split in SPLITS),
         "triplet_slots",
-        *(transforms.NO_DONOR_COUNTER if strategy == "other_article" else transforms.no_opener_counter(strategy)
-          for strategy in config.negative_strategies()),
+        *(transforms.unfilled_slots_counter(strategy) for strategy in config.negative_strategies()),
         "scb_articles",
         "passages_articles",
         "dead_letters_written",
@@ -205,8 +204,8 @@ def counters_of(result, config: PipelineConfig) -> dict[str, int]:
 def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
     dataset = transforms.DATASET_OF_STRATEGY[strategy]
-    unfilled = transforms.NO_DONOR_COUNTER if strategy == "other_article" else transforms.no_opener_counter(strategy)
-    return sum(counters.get(f"{dataset}/{split}", 0) for split in SPLITS) + counters.get(unfilled, 0)
+    written = sum(counters.get(f"{dataset}/{split}", 0) for split in SPLITS)
+    return written + counters.get(transforms.unfilled_slots_counter(strategy), 0)
 
 
 def reconciliation(counters: dict[str, int], strategies: tuple[str, ...]) -> dict:

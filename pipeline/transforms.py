@@ -94,6 +94,11 @@ def no_opener_counter(strategy: str) -> str:
 NO_DONOR_COUNTER = "triplets_other_article_no_donor"
 
 
+def unfilled_slots_counter(strategy: str) -> str:
+    """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
+    return NO_DONOR_COUNTER if strategy == "other_article" else no_opener_counter(strategy)
+
+
 class _SentenceTripletsFn(beam.DoFn):
     def __init__(self, strategy: str, seed: int, rules: RuleConfig):
         self.make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]

@@ -89,21 +89,26 @@ def _triplet(article, strategy, index, anchor, positive, negative_article, negat
     )
 
 
-def sections_with_openers(article: Article) -> list[int]:
-    return [index for index, section in enumerate(article.sections) if paragraph_openers(section)]
+def openers_by_section(article: Article) -> list[list[KeptSentence]]:
+    """The paragraph openers of each section, in section order: every negative is drawn from these."""
+    return [paragraph_openers(section) for section in article.sections]
+
+
+def sections_with_openers(openers: list[list[KeptSentence]]) -> list[int]:
+    return [index for index, section_openers in enumerate(openers) if section_openers]
 
 
 def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> tuple[list[Triplet], int]:
     """Triplets with an opener of each neighbouring section, and how many slots had none."""
     triplets, no_opener = [], 0
+    openers = openers_by_section(article)
     for index, anchor, positive in sentence_pairs(article, config):
         for neighbour in neighbour_sections(index, len(article.sections)):
-            openers = paragraph_openers(article.sections[neighbour])
-            if not openers:
+            if not openers[neighbour]:
                 no_opener += 1
                 continue
             rng = seeded_rng(seed, "adjacent", article.article_id, index, anchor.paragraph, positive.paragraph, neighbour)
-            negative = rng.choice(openers)
+            negative = rng.choice(openers[neighbour])
             triplets.append(_triplet(article, "adjacent", index, anchor, positive, article, neighbour, negative))
     return triplets, no_opener
 
@@ -112,7 +117,8 @@ def same_article_triplets(article: Article, seed: int, config: RuleConfig = Rule
     """Triplets with an opener of another section of the article, and how many slots had none."""
     triplets, no_opener = [], 0
     n_sections = len(article.sections)
-    with_openers = sections_with_openers(article)
+    openers = openers_by_section(article)
+    with_openers = sections_with_openers(openers)
     for index, anchor, positive in sentence_pairs(article, config):
         others = [i for i in with_openers if i != index]
         for draw in range(len(neighbour_sections(index, n_sections))):
@@ -121,7 +127,7 @@ def same_article_triplets(article: Article, seed: int, config: RuleConfig = Rule
                 continue
             rng = seeded_rng(seed, "same_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
             chosen = rng.choice(others)
-            negative = rng.choice(paragraph_openers(article.sections[chosen]))
+            negative = rng.choice(openers[chosen])
             triplets.append(_triplet(article, "same_article", index, anchor, positive, article, chosen, negative))
     return triplets, no_opener
 
@@ -131,13 +137,13 @@ def other_article_triplets(
 ) -> tuple[list[Triplet], int]:
     """Triplets with an opener from another article of the bucket, and how many slots had no donor.
 
-    A donor is an other article with at least one opener; every article that reaches here has
-    one (its positive pairs are openers), so "no opener" cannot happen apart from "no donor".
+    A donor is another article of the bucket with at least one opener (an article can pass the
+    section rule with none), so a slot is either filled with an opener or counted as no donor.
     """
-    donors = sorted(
-        (other for other in bucket if other.article_id != article.article_id and sections_with_openers(other)),
-        key=lambda a: a.article_id,
-    )
+    others = [other for other in bucket if other.article_id != article.article_id]
+    openers_of = {other.article_id: openers_by_section(other) for other in others}
+    donors = sorted((other for other in others if sections_with_openers(openers_of[other.article_id])),
+                    key=lambda a: a.article_id)
     triplets, missing = [], 0
     for index, anchor, positive in sentence_pairs(article, config):
         for draw in range(len(neighbour_sections(index, len(article.sections)))):
@@ -146,8 +152,9 @@ def other_article_triplets(
                 continue
             rng = seeded_rng(seed, "other_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
             donor = rng.choice(donors)
-            chosen = rng.choice(sections_with_openers(donor))
-            negative = rng.choice(paragraph_openers(donor.sections[chosen]))
+            donor_openers = openers_of[donor.article_id]
+            chosen = rng.choice(sections_with_openers(donor_openers))
+            negative = rng.choice(donor_openers[chosen])
             triplets.append(_triplet(article, "other_article", index, anchor, positive, donor, chosen, negative))
     return triplets, missing
 
