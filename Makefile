@@ -59,7 +59,7 @@ demo: $(VENV)/.installed
 	@echo
 	@echo "report:   $(REPORT)/report.md (+ PNG plots beside it)"
 	@echo "encoders: $(dir $(SEN_ENCODER)) $(dir $(TITLES_ENCODER))"
-	@echo "data:     $(DATA) (counters in $(DATA)/stats.json)"
+	@echo "data:     $(DATA) (counters in $(DATA)/stats.json, shards in $(DATA)/manifest.json)"
 
 demo-build: $(REPORT)/report.md
 
@@ -72,15 +72,15 @@ scale: $(VENV)/.installed
 	@echo
 	@echo "report:   $(REPORT)/report.md (+ PNG plots beside it)"
 	@echo "curves:   $(MODELS)/triplets-sen/learning_curve.png $(MODELS)/triplets-titles/learning_curve.png"
-	@echo "data:     $(DATA) (counters in $(DATA)/stats.json)"
+	@echo "data:     $(DATA) (counters in $(DATA)/stats.json, shards in $(DATA)/manifest.json)"
 
-$(DATA)/stats.json:
+$(DATA)/manifest.json:
 	$(PY) -m pipeline.run --output $(DATA) $(PIPELINE_FLAGS)
 
-$(SEN_ENCODER): $(DATA)/stats.json
+$(SEN_ENCODER): $(DATA)/manifest.json
 	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-sen --dataset triplets-sen $(SEN_FLAGS)
 
-$(TITLES_ENCODER): $(DATA)/stats.json
+$(TITLES_ENCODER): $(DATA)/manifest.json
 	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-titles --dataset triplets-titles $(TITLES_FLAGS)
 
 $(REPORT)/report.md: $(SEN_ENCODER) $(TITLES_ENCODER)

@@ -23,8 +23,8 @@ from eval.report import markdown_table, write_text
 
 def read_articles(data: str) -> list[dict]:
     articles = []
-    for metadata in FileSystems.match([scb.scb_pattern(data)])[0].metadata_list:
-        with FileSystems.open(metadata.path) as handle:
+    for path in scb.scb_files(data):
+        with FileSystems.open(path) as handle:
             articles += [scb.parse_scb_record(line) for line in handle.read().decode("utf-8").splitlines() if line]
     return articles
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
 from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import read_jsonl, write_scb_report
+from pipeline import records
 from pipeline.splits import stable_hash
 
 NAMESPACE = "wikisim"
@@ -156,8 +157,12 @@ class ScoreArticleFn(beam.DoFn):
         self.progress.close()
 
 
-def scb_pattern(data: str) -> str:
-    return FileSystems.join(data, "scb", "*.jsonl.gz")
+def scb_files(data: str) -> list[str]:
+    """The SCB files of a pipeline run, from its manifest (a folder without one is refused)."""
+    try:
+        return records.manifest_output(data, "scb")[0]
+    except records.ManifestError as error:
+        raise FileNotFoundError(str(error)) from None
 
 
 def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
@@ -165,11 +170,12 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
 
     The sample keeps the `max_articles` articles of smallest `stable_hash(seed, article_id)`:
     the same articles in every run and on every runner."""
-    pattern = scb_pattern(config.data)
     parsed = (
         pipeline
-        | "ReadScb" >> beam.io.ReadFromText(pattern)
-        | "Parse" >> beam.ParDo(ParseScbFn(pattern)).with_outputs(ParseScbFn.DEAD_LETTERS, main="articles")
+        | "ListScb" >> beam.Create(scb_files(config.data))
+        | "ReadScb" >> beam.io.ReadAllFromText()
+        | "Parse" >> beam.ParDo(ParseScbFn(FileSystems.join(config.data, "scb"))).with_outputs(
+            ParseScbFn.DEAD_LETTERS, main="articles")
     )
     articles = parsed.articles
     if config.max_articles:
@@ -192,9 +198,8 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
 
 def check_scb_input(data: str) -> None:
     """A clear error naming the path when there is no SCB file to read."""
-    pattern = scb_pattern(data)
-    if not FileSystems.match([pattern])[0].metadata_list:
-        raise FileNotFoundError(f"no SCB files match {pattern} (run the pipeline with --output {data} first)")
+    if not scb_files(data):
+        raise FileNotFoundError(f"{data}: the run's manifest lists no SCB file")
 
 
 def remove_previous_rows(output: str) -> None:

@@ -2,22 +2,28 @@
 
     python -m model.benchmark --data PIPELINE_OUT [--triplets 4096] [--out DIR]
 
-Every variant trains on the *same* real training triplets (the first `--triplets` of the
-split, held in memory as strings and repeated, so shard reading is not timed and every batch
-is full) for one pass's worth of steps, with the same network size; only the input path and
-the model call differ. The variants add one lever at a time:
+Every variant trains on the *same* real training triplets (`--triplets` of the split, held in
+memory as strings and repeated, so shard reading is not timed and every batch is full) for one
+pass's worth of steps, with the same network size; only the input path and the model call
+differ. The triplets are one chunk of `--article-chunk` consecutive triplets from each of many
+articles, so a random batch shares about as few sentences as in a real training run over
+thousands of articles, and an article-chunk batch about as many. The variants add one lever at a time:
 
 * `baseline`: the trainer before this benchmark existed: batches of 32 in random order, each
   role padded to its own longest sentence, the encoder called three times (anchor, positive,
   negative);
-* `+one call`: the encoder called once on the three roles stacked ([3n, t]);
+* `+one call`: the encoder called once on the batch's sentences stacked ([3n, t]);
 * `+length groups`: batches of similar-length triplets (`model.data.LENGTH_BOUNDARIES`);
 * `+batch B`: the trainer's batch size (`--batch-size`, default 128);
+* `+article chunks`: batches made of chunks of `--article-chunk` triplets of one article
+  (instead of length groups), each distinct sentence of the batch encoded once;
+* `+length slices`: the distinct sentences encoded in `model.network.LENGTH_SLICES`
+  length-sorted slices, each padded to its own longest sentence: the trainer's default;
 * `+XLA`: the training step compiled with XLA (`jit_compile`); kept off in the trainer when
   it does not pay.
 
-Prints triplets/s per variant and the ratio of the fast trainer's default (`+batch B`, or
-`+XLA` when the trainer's default turns it on) to the baseline as `train_speedup`; with
+Prints triplets/s per variant and the ratio of the fast trainer's default (`+length slices`,
+or `+XLA` when the trainer's default turns it on) to the baseline as `train_speedup`; with
 `--out`, writes benchmark.json and benchmark.png. The first pass of each variant traces and
 warms it; the second is timed, the variants taking turns, so that load from other processes
 hits all alike.
@@ -35,8 +41,8 @@ import keras
 import tensorflow as tf
 
 from model.config import TrainConfig
-from model.data import training_batches, triplet_strings
-from model.network import (TRIPLET_KEYS, TripletDistances, build_sentence_encoder, build_triplet_model,
+from model.data import article_chunks, training_batches, triplet_strings
+from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, build_triplet_model,
                            compile_triplet_model)
 from model.text import WordIds
 from model.train import build_vocabulary, embedding_matrix
@@ -44,12 +50,18 @@ from model.train import build_vocabulary, embedding_matrix
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
 
+class RoleDistances(keras.layers.Layer):
+    """The baseline's head: [d+, d-] from the three roles' embeddings."""
+
+    def call(self, anchor, positive, negative):
+        return keras.ops.stack([keras.ops.sum(keras.ops.abs(anchor - positive), axis=-1),
+                                keras.ops.sum(keras.ops.abs(anchor - negative), axis=-1)], axis=-1)
+
+
 def three_call_triplet_model(sentence_encoder: keras.Model) -> keras.Model:
     """The baseline's triplet model: Net called once per role, same weights and output."""
     inputs = {key: keras.Input(shape=(None,), dtype="int32", name=key) for key in TRIPLET_KEYS}
-    embeddings = [sentence_encoder(inputs[key]) for key in TRIPLET_KEYS]
-    stacked = keras.layers.Concatenate(axis=0)(embeddings)
-    return keras.Model(inputs, TripletDistances()(stacked))
+    return keras.Model(inputs, RoleDistances()(*(sentence_encoder(inputs[key]) for key in TRIPLET_KEYS)))
 
 
 def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int) -> tf.data.Dataset:
@@ -63,35 +75,49 @@ def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
 
 def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids: WordIds, matrix) -> dict:
     """name -> (compiled model, (batch size, endless batches of `triplets`))."""
-    def model(one_call: bool, jit: bool):
+    def model(slices: int | None, jit: bool = False):
         encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
                                          dropout=config.dropout)
-        triplet_model = build_triplet_model(encoder) if one_call else three_call_triplet_model(encoder)
+        triplet_model = build_triplet_model(encoder, slices) if slices else three_call_triplet_model(encoder)
         compile_triplet_model(triplet_model, config.learning_rate, jit_compile=jit)
         return triplet_model
 
-    def grouped(batch_size):
-        return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, group_by_length=True)
+    def batches(batch_size, article_chunk=0, group_by_length=True):
+        return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, article_chunk=article_chunk,
+                                            group_by_length=group_by_length)
 
-    def random_order(batch_size):
-        return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, group_by_length=False)
-
-    batch = config.batch_size
+    batch, chunk = config.batch_size, config.article_chunk
     return {
-        "baseline": (model(one_call=False, jit=False), (32, per_role_batches(triplets, word_ids, 32))),
-        "+one call": (model(one_call=True, jit=False), random_order(32)),
-        "+length groups": (model(one_call=True, jit=False), grouped(32)),
-        f"+batch {batch}": (model(one_call=True, jit=False), grouped(batch)),
-        "+XLA": (model(one_call=True, jit=True), grouped(batch)),
+        "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
+        "+one call": (model(slices=1), batches(32, group_by_length=False)),
+        "+length groups": (model(slices=1), batches(32)),
+        f"+batch {batch}": (model(slices=1), batches(batch)),
+        "+article chunks": (model(slices=1), batches(batch, article_chunk=chunk)),
+        **{f"+length slices {n}": (model(slices=n), batches(batch, article_chunk=chunk)) for n in (2, 3)},
+        "+XLA": (model(slices=LENGTH_SLICES, jit=True), batches(batch, article_chunk=chunk)),
     }
+
+
+def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Dataset:
+    """About `n_triplets` training triplets: the first chunk (`model.data.article_chunks`) of
+    each article, until enough, in memory."""
+    chunks, articles = [], set()
+    for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train"), config.article_chunk):
+        article = int(chunk["article_id"][0])
+        if article not in articles:
+            articles.add(article)
+            chunks.append(chunk)
+            if sum(len(c["anchor"]) for c in chunks) >= n_triplets:
+                break
+    return tf.data.Dataset.from_tensor_slices({key: tf.concat([c[key] for c in chunks], 0) for key in chunks[0]})
 
 
 def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
     vocabulary = build_vocabulary(config)
     word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
     matrix = embedding_matrix(vocabulary, word_ids, config)
-    triplets = triplet_strings(config.data, config.dataset, "train").take(n_triplets).cache()
-    n_triplets = int(triplets.reduce(0, lambda n, _: n + 1))   # fills the cache; the split may be smaller
+    triplets = one_chunk_per_article(config, n_triplets)
+    n_triplets = int(triplets.cardinality())                   # the split may be smaller
     timed = variants(config, triplets, word_ids, matrix)
     steps = {name: -(-n_triplets // batch_size) for name, (_, (batch_size, _)) in timed.items()}
     for name, (model, (_, batches)) in timed.items():    # trace and warm every variant on a whole pass
@@ -102,11 +128,13 @@ def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
             start = time.perf_counter()
             model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0)
             rates[name] = max(rates[name], steps[name] * batch_size / (time.perf_counter() - start))
-    fast = "+XLA" if config.jit_compile else f"+batch {config.batch_size}"
+    fast = "+XLA" if config.jit_compile else (f"+length slices {LENGTH_SLICES}" if LENGTH_SLICES > 1
+                                              else "+article chunks")
     return {
         "device": ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU",
         "cpu_cores": os.cpu_count(),
         "triplets_per_pass": n_triplets, "lstm_units": config.lstm_units, "rounds": rounds,
+        "article_chunk": config.article_chunk, "length_slices": LENGTH_SLICES,
         "triplets_per_s": rates,
         "fast_variant": fast,
         "train_speedup": rates[fast] / rates["baseline"],
@@ -139,6 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--dataset", default="triplets-sen", help="triplet dataset whose training split is timed")
     parser.add_argument("--triplets", type=int, default=4096, help="training triplets per timed pass")
     parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="the fast trainer's batch")
+    parser.add_argument("--article-chunk", type=int, default=TrainConfig.article_chunk,
+                        help="triplets of one article kept together in a batch")
     parser.add_argument("--lstm-units", type=int, default=TrainConfig.lstm_units, help="BiLSTM units per direction")
     parser.add_argument("--rounds", type=int, default=1, help="timed passes per variant; the best counts")
     parser.add_argument("--out", help="folder for benchmark.json and benchmark.png")
@@ -146,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,
-                         lstm_units=args.lstm_units)
+                         article_chunk=args.article_chunk, lstm_units=args.lstm_units)
     results = run(config, args.triplets, args.rounds)
     print(f"{'variant':<16} {'triplets/s':>10} {'x baseline':>10} {'paper epoch':>12}")
     for name, rate in results["triplets_per_s"].items():

@@ -23,11 +23,15 @@ class TrainConfig:
                                            # over the excerpt's 12 k training triplets
     batch_size: int = 128                  # per replica; global batch = batch_size x replicas
     learning_rate: float = 1e-3
-    group_by_length: bool = True           # batches of similar-length triplets (see model.data)
+    article_chunk: int = 16                # triplets of one article kept together in a batch, their shared
+                                           # sentences encoded once; 0 = triplets shuffled one by one
+    group_by_length: bool = True           # with --article-chunk 0: batches of similar-length triplets
     vocabulary: str = "embeddings"         # "embeddings": every word with a vector; "train": training words
     jit_compile: bool = False              # XLA for the training step
     budget_minutes: float | None = None    # wall-clock training budget; stops after the current step
     evaluation_triplets: int | None = None  # validation/test triplets scored per epoch and at the end; None = all
+    max_lost_fraction: float = 0.001      # fail when more of a split's records are lost or unparseable
+    overwrite: bool = False                # start over: delete what --model-dir holds from an earlier run
     lstm_units: int = 300
     attention_size: int = 200
     dropout: float = 0.2                   # a rate (fraction dropped) on the BiLSTM outputs
@@ -52,11 +56,15 @@ class TrainConfig:
                      "num_oov_buckets", "min_count", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.article_chunk < 0:
+            raise ValueError(f"--article-chunk must be >= 0, got {self.article_chunk}")
         for name in ("steps", "evaluation_triplets"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(self, name)}")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
+        if not 0.0 <= self.max_lost_fraction <= 1.0:
+            raise ValueError(f"--max-lost-fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
         if self.vocabulary not in VOCABULARIES:
             raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
 

@@ -15,11 +15,13 @@ import logging
 import tensorflow as tf
 
 from model.network import TRIPLET_KEYS
+from pipeline import records
 from model.text import WordIds, pad_ids, tokenize_graph
 
 LOG = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
-FEATURES = {key: tf.io.FixedLenFeature([], tf.string) for key in TRIPLET_KEYS}
+FEATURES = {**{key: tf.io.FixedLenFeature([], tf.string) for key in TRIPLET_KEYS},
+            "article_id": tf.io.FixedLenFeature([], tf.int64)}
 
 
 class TripletDataError(ValueError):
@@ -27,16 +29,23 @@ class TripletDataError(ValueError):
 
 
 def list_shards(data: str, dataset: str, split: str) -> list[str]:
-    """Paths of `<data>/<dataset>/<split>/part-*.tfrecord.gz`, sorted; an error names the pattern."""
-    from apache_beam.io.filesystems import FileSystems
+    """Paths of the split's shards as the run's manifest lists them (a folder without a manifest,
+    one from a failed or unfinished run, is refused); an error names the folder."""
+    return _manifest_entry(data, dataset, split)[0]
 
-    pattern = f"{data.rstrip('/')}/{dataset}/{split}/part-*.tfrecord.gz"
-    shards = sorted(meta.path for meta in FileSystems.match([pattern])[0].metadata_list)
-    if not shards:
+
+def manifest_records(data: str, dataset: str, split: str) -> int:
+    """Triplets the pipeline wrote to the split (its manifest's count)."""
+    return _manifest_entry(data, dataset, split)[1]
+
+
+def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int]:
+    try:
+        return records.manifest_output(data, f"{dataset}/{split}")
+    except records.ManifestError as error:
         hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
                 if dataset.startswith("triplets-sen-") else "")
-        raise TripletDataError(f"no triplet shards match {pattern}{hint}")
-    return shards
+        raise TripletDataError(f"{error}{hint}") from None
 
 
 def _beam_records(path: bytes):
@@ -54,18 +63,22 @@ def read_records(shards: list[str], deterministic: bool = False) -> tf.data.Data
     when `deterministic`, for samples that must be the same in every run)."""
     paths = tf.data.Dataset.from_tensor_slices(shards)
     if shards[0].startswith("gs://"):
-        def open_shard(path):
+        def records_of(path):
             return tf.data.Dataset.from_generator(
                 _beam_records, args=(path,), output_signature=tf.TensorSpec([], tf.string))
     else:
-        def open_shard(path):
+        def records_of(path):
             return tf.data.TFRecordDataset(path, compression_type="GZIP")
+
+    def open_shard(path):   # a corrupt or truncated shard ends where it breaks (`count_records` counts the loss)
+        return records_of(path).ignore_errors(log_warning=True)
+
     return paths.interleave(open_shard, cycle_length=min(len(shards), 8),
                             num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
 
 def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
-    """Serialized Examples -> {anchor, positive, negative} strings. An undecodable record is
+    """Serialized Examples -> {anchor, positive, negative} strings and the int64 article_id. An undecodable record is
     skipped with a logged warning (tf.data's ignore_errors), never fatal; `count_unparseable`
     counts them for the trainer's summary."""
     return (records.map(lambda record: tf.io.parse_single_example(record, FEATURES),
@@ -73,11 +86,16 @@ def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
             .ignore_errors(log_warning=True))
 
 
-def count_unparseable(data: str, dataset: str, split: str) -> int:
-    """Records of the split that `parse_triplets` skips (raw records minus parsed triplets)."""
-    records = read_records(list_shards(data, dataset, split))
+def count_records(data: str, dataset: str, split: str) -> dict[str, int]:
+    """What reading the split loses, against its manifest: `lost` records (a corrupt or
+    truncated shard is read up to where it breaks) and `unparseable` ones (read but not a
+    triplet Example: `parse_triplets` skips them)."""
+    records_read = read_records(list_shards(data, dataset, split))
     count = lambda ds: int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
-    return count(records) - count(parse_triplets(records))
+    raw = count(records_read)
+    return {"expected": manifest_records(data, dataset, split), "read": raw,
+            "lost": max(0, manifest_records(data, dataset, split) - raw),
+            "unparseable": raw - count(parse_triplets(records_read))}
 
 
 def triplet_strings(data: str, dataset: str, split: str, deterministic: bool = False) -> tf.data.Dataset:
@@ -107,59 +125,93 @@ def count_words(triplets: tf.data.Dataset, batch_size: int = 1024) -> collection
 LENGTH_BOUNDARIES = (12, 16, 20, 24, 28, 33, 40, 50)
 
 
-def triplet_length(ids: dict) -> tf.Tensor:
-    """Tokens of the triplet's longest sentence: the width its batch is padded to."""
-    return tf.reduce_max([tf.shape(ids[key])[0] for key in TRIPLET_KEYS])
+def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor]:
+    """(int ids [s, t] of the distinct sentences, shortest first; rows [n, 3] of each triplet's
+    anchor, positive and negative among them)."""
+    stacked = tf.concat([triplets[key] for key in TRIPLET_KEYS], axis=0)
+    distinct, row_of_sentence = tf.unique(stacked)
+    ids = word_ids.ragged(distinct)
+    order = tf.argsort(ids.row_lengths(), stable=True)
+    sentences = pad_ids(tf.gather(ids, order).to_tensor(0))
+    rank = tf.math.invert_permutation(order)                 # distinct sentence -> its sorted row
+    return sentences, tf.transpose(tf.reshape(tf.gather(rank, row_of_sentence), [3, -1]))
 
 
-def to_model_inputs(ids: dict) -> tuple[dict, tf.Tensor]:
-    """Pads the three roles of a batch to one width (the triplet network stacks them) and adds
-    the constant label 0 = "the positive is distances[:, 0]"."""
-    width = tf.reduce_max([tf.shape(ids[key])[1] for key in TRIPLET_KEYS])
-    padded = {key: pad_ids(tf.cast(ids[key], tf.int32), width) for key in TRIPLET_KEYS}
-    return padded, tf.zeros(tf.shape(ids["anchor"])[:1], tf.int32)
+def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple[dict, tf.Tensor, tf.Tensor]:
+    """A batch of triplet strings -> the triplet model's (inputs, labels, sample weights).
+
+    The batch is cut into `replicas` blocks (the first ones full, like `tf.distribute`'s own
+    split); each block holds its distinct sentences once (`sentences` [s, t], sorted by length)
+    and each triplet's rows in them (`roles` [n, 3]). Blocks are padded to a common shape and
+    stacked on a leading replica axis, so a strategy splits the global batch into whole blocks;
+    padded triplets have sample weight 0. The label is the constant 0 = "the positive is
+    distances[..., 0]"."""
+    count = tf.shape(batch["anchor"])[0]
+    per_replica = -(-count // replicas)
+    blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in TRIPLET_KEYS},
+                                  word_ids) for r in range(replicas)]
+    rows = tf.reduce_max([tf.shape(sentences)[0] for sentences, _ in blocks])
+    width = tf.reduce_max([tf.shape(sentences)[1] for sentences, _ in blocks])
+    triplets = tf.reduce_max([tf.shape(roles)[0] for _, roles in blocks])
+
+    def pad_rows(tensor, size):
+        return tf.pad(tensor, [[0, size - tf.shape(tensor)[0]]] + [[0, 0]] * (len(tensor.shape) - 1))
+
+    inputs = {"sentences": tf.stack([pad_rows(pad_ids(sentences, width), rows) for sentences, _ in blocks]),
+              "roles": tf.stack([pad_rows(roles, triplets) for _, roles in blocks])}
+    weights = tf.stack([pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles in blocks])
+    return inputs, tf.zeros([replicas, triplets], tf.int32), weights
 
 
 def with_known_length(batches: tf.data.Dataset) -> tf.data.Dataset:
     """The dataset with its number of batches counted (one pass) and asserted, so that Keras
     knows where an epoch ends instead of running into the end of the data (and warning)."""
-    n_batches = int(batches.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
+    n_batches = int(batches.reduce(tf.constant(0, tf.int64), lambda n, *_: n + 1).numpy())
     return batches.apply(tf.data.experimental.assert_cardinality(n_batches))
 
 
+def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
+    """Batches of up to `chunk` triplets of one article (tf.data's group_by_window on article_id;
+    an article's last chunk may be smaller): kept together in a training batch, their shared
+    sentences are encoded once."""
+    return triplets.group_by_window(key_func=lambda triplet: tf.cast(triplet["article_id"], tf.int64),
+                                    reduce_func=lambda _, window: window.batch(chunk), window_size=chunk)
+
+
 def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int, *,
-                     shuffle_buffer: int = 0, repeat: bool = False, seed: int = 0,
-                     group_by_length: bool = True) -> tf.data.Dataset:
-    """(token ids per role, label) batches for Keras.
+                     shuffle_buffer: int = 0, repeat: bool = False, seed: int = 0, article_chunk: int = 16,
+                     group_by_length: bool = True, replicas: int = 1) -> tf.data.Dataset:
+    """(inputs, labels, weights) batches for Keras (`shared_sentences`), `batch_size` triplets
+    per replica; every triplet appears exactly once per pass, its three roles together.
 
-    With `group_by_length`, triplets are grouped by their longest sentence
-    (`LENGTH_BOUNDARIES`) and each group is batched on its own, so a batch is padded only to
-    the longest sentence of similar-length triplets; every triplet still appears exactly
-    once per pass, its three roles together (the last batch of a group may be smaller)."""
-    if shuffle_buffer:
-        triplets = triplets.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        triplets = triplets.repeat()
-    if not group_by_length:
-        def to_ids(batch):
-            return to_model_inputs({key: word_ids(batch[key]) for key in TRIPLET_KEYS})
+    With `article_chunk` > 0, chunks of that many triplets of one article (`article_chunks`) are
+    shuffled whole and batched side by side, so a batch holds `batch_size / article_chunk`
+    articles whose shared sentences are encoded once. With `article_chunk` 0, triplets are
+    shuffled one by one and, with `group_by_length`, grouped by their longest sentence
+    (`LENGTH_BOUNDARIES`), each group batched on its own so a batch is padded only to
+    similar-length sentences (the last batch of a group may be smaller)."""
+    global_batch = batch_size * replicas
+    if article_chunk:
+        triplets = article_chunks(triplets, article_chunk)
+        if shuffle_buffer:
+            triplets = triplets.shuffle(max(1, shuffle_buffer // article_chunk), seed=seed,
+                                        reshuffle_each_iteration=True)
+        batches = (triplets.repeat() if repeat else triplets).unbatch().batch(global_batch)
+    else:
+        if shuffle_buffer:
+            triplets = triplets.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        if repeat:
+            triplets = triplets.repeat()
+        if group_by_length:
+            def with_lengths(batch):   # tokenised in large batches (one graph call each)
+                return {**batch, "length": tf.reduce_max(
+                    [word_ids.ragged(batch[key]).row_lengths() for key in TRIPLET_KEYS], axis=0)}
 
-        return (triplets.batch(batch_size)
-                .map(to_ids, num_parallel_calls=tf.data.AUTOTUNE)
-                .prefetch(tf.data.AUTOTUNE))
-    # Tokenise in large batches (one graph call each), then regroup triplet by triplet.
-    def padded_with_lengths(batch):
-        ragged = {key: word_ids.ragged(batch[key]) for key in TRIPLET_KEYS}
-        return {key: (ids.to_tensor(0), ids.row_lengths()) for key, ids in ragged.items()}
-
-    def unpadded(triplet):
-        return {key: ids[:length] for key, (ids, length) in triplet.items()}
-
-    ids = (triplets.batch(1024)
-           .map(padded_with_lengths, num_parallel_calls=tf.data.AUTOTUNE)
-           .unbatch()
-           .map(unpadded, num_parallel_calls=tf.data.AUTOTUNE))
-    grouped = ids.bucket_by_sequence_length(
-        triplet_length, bucket_boundaries=list(LENGTH_BOUNDARIES),
-        bucket_batch_sizes=[batch_size] * (len(LENGTH_BOUNDARIES) + 1))
-    return grouped.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+            triplets = (triplets.batch(1024).map(with_lengths, num_parallel_calls=tf.data.AUTOTUNE).unbatch())
+            batches = triplets.bucket_by_sequence_length(
+                lambda triplet: tf.cast(triplet["length"], tf.int32), bucket_boundaries=list(LENGTH_BOUNDARIES),
+                bucket_batch_sizes=[global_batch] * (len(LENGTH_BOUNDARIES) + 1), no_padding=True)
+        else:
+            batches = triplets.batch(global_batch)
+    return (batches.map(lambda batch: shared_sentences(batch, word_ids, replicas), num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))

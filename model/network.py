@@ -5,9 +5,13 @@ attention pooling (size 200, Yang et al. 2016) -> a 600-d sentence embedding.
 Triplet head: d+ = |Net(x) - Net(x+)|_1, d- = |Net(x) - Net(x-)|_1, softmax over (d+, d-),
 loss = |p(d+)| + |1 - p(d-)|, trained with Adam (learning rate 0.001).
 
-Net runs once per batch on the three roles stacked ([3n, t]: anchors, positives, negatives,
-padded to one width by the input pipeline) rather than three times on [n, t]: the same
-weights and result, 1.25x faster on 2 CPU cores (`python -m model.benchmark`).
+The triplet model takes a batch as its *distinct* sentences plus, per triplet, the rows of its
+anchor, positive and negative (`model.data.shared_sentences`): Net runs once on every distinct
+sentence, not once per role, so a sentence shared by several triplets of the batch (triplets
+of one article share their paragraph openers) is encoded once. The sentences come sorted by
+length and Net runs on `LENGTH_SLICES` slices of them, each padded only to its own longest
+sentence. Same weights, same loss, same result per triplet as three calls on [n, t]; the
+speed-up of each lever is measured by `python -m model.benchmark`.
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ import tensorflow as tf
 from keras import ops
 
 TRIPLET_KEYS = ("anchor", "positive", "negative")
+# Net runs on the length-sorted distinct sentences of a batch in this many slices, each padded to
+# its own longest sentence: fewer padded LSTM steps, at the price of smaller matrix products.
+LENGTH_SLICES = 3
 
 
 # ---------------------------------------------------------------------------------- layers
@@ -53,14 +60,42 @@ class AttentionPooling(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="wikisim")
-class TripletDistances(keras.layers.Layer):
-    """[d+, d-]: L1 distances of the anchor embedding to the positive and the negative one,
-    from the embeddings of the stacked roles [3n, d] (anchors, positives, negatives)."""
+class SharedSentenceDistances(keras.layers.Layer):
+    """[d+, d-] per triplet: L1 distances of the anchor embedding to the positive and the negative.
 
-    def call(self, stacked):
-        anchor, positive, negative = ops.split(stacked, 3, axis=0)
-        return ops.stack([ops.sum(ops.abs(anchor - positive), axis=-1),
-                          ops.sum(ops.abs(anchor - negative), axis=-1)], axis=-1)
+    Inputs carry a leading replica axis of size 1 (`model.data.shared_sentences` stacks one
+    self-contained block per replica, so `tf.distribute` can split a global batch on axis 0):
+    `sentences` [1, s, t] int ids of the batch's distinct sentences, shortest first, and
+    `roles` [1, n, 3] the rows of each triplet's anchor, positive and negative. Net runs on
+    `slices` length slices of the sentences, each cut to its longest sentence."""
+
+    def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, **kwargs):
+        super().__init__(**kwargs)
+        self.sentence_encoder = sentence_encoder
+        self.slices = slices
+
+    def call(self, inputs):
+        sentences, roles = inputs["sentences"][0], inputs["roles"][0]
+        count = tf.shape(sentences)[0]
+        pieces = []
+        for piece in range(self.slices):
+            rows = sentences[count * piece // self.slices: count * (piece + 1) // self.slices]
+            width = tf.maximum(1, tf.reduce_max(tf.math.count_nonzero(rows, axis=1, dtype=tf.int32)))
+            pieces.append(self.sentence_encoder(rows[:, :width]))
+        embeddings = tf.concat(pieces, axis=0)
+        anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
+        distances = tf.stack([tf.reduce_sum(tf.abs(anchor - positive), axis=-1),
+                              tf.reduce_sum(tf.abs(anchor - negative), axis=-1)], axis=-1)
+        return distances[None]
+
+    def get_config(self):
+        return {**super().get_config(), "slices": self.slices,
+                "sentence_encoder": keras.saving.serialize_keras_object(self.sentence_encoder)}
+
+    @classmethod
+    def from_config(cls, config):
+        encoder = keras.saving.deserialize_keras_object(config.pop("sentence_encoder"))
+        return cls(encoder, **config)
 
 
 # ------------------------------------------------------------------------------------ loss
@@ -70,13 +105,13 @@ def triplet_loss(positive_is_first, distances):
     index 0 of the positive in `distances` and carries no information."""
     del positive_is_first
     probabilities = ops.softmax(distances, axis=-1)
-    return ops.abs(probabilities[:, 0]) + ops.abs(1.0 - probabilities[:, 1])
+    return ops.abs(probabilities[..., 0]) + ops.abs(1.0 - probabilities[..., 1])
 
 
 def triplet_accuracy(positive_is_first, distances):
     """Share of triplets whose positive is nearer to the anchor than the negative (d+ < d-)."""
     del positive_is_first
-    return ops.cast(distances[:, 0] < distances[:, 1], "float32")
+    return ops.cast(distances[..., 0] < distances[..., 1], "float32")
 
 
 # ----------------------------------------------------------------------------------- model
@@ -101,13 +136,12 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
     return keras.Model(token_ids, sentence, name="sentence_encoder")
 
 
-def build_triplet_model(sentence_encoder: keras.Model) -> keras.Model:
-    """The same Net on (x, x+, x-), one call on the stacked roles -> distances [n, 2] = (d+, d-).
-
-    The three inputs must share their width t (the input pipeline pads them together)."""
-    inputs = {key: keras.Input(shape=(None,), dtype="int32", name=key) for key in TRIPLET_KEYS}
-    stacked = keras.layers.Concatenate(axis=0, name="stack_roles")([inputs[key] for key in TRIPLET_KEYS])
-    distances = TripletDistances(name="distances")(sentence_encoder(stacked))
+def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES) -> keras.Model:
+    """The same Net on (x, x+, x-) -> distances [1, n, 2] = (d+, d-), from a batch given as its
+    distinct sentences and each triplet's rows in them (see `SharedSentenceDistances`)."""
+    inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
+              "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles")}
+    distances = SharedSentenceDistances(sentence_encoder, slices, name="distances")(inputs)
     return keras.Model(inputs, distances, name="triplet_network")
 
 

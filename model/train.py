@@ -28,9 +28,9 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import (SPLITS, TripletDataError, count_unparseable, count_words, training_batches, triplet_sample,
+from model.data import (SPLITS, TripletDataError, count_records, count_words, training_batches, triplet_sample,
                         triplet_strings, with_known_length)
-from model.network import TRIPLET_KEYS
+from pipeline import records
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -68,6 +68,49 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     return resolver is None or resolver.task_type in (None, "chief") or (
         resolver.task_type == "worker" and resolver.task_id == 0)
+
+
+# What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
+# run must see the same, or it would silently continue on other data or another id space.
+STATE_INPUTS = ("data", "dataset", "embeddings", "vocabulary", "min_count", "num_oov_buckets", "max_tokens")
+
+
+def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
+    """Ties `model_dir` to its inputs in `inputs.json` (the config fields of STATE_INPUTS and the
+    SHA-256 of the data's manifest). A model dir holding state from other inputs is refused with
+    the first difference named (TripletDataError), unless `--overwrite`, which clears it first."""
+    import hashlib
+
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(f"{config.data.rstrip('/')}/{records.MANIFEST}") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    inputs = {**{name: getattr(config, name) for name in STATE_INPUTS}, "manifest_sha256": digest}
+    path = f"{model_dir}/inputs.json"
+    if config.overwrite and tf.io.gfile.exists(model_dir):
+        tf.io.gfile.rmtree(model_dir)
+    leftovers = tf.io.gfile.listdir(model_dir) if tf.io.gfile.exists(model_dir) else []
+    if leftovers:
+        previous = json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
+        changed = [name for name in inputs if previous.get(name) != inputs[name]]
+        if changed:
+            name = changed[0]
+            raise TripletDataError(
+                f"--model-dir {config.model_dir} holds a run on other inputs ({name}: {previous.get(name)!r} -> "
+                f"{inputs[name]!r}); pass --overwrite true to start over, or use a new --model-dir")
+    tf.io.gfile.makedirs(model_dir)
+    with tf.io.gfile.GFile(path, "w") as handle:
+        json.dump(inputs, handle, indent=2)
+
+
+def check_lost_records(config: TrainConfig, counts: dict[str, dict]) -> None:
+    """TripletDataError when a split lost more than `--max-lost-fraction` of its records."""
+    for split, count in counts.items():
+        lost = count["lost"] + count["unparseable"]
+        if lost > config.max_lost_fraction * max(count["expected"], 1):
+            raise TripletDataError(
+                f"{config.data}/{config.dataset}/{split}: {lost:,} of {count['expected']:,} records lost to corrupt or "
+                f"truncated shards or unparseable (> --max-lost-fraction {config.max_lost_fraction})")
 
 
 def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[str]:
@@ -112,7 +155,7 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
     return matrix
 
 
-def split_batches(config: TrainConfig, split: str, word_ids: WordIds, global_batch: int) -> tf.data.Dataset:
+def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: int) -> tf.data.Dataset:
     """Training batches are shuffled (and repeated when `--steps` sets the epoch length);
     a pass-long epoch or an evaluation has its batches counted first (one pass) so Keras stops
     at its end. Validation and test score a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`),
@@ -123,9 +166,10 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, global_bat
     else:
         triplets = triplet_sample(config.data, config.dataset, split, config.evaluation_triplets, config.seed)
     repeat = training and config.steps is not None
-    batches = training_batches(triplets, word_ids, global_batch,
-                               shuffle_buffer=config.shuffle_buffer if training else 0,
-                               repeat=repeat, seed=config.seed, group_by_length=config.group_by_length)
+    batches = training_batches(triplets, word_ids, config.batch_size, replicas=replicas,
+                               shuffle_buffer=config.shuffle_buffer if training else 0, repeat=repeat,
+                               seed=config.seed, article_chunk=config.article_chunk,
+                               group_by_length=config.group_by_length)
     return batches if repeat else with_known_length(batches)
 
 
@@ -206,12 +250,14 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
         norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
         return (left * right).sum(axis=1) / np.where(norms > 0, norms, 1.0)
 
-    correct = total = 0
-    for inputs, _ in batches.as_numpy_iterator():
-        anchor, positive, negative = (means(inputs[key]) for key in TRIPLET_KEYS)
-        correct += int((cosine(anchor, positive) > cosine(anchor, negative)).sum())
-        total += len(anchor)
-    return correct / max(total, 1)
+    correct = total = 0.0
+    for inputs, _, weights in batches.as_numpy_iterator():
+        for sentences, roles, weight in zip(inputs["sentences"], inputs["roles"], weights):
+            vectors = means(sentences)
+            anchor, positive, negative = (vectors[roles[:, role]] for role in range(3))
+            correct += float(((cosine(anchor, positive) > cosine(anchor, negative)) * weight).sum())
+            total += float(weight.sum())
+    return correct / max(total, 1.0)
 
 
 def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
@@ -299,20 +345,20 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     global_batch = config.batch_size * strategy.num_replicas_in_sync
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
+    claim_model_dir(config, model_dir)
     vocabulary = build_vocabulary(config, model_dir)
     if mirror:
         mirror.push()
     word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
     matrix = embedding_matrix(vocabulary, word_ids, config)
-    train_batches = split_batches(config, "train", word_ids, global_batch)
-    validation_batches = split_batches(config, "validation", word_ids, global_batch)
+    train_batches = split_batches(config, "train", word_ids, strategy.num_replicas_in_sync)
+    validation_batches = split_batches(config, "validation", word_ids, strategy.num_replicas_in_sync)
     if int(validation_batches.cardinality()) == 0:   # refused now, not after training (no best epoch to keep)
         raise TripletDataError(f"the validation split of {config.data}/{config.dataset} holds no triplets")
-    # Counting what parsing skips takes a pass over every split (minutes for a million triplets):
-    # it runs beside training (tf.data releases the GIL) and is collected at the end.
+    # Counting what reading loses takes a pass over every split (minutes for a million triplets):
+    # it runs beside training (tf.data releases the GIL) and is checked before the export.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    skipped_counts = {split: counting.submit(count_unparseable, config.data, config.dataset, split)
-                      for split in SPLITS}
+    record_counts = {split: counting.submit(count_records, config.data, config.dataset, split) for split in SPLITS}
     with strategy.scope():
         encoder, model = build_models(config, matrix)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
@@ -335,11 +381,13 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
                     steps_per_epoch=config.steps, callbacks=callbacks, verbose=1 if config.progress else 2)
 
-    test = model.evaluate(split_batches(config, "test", word_ids, global_batch), verbose=0, return_dict=True)
-    skipped = {split: future.result() for split, future in skipped_counts.items()}
+    test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0, return_dict=True)
+    counts = {split: future.result() for split, future in record_counts.items()}
     counting.shutdown()
+    skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):
-        LOG.warning("unparseable records skipped per split of %s/%s: %s", config.data, config.dataset, skipped)
+        LOG.warning("records lost or unparseable per split of %s/%s: %s", config.data, config.dataset, counts)
+    check_lost_records(config, counts)
     history = {key: [float(v) for v in values] for key, values in fit.history.items()}
     summary = {
         **history,
@@ -355,6 +403,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "learning_curve": curve.points,
         "vocabulary_size": len(vocabulary),
         "skipped_records": skipped,
+        "record_counts": counts,
         "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": global_batch,
         "config": dataclasses.asdict(config),

@@ -397,6 +397,7 @@ class _DecodeReadUnitsFn(beam.DoFn):
         self.fragments_dead_lettered = counter(NAMESPACE, "read_fragments_dead_lettered")
         self.units_read = counter(NAMESPACE, "read_ranges")
         self.index_pages = counter(NAMESPACE, "index_pages")
+        self.streams_lost = counter(NAMESPACE, "read_streams_lost_unindexed")
 
     def process(self, read_unit):
         self.units_read.inc()
@@ -410,6 +411,8 @@ class _DecodeReadUnitsFn(beam.DoFn):
                 self.pages_dead_lettered.inc()
             else:
                 self.fragments_dead_lettered.inc()
+                if item["reason"] in STREAM_FAULTS and not read_unit.expected:   # pages lost, how many unknown
+                    self.streams_lost.inc()
             beam.metrics.Metrics.counter(NAMESPACE, f"read_{item['reason']}").inc()
             yield beam.pvalue.TaggedOutput("dead_letters", item)
 

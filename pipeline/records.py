@@ -22,6 +22,37 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 from pipeline.rules import Article
 from pipeline.triplets import Triplet
 
+# Written last by a run (`pipeline.outputs`): {"outputs": {folder: {"records": n, "shards": [path
+# relative to the run folder, ...]}}, "stats": "stats.json"}; folders are `<dataset>/<split>`,
+# `scb`, `passages` and `dead_letters`.
+MANIFEST = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A run folder without a (readable) manifest, or without the output asked for."""
+
+
+def read_manifest(data: str) -> dict:
+    """The manifest of the run folder `data` (local or gs://); ManifestError naming it if absent."""
+    from apache_beam.io.filesystems import FileSystems
+
+    path = f"{data.rstrip('/')}/{MANIFEST}"
+    if not FileSystems.exists(path):
+        raise ManifestError(f"{data} has no {MANIFEST}: not the output of a finished pipeline.run "
+                            "(it failed, still runs, or the path is wrong)")
+    with FileSystems.open(path) as handle:
+        return json.loads(handle.read().decode("utf-8"))
+
+
+def manifest_output(data: str, folder: str) -> tuple[list[str], int]:
+    """(shard paths, record count) of one output folder (e.g. `triplets-sen/train`) of a run."""
+    outputs = read_manifest(data)["outputs"]
+    if folder not in outputs:
+        raise ManifestError(f"{data}/{MANIFEST} lists no {folder} (it lists {', '.join(sorted(outputs))})")
+    entry = outputs[folder]
+    return [f"{data.rstrip('/')}/{shard}" for shard in entry["shards"]], int(entry["records"])
+
+
 BYTES_FEATURES = ("anchor", "positive", "negative", "title", "anchor_section", "negative_section", "kind", "strategy")
 INT64_FEATURES = (
     "article_id",

@@ -23,7 +23,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from pipeline import records, transforms
+from pipeline import outputs, records, transforms
 from pipeline.dumps import DumpInputError, ReadDumpPages, check_input, embedded_dump_path
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
@@ -43,9 +43,16 @@ class ConfigError(ValueError):
     """A flag value the job cannot run with; the message names the flag."""
 
 
+class InputLossError(RuntimeError):
+    """The run finished and wrote its outputs, but lost more of its input than allowed."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     output: str = dataclasses.field(metadata={"help": "output folder, local or gs://"})
+    overwrite: bool = dataclasses.field(
+        default=False, metadata={"help": "replace the run that --output holds (deletes only what a run of this "
+                                         "pipeline writes); without it a non-empty --output is refused"})
     input: str | None = dataclasses.field(
         default=None, metadata={"help": "dump file or glob (.xml, .xml.bz2), local or gs://; default: the embedded excerpt"}
     )
@@ -64,6 +71,11 @@ class PipelineConfig:
                           "dataset, triplets-sen/), same_article, other_article (the paper's ablation, "
                           "triplets-sen-<strategy>/)"},
     )
+    max_lost_fraction: float = dataclasses.field(
+        default=0.01, metadata={"help": "fail the run (exit 1, after writing its outputs and stats) when the read "
+                                        "stage loses more than this fraction of the pages the multistream index "
+                                        "lists, or loses pages of a stream without an index (a loss of unknown "
+                                        "size) unless this is 1"})
     other_article_bucket_size: int = dataclasses.field(
         default=1000, metadata={"help": "about how many articles share a bucket when drawing other_article negatives"}
     )
@@ -76,6 +88,8 @@ class PipelineConfig:
                               f"{', '.join(transforms.DATASET_OF_STRATEGY)}, comma-separated")
         if self.page_shards < 1:
             raise ConfigError(f"--page_shards must be >= 1, got {self.page_shards}")
+        if not 0.0 <= self.max_lost_fraction <= 1.0:
+            raise ConfigError(f"--max_lost_fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
         if self.other_article_bucket_size < 1:
             raise ConfigError(f"--other_article_bucket_size must be >= 1, got {self.other_article_bucket_size}")
         rules = self.rules
@@ -124,8 +138,10 @@ def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
     for field in dataclasses.fields(PipelineConfig):
         if field.name == "rules":
             continue
-        kind = int if field.type in ("int", int) else str
-        if field.default is dataclasses.MISSING:
+        kind = {"int": int, "float": float}.get(field.type, str)
+        if field.type == "bool":
+            parser.add_argument(f"--{field.name}", action="store_true", help=field.metadata["help"])
+        elif field.default is dataclasses.MISSING:
             parser.add_argument(f"--{field.name}", type=kind, required=True, help=field.metadata["help"])
         else:
             parser.add_argument(f"--{field.name}", type=kind, default=field.default, help=field.metadata["help"])
@@ -181,6 +197,9 @@ def expected_counters(config: PipelineConfig) -> list[str]:
     datasets = config.triplet_datasets()
     return [
         "pages_read",
+        "index_pages",
+        "read_pages_dead_lettered",
+        "read_streams_lost_unindexed",
         *PAGE_OUTCOMES,
         *(f"{dataset}/{split}" for dataset in datasets for split in SPLITS),
         "triplet_slots",
@@ -209,19 +228,58 @@ def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
 
 
 def reconciliation(counters: dict[str, int], strategies: tuple[str, ...]) -> dict:
-    """pages_read against the page outcomes (articles used + each reason to skip), and for each
-    negative strategy, `triplet_slots` against triplets written + slots left unfilled."""
+    """The read stage (with a multistream index: pages it lists = pages read + pages
+    dead-lettered by the read; without one, streams that stopped decoding lose an unknown
+    number of pages), pages_read against the page outcomes (articles used + each reason to
+    skip), and for each negative strategy, `triplet_slots` against triplets written + slots
+    left unfilled."""
     outcomes = {name: counters.get(name, 0) for name in PAGE_OUTCOMES}
     pages_read = counters.get("pages_read", 0)
+    index_pages, lost = counters.get("index_pages", 0), counters.get("read_pages_dead_lettered", 0)
+    read_balanced = not index_pages or index_pages == pages_read + lost
     slots = {strategy: triplet_slots_filled(counters, strategy) for strategy in strategies}
-    balanced = pages_read == sum(outcomes.values()) and all(n == counters.get("triplet_slots", 0) for n in slots.values())
+    balanced = read_balanced and pages_read == sum(outcomes.values()) and all(
+        n == counters.get("triplet_slots", 0) for n in slots.values())
     return {
+        "index_pages": index_pages,
+        "pages_lost_by_read": lost,
+        "lost_fraction": lost / index_pages if index_pages else (0.0 if pages_read else None),
+        "streams_lost_unknown_pages": counters.get("read_streams_lost_unindexed", 0),
         "pages_read": pages_read,
         "outcomes": outcomes,
         "triplet_slots": counters.get("triplet_slots", 0),
         "triplet_slots_by_strategy": slots,
         "balanced": balanced,
     }
+
+
+def input_loss(stats: dict, max_lost_fraction: float) -> str | None:
+    """Why the run lost too much of its input, naming the likely cause; None when it did not."""
+    read = stats["reconciliation"]
+    counters = stats["counters"]
+    reasons = sorted(((n, name[len("read_"):]) for name, n in counters.items()
+                      if name.startswith("read_") and name[len("read_"):] in LOSS_CAUSES and n), reverse=True)
+    cause = LOSS_CAUSES[reasons[0][1]] if reasons else "unknown"
+    if read["index_pages"] and read["lost_fraction"] > max_lost_fraction:
+        return (f"{stats['input']}: the read lost {read['pages_lost_by_read']:,} of the {read['index_pages']:,} "
+                f"pages its index lists ({read['lost_fraction']:.1%} > --max_lost_fraction {max_lost_fraction}); "
+                f"likely cause: {cause}; see dead_letters/")
+    if read["streams_lost_unknown_pages"] and max_lost_fraction < 1:
+        return (f"{stats['input']}: {read['streams_lost_unknown_pages']} stream(s) stopped decoding, losing an "
+                f"unknown number of pages (no multistream index to count them); likely cause: {cause}; "
+                "see dead_letters/ (--max_lost_fraction 1 accepts the loss)")
+    if read["pages_read"] == 0:
+        return f"{stats['input']}: no page was read; see dead_letters/"
+    return None
+
+
+# The read stage's dead-letter reasons that lose pages, and what usually causes each.
+LOSS_CAUSES = {
+    "truncated_stream": "a truncated dump file (an interrupted download or copy)",
+    "corrupt_stream": "a corrupt dump file, or an index of another dump (offsets off)",
+    "missing_from_stream": "an index of another dump (stale index: its offsets do not match)",
+    "malformed_xml": "an index of another dump (offsets inside pages), or a damaged file",
+}
 
 
 def summary_table(counters: dict[str, int]) -> str:
@@ -231,10 +289,13 @@ def summary_table(counters: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes through Beam's FileSystems, so `path` may be local or gs://."""
-    with FileSystems.create(path) as handle:
-        handle.write(data)
+def output_records(counters: dict[str, int], config: PipelineConfig) -> dict[str, int]:
+    """Records per output folder, for the manifest."""
+    counts = {f"{dataset}/{split}": counters[f"{dataset}/{split}"]
+              for dataset in config.triplet_datasets() for split in SPLITS}
+    counts.update({"scb": counters["scb_articles"], "passages": counters["passages_articles"],
+                   "dead_letters": counters["dead_letters_written"]})
+    return counts
 
 
 def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
@@ -267,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
     check_input(input_pattern, config.index)
     check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
+    out = config.output.rstrip("/")
+    outputs.claim_output(out, config.overwrite)
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
     build(pipeline, config, input_pattern)
@@ -281,21 +344,28 @@ def main(argv: list[str] | None = None) -> dict:
         "runner": options.view_as(StandardOptions).runner or "DirectRunner",
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
-    out = config.output.rstrip("/")
-    write_bytes(f"{out}/stats.json", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
-    write_bytes(f"{out}/triplets.png", triplets_plot_png(counters, config.triplet_datasets()))
+    outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
+    outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", triplets_plot_png(counters, config.triplet_datasets()))
     print(summary_table(counters))
     print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
           f"wall time {stats['wall_seconds']} s; outputs in {out}")
+    loss = input_loss(stats, config.max_lost_fraction)
+    if loss:   # outputs, dead letters and stats stay for inspection, unpublished: readers refuse them
+        outputs.release(out)
+        raise InputLossError(loss)
+    outputs.publish_manifest(out, output_records(counters, config))
     return stats
 
 
 def cli() -> int:
     try:
         main(sys.argv[1:])
-    except (DumpInputError, ConfigError) as err:
+    except (DumpInputError, ConfigError, outputs.OutputInUseError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except InputLossError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,6 +3,8 @@ import gzip
 import json
 from pathlib import Path
 
+from pipeline.outputs import write_manifest
+
 # Three sections per article, each about one clearly different theme, so every reasonable
 # method separates them; the first sentence of each paragraph is an opener.
 THEMES = {
@@ -57,4 +59,5 @@ def write_scb(data_dir: Path, extra_lines: tuple[str, ...] = ()) -> list[dict]:
             handle.write(json.dumps(article) + "\n")
         for line in extra_lines:
             handle.write(line + "\n")
+    write_manifest(str(data_dir), {"scb": len(articles) + len(extra_lines)})
     return articles

@@ -7,6 +7,8 @@ import random
 
 import tensorflow as tf
 
+from pipeline.outputs import write_manifest
+
 TOPICS = {
     "football": "football goal player team match league coach stadium season scored referee striker".split(),
     "cooking": "recipe oven flour butter sugar bake kitchen dish sauce chef onion garlic".split(),
@@ -41,7 +43,9 @@ def write_triplet_shards(out: str, dataset: str = "triplets-sen", sizes=None, sh
     `extra_records` (e.g. corrupt ones) are appended to the first training shard."""
     rng = random.Random(seed)
     sizes = sizes or {"train": 256, "validation": 64, "test": 64}
+    counts = {}
     for split, size in sizes.items():
+        counts[f"{dataset}/{split}"] = size + (len(extra_records) if split == "train" else 0)
         tf.io.gfile.makedirs(f"{out}/{dataset}/{split}")
         for shard in range(shards):
             path = f"{out}/{dataset}/{split}/part-{shard:05d}-of-{shards:05d}.tfrecord.gz"
@@ -51,4 +55,16 @@ def write_triplet_shards(out: str, dataset: str = "triplets-sen", sizes=None, sh
                 if split == "train" and shard == 0:
                     for record in extra_records:
                         writer.write(record)
+    write_manifest(out, {**_manifest_counts(out), **counts})
     return out
+
+
+def _manifest_counts(out: str) -> dict:
+    """The counts of a manifest already in `out` (a second dataset written beside the first)."""
+    import json
+    import os
+
+    path = os.path.join(out, "manifest.json")
+    if not os.path.exists(path):
+        return {}
+    return {folder: entry["records"] for folder, entry in json.load(open(path))["outputs"].items()}

@@ -8,6 +8,8 @@ from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
 from eval_fixtures import write_scb
 
+from pipeline.outputs import write_manifest
+
 
 def test_parse_scb_record_names_what_is_wrong():
     good = {"article_id": 1, "title": "T", "sections": ["a", "b"], "sentences": ["x", "y"],
@@ -94,13 +96,14 @@ def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
     source = local / "scb" / "part-00000-of-00001.jsonl.gz"
     with FileSystems.create(f"{data}/scb/{source.name}", compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         handle.write(source.read_bytes())
+    write_manifest(data, {"scb": 3})                     # the run is published where it was copied
     result = scb.main(["--data", data, "--output", out, "--encoder", "tfidf", "--runner", "DirectRunner"])
     assert result["articles"] == 3
     assert FileSystems.exists(f"{out}/scb.md") and FileSystems.exists(f"{out}/scb_ari.png")
 
 
 def test_scb_job_names_the_missing_input(tmp_path):
-    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nothing")):
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'nothing'} has no manifest.json"):
         scb.main(["--data", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")])
 
 

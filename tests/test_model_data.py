@@ -1,52 +1,101 @@
-"""The trainer's input: length-grouped batches keep every triplet once per pass, roles aligned."""
+"""The trainer's input: every triplet once per pass, roles aligned, shared sentences encoded once."""
 import collections
 import random
 
+import numpy as np
+import pytest
 import tensorflow as tf
 
-from model.data import LENGTH_BOUNDARIES, training_batches, with_known_length
+from model.data import LENGTH_BOUNDARIES, shared_sentences, training_batches, with_known_length
 from model.network import TRIPLET_KEYS
 from model.text import WordIds
 
 WORDS = [f"w{i}" for i in range(40)]
 
 
-def _triplets(n: int, seed: int = 0) -> list[dict]:
-    """Triplet k's sentences start with the marker word `k{k}` and differ in length (2..60 tokens)."""
+def _triplets(n: int, seed: int = 0, articles: int = 7) -> list[dict]:
+    """Triplet k's sentences start with the marker word `k{k}` and differ in length (2..60 tokens);
+    its negative is one of a few sentences of its article, shared with the article's other triplets."""
     rng = random.Random(seed)
-    return [{key: " ".join([f"k{k}"] + rng.choices(WORDS, k=rng.randint(1, 59))) for key in TRIPLET_KEYS}
-            for k in range(n)]
+    shared = {a: [f"shared{a} " + " ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(3)]
+              for a in range(articles)}
+    triplets = []
+    for k in range(n):
+        article = k % articles
+        triplet = {key: " ".join([f"k{k}"] + rng.choices(WORDS, k=rng.randint(1, 59))) for key in ("anchor", "positive")}
+        triplets.append({**triplet, "negative": rng.choice(shared[article]), "article_id": article})
+    return triplets
 
 
 def _dataset(triplets):
-    return tf.data.Dataset.from_tensor_slices({key: [t[key] for t in triplets] for key in TRIPLET_KEYS})
+    keys = (*TRIPLET_KEYS, "article_id")
+    return tf.data.Dataset.from_tensor_slices({key: [t[key] for t in triplets] for key in keys})
 
 
-def test_length_groups_give_every_triplet_once_per_pass_with_its_roles_together():
-    triplets = _triplets(500)
-    word_ids = WordIds([f"k{k}" for k in range(500)] + WORDS, num_oov_buckets=1, max_tokens=64)
-    lengths = {k: max(len(t[key].split()) for key in TRIPLET_KEYS) for k, t in enumerate(triplets)}
+def _word_ids(n):
+    return WordIds([f"k{k}" for k in range(n)] + [f"shared{a}" for a in range(10)] + WORDS, max_tokens=64)
+
+
+def _decoded_triplets(inputs, weights, vocabulary):
+    """The (anchor, positive, negative) token lists of every real (weight 1) triplet of a batch."""
+    words = ["<pad>"] + vocabulary
+    out = []
+    for sentences, roles, weight in zip(inputs["sentences"].numpy(), inputs["roles"].numpy(), weights.numpy()):
+        text = [" ".join(words[i] for i in row if i) for row in sentences]
+        out += [tuple(text[row] for row in triplet) for triplet, w in zip(roles, weight) if w]
+    return out
+
+
+@pytest.mark.parametrize("options", [dict(article_chunk=4), dict(article_chunk=0),
+                                     dict(article_chunk=0, group_by_length=False), dict(article_chunk=4, replicas=3)])
+def test_every_triplet_once_per_pass_with_its_roles_together(options):
+    triplets = _triplets(300)
+    word_ids = _word_ids(300)
+    vocabulary = [f"k{k}" for k in range(300)] + [f"shared{a}" for a in range(10)] + WORDS
+    expected = collections.Counter(tuple(t[key] for key in TRIPLET_KEYS) for t in triplets)
     seen = collections.Counter()
-    batches = training_batches(_dataset(triplets), word_ids, batch_size=16, shuffle_buffer=100, seed=3)
-    for inputs, labels in batches:
-        ids = {key: inputs[key].numpy() for key in TRIPLET_KEYS}
-        widths = {key: ids[key].shape[1] for key in TRIPLET_KEYS}
-        assert len(set(widths.values())) == 1            # one width for the stacked encoder call
-        assert labels.shape[0] == ids["anchor"].shape[0] <= 16
-        markers = ids["anchor"][:, 0] - 1                # id k + 1 is the marker word k{k}
-        for key in TRIPLET_KEYS:                          # the positive and negative of row i belong to triplet i
-            assert (ids[key][:, 0] - 1 == markers).all()
-        groups = {sum(lengths[k] >= bound for bound in LENGTH_BOUNDARIES) for k in markers}
-        assert len(groups) == 1                           # a batch holds one length group
-        assert widths["anchor"] == max(lengths[k] for k in markers)   # padded only to its longest sentence
-        seen.update(markers.tolist())
-    assert seen == collections.Counter(range(500))        # each triplet exactly once
+    for inputs, labels, weights in training_batches(_dataset(triplets), word_ids, 16, shuffle_buffer=100, seed=3,
+                                                    **options):
+        replicas = options.get("replicas", 1)
+        assert inputs["sentences"].shape[0] == inputs["roles"].shape[0] == labels.shape[0] == replicas
+        assert weights.numpy().sum() <= 16 * replicas
+        seen.update(_decoded_triplets(inputs, weights, vocabulary))
+    assert seen == expected                                # each triplet exactly once, roles aligned
 
 
-def test_random_order_batches_and_known_length_match_the_pass():
+def test_shared_sentences_are_encoded_once_and_sorted_by_length():
+    triplets = [t for t in _triplets(60) if t["article_id"] == 0]
+    batch = {key: tf.constant([t[key] for t in triplets]) for key in TRIPLET_KEYS}
+    inputs, _, weights = shared_sentences(batch, _word_ids(60))
+    sentences = inputs["sentences"].numpy()[0]
+    assert len(sentences) == len({t[key] for t in triplets for key in TRIPLET_KEYS}) < 3 * len(triplets)
+    lengths = (sentences > 0).sum(axis=1)
+    assert (np.diff(lengths) >= 0).all()                    # shortest first: slices cut padding
+    assert weights.numpy().sum() == len(triplets)
+
+
+def test_article_chunks_keep_an_article_together():
+    triplets = _triplets(280, articles=7)
+    batches = training_batches(_dataset(triplets), _word_ids(280), 8, shuffle_buffer=280, article_chunk=8)
+    for inputs, _, _ in batches:      # 8 triplets = one chunk = one article: its 3 negatives are shared
+        shared_rows = [row for row in inputs["sentences"].numpy()[0] if row[0] > 280]
+        assert len({row[0] for row in shared_rows}) == 1
+        assert len(shared_rows) <= 3
+
+
+def test_length_groups_pad_to_similar_lengths():
+    triplets = _triplets(400)
+    lengths = {t["anchor"].split()[0]: max(len(t[key].split()) for key in TRIPLET_KEYS) for t in triplets}
+    vocabulary = ["<pad>"] + [f"k{k}" for k in range(400)]
+    for inputs, _, _ in training_batches(_dataset(triplets), _word_ids(400), 16, article_chunk=0, shuffle_buffer=50):
+        markers = {vocabulary[row[0]] for row in inputs["sentences"].numpy()[0] if 0 < row[0] <= 400}
+        groups = {sum(lengths[m] >= bound for bound in LENGTH_BOUNDARIES) for m in markers}
+        assert len(groups) == 1                                # a batch holds one length group
+
+
+def test_known_length_matches_the_pass():
     triplets = _triplets(70)
-    word_ids = WordIds([f"k{k}" for k in range(70)] + WORDS)
-    batches = with_known_length(training_batches(_dataset(triplets), word_ids, 16, group_by_length=False))
+    batches = with_known_length(training_batches(_dataset(triplets), _word_ids(70), 16, article_chunk=0,
+                                                 group_by_length=False))
     assert int(batches.cardinality()) == 5
-    markers = sorted(int(k) - 1 for inputs, _ in batches for k in inputs["negative"][:, 0].numpy())
-    assert markers == list(range(70))
+    assert sum(float(w.numpy().sum()) for _, _, w in batches) == 70

@@ -45,16 +45,20 @@ def test_attention_ignores_padding():
     assert not np.allclose(short, other)
 
 
-def test_triplet_model_outputs_l1_distances():
+@pytest.mark.parametrize("slices", [1, 3])
+def test_triplet_model_outputs_l1_distances_from_shared_sentences(slices):
     encoder = build_sentence_encoder(_matrix(10), lstm_units=4, attention_size=3)
-    model = build_triplet_model(encoder)
-    anchor, positive, negative = (np.array(rows, np.int32) for rows in ([[1, 2], [3, 0]], [[1, 2], [4, 5]], [[6, 7], [3, 0]]))
-    distances = model({"anchor": anchor, "positive": positive, "negative": negative}).numpy()
-    assert distances.shape == (2, 2)
-    embed = lambda ids: encoder(ids).numpy()
-    np.testing.assert_allclose(distances[:, 0], np.abs(embed(anchor) - embed(positive)).sum(-1), rtol=1e-5)
-    np.testing.assert_allclose(distances[:, 1], np.abs(embed(anchor) - embed(negative)).sum(-1), rtol=1e-5)
-    assert distances[0, 0] == 0 and distances[1, 1] == 0    # identical sentences are at distance 0
+    model = build_triplet_model(encoder, slices=slices)
+    sentences = np.array([[3, 0, 0], [1, 2, 0], [4, 5, 0], [6, 7, 9]], np.int32)   # distinct, shortest first
+    roles = np.array([[1, 1, 3], [0, 2, 0]], np.int32)                           # rows of (x, x+, x-)
+    distances = model({"sentences": sentences[None], "roles": roles[None]}).numpy()
+    assert distances.shape == (1, 2, 2)
+    embedded = encoder(sentences).numpy()
+    for triplet, (anchor, positive, negative) in enumerate(roles):
+        np.testing.assert_allclose(distances[0, triplet], [np.abs(embedded[anchor] - embedded[positive]).sum(),
+                                                           np.abs(embedded[anchor] - embedded[negative]).sum()],
+                                   rtol=1e-5)
+    assert distances[0, 0, 0] == 0 and distances[0, 1, 1] == 0   # a sentence is at distance 0 of itself
 
 
 def test_paper_loss_and_accuracy_on_hand_made_distances():

@@ -17,7 +17,9 @@ from model.encoder import SavedModelEncoder
 from model_shards import write_triplet_shards
 
 # vocabulary "train": a few hundred words instead of GloVe's 400 k keeps the exports small and fast.
-TINY = dict(epochs=2, steps=3, batch_size=8, lstm_units=8, attention_size=4, progress=False, vocabulary="train")
+# max_lost_fraction: the shards fixture plants one corrupt record among 257
+TINY = dict(epochs=2, steps=3, batch_size=8, lstm_units=8, attention_size=4, progress=False, vocabulary="train",
+            max_lost_fraction=0.01)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -65,9 +67,46 @@ def test_an_empty_validation_split_is_refused_before_training(tmp_path):
     assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder").exists()
 
 
-def test_missing_shards_name_the_pattern(tmp_path):
-    with pytest.raises(TripletDataError, match="triplets-titles/train/part-"):
+def test_a_folder_without_a_manifest_is_refused(shards, tmp_path):
+    with pytest.raises(TripletDataError, match=f"{tmp_path} has no manifest.json"):
         list_shards(str(tmp_path), "triplets-titles", "train")
+    with pytest.raises(TripletDataError, match="lists no triplets-titles/train"):
+        list_shards(shards, "triplets-titles", "train")
+
+
+def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
+    from model.train import claim_model_dir
+
+    model_dir = str(tmp_path / "m")
+    config = TrainConfig(data=shards, model_dir=model_dir, **TINY)
+    claim_model_dir(config, model_dir)
+    (tmp_path / "m" / "vocabulary.txt").write_text("goal\nstar")
+    claim_model_dir(config, model_dir)                    # the same inputs: a resume, accepted
+    other = write_triplet_shards(str(tmp_path / "other"), seed=5)      # other data, same layout
+    with pytest.raises(TripletDataError, match=r"holds a run on other inputs \(data: "):
+        claim_model_dir(dataclasses.replace(config, data=other), model_dir)
+    with pytest.raises(TripletDataError, match=r"\(vocabulary: 'train' -> 'embeddings'\)"):
+        claim_model_dir(dataclasses.replace(config, vocabulary="embeddings"), model_dir)
+    claim_model_dir(dataclasses.replace(config, data=other, overwrite=True), model_dir)
+    assert not (tmp_path / "m" / "vocabulary.txt").exists()           # the old id space is gone
+
+
+def test_a_truncated_shard_is_counted_and_fails_the_run_past_the_threshold(tmp_path):
+    from model.data import count_records
+    from model.train import check_lost_records
+
+    data = write_triplet_shards(str(tmp_path / "data"), sizes={"train": 2000, "validation": 64, "test": 64})
+    shard = list_shards(data, "triplets-sen", "train")[0]
+    with open(shard, "rb") as handle:
+        content = handle.read()
+    with open(shard, "wb") as handle:                     # a copy cut short: its second half is lost
+        handle.write(content[: len(content) // 2])
+    counts = count_records(data, "triplets-sen", "train")
+    assert counts["expected"] == 2000 and 0 < counts["lost"] < 1000 and counts["read"] == 2000 - counts["lost"]
+    config = TrainConfig(data=data, model_dir=str(tmp_path / "m"))
+    with pytest.raises(TripletDataError, match=f"{counts['lost']:,} of 2,000 records lost"):
+        check_lost_records(config, {"train": counts})
+    check_lost_records(dataclasses.replace(config, max_lost_fraction=0.5), {"train": counts})
 
 
 def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_path):
@@ -77,6 +116,7 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     summary = train(TrainConfig(data=shards, model_dir=str(model_dir), **TINY))
     assert summary["epochs_run"] == 2 and len(summary["val_triplet_accuracy"]) == 2
     assert summary["skipped_records"] == {"train": 1, "validation": 0, "test": 0}   # the planted corrupt record
+    assert summary["record_counts"]["train"] == {"expected": 257, "read": 257, "lost": 0, "unparseable": 1}
     assert all(np.isfinite(summary["loss"]))
     history = json.loads((model_dir / "history.json").read_text())
     assert history["test_triplet_accuracy"] == summary["test_triplet_accuracy"]
@@ -91,7 +131,7 @@ def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
     from apache_beam.io.filesystems import CompressionTypes, FileSystems
 
     remote = gcs_emulator()
-    for local in list_shards(shards, "triplets-sen", "validation"):   # copied byte for byte, still gzip
+    for local in [*list_shards(shards, "triplets-sen", "validation"), f"{shards}/manifest.json"]:   # byte for byte
         with open(local, "rb") as source, FileSystems.create(
                 remote + local[len(shards):], compression_type=CompressionTypes.UNCOMPRESSED) as target:
             target.write(source.read())

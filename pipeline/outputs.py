@@ -1,0 +1,102 @@
+"""One run owns its `--output` folder: claimed at the start, published by a manifest at the end.
+
+* `claim_output` refuses a folder that already holds a run (or anything else) unless
+  `--overwrite`, which deletes what a run of this pipeline writes and only that; it then
+  writes the `_RUNNING` lock, so a second run started into the same folder refuses too.
+* `publish_manifest` writes `manifest.json` (`records.MANIFEST`) last: every shard of every
+  output with the record count the run's counters give. Readers (the trainer, eval) list
+  shards from it, so a folder without one (a run that died, or still runs) is refused, and
+  files left by anything else are never read. Then the lock is removed.
+
+Beam's file sinks already write each output to a temp folder and rename it into place when the
+step finishes; the manifest makes the whole run appear at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline import records
+
+LOCK = "_RUNNING"
+STATS = "stats.json"
+TRIPLETS_PLOT = "triplets.png"
+# Top-level files and folders a run writes, besides its `triplets-*` dataset folders.
+RUN_FILES = (records.MANIFEST, STATS, TRIPLETS_PLOT, LOCK)
+RUN_FOLDERS = ("scb", "passages", "dead_letters")
+
+
+class OutputInUseError(ValueError):
+    """The output folder holds another run's files, or a run is writing to it."""
+
+
+def _entries(out: str) -> list[str]:
+    """Names directly under `out` (files and first-level folders), local or remote."""
+    if not FileSystems.exists(out):
+        return []
+    if "://" not in out:
+        return sorted(os.listdir(out))
+    names = {meta.path[len(out) + 1:].split("/", 1)[0] for meta in FileSystems.match([f"{out}/**"])[0].metadata_list}
+    return sorted(names)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes through Beam's FileSystems, so `path` may be local or gs://."""
+    with FileSystems.create(path) as handle:
+        handle.write(data)
+
+
+def claim_output(out: str, overwrite: bool) -> None:
+    """Checks the folder is free (or, with `overwrite`, clears a previous run's files) and writes
+    the lock. Raises OutputInUseError naming the folder before any work is done."""
+    entries = _entries(out)
+    if LOCK in entries and not overwrite:
+        raise OutputInUseError(f"--output {out} has a {LOCK} lock: another run is writing to it, or one died "
+                               "there; pass --overwrite to replace it")
+    foreign = [name for name in entries if name not in RUN_FILES + RUN_FOLDERS
+               and not name.startswith(("beam-temp-", "triplets-"))]
+    if foreign:
+        raise OutputInUseError(f"--output {out} holds files this pipeline does not write ({', '.join(foreign[:3])}); "
+                               "choose an empty or new folder")
+    if entries and not overwrite:
+        raise OutputInUseError(f"--output {out} already holds a run ({', '.join(entries[:3])}...); pass "
+                               "--overwrite to replace it, or choose an empty or new folder")
+    if entries:
+        FileSystems.delete([f"{out}/{name}" for name in entries])
+    if "://" not in out:
+        os.makedirs(out, exist_ok=True)
+        try:   # O_EXCL: of two runs racing for the folder, one gets the lock
+            handle = os.open(f"{out}/{LOCK}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError as err:
+            raise OutputInUseError(f"--output {out}: another run took it a moment ago") from err
+        os.close(handle)
+    write_bytes(f"{out}/{LOCK}", json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
+
+
+def publish_manifest(out: str, counts: dict[str, int]) -> dict:
+    """`write_manifest`, then the lock is removed: the run is published."""
+    manifest = write_manifest(out, counts)
+    release(out)
+    return manifest
+
+
+def write_manifest(out: str, counts: dict[str, int]) -> dict:
+    """Writes `manifest.json`: every output's shards and record count (`counts` maps an output
+    folder, e.g. `triplets-sen/train` or `scb`, to its records)."""
+    outputs = {}
+    for folder, n_records in counts.items():
+        shards = sorted(meta.path[len(out) + 1:] for meta in FileSystems.match([f"{out}/{folder}/part-*"])[0].metadata_list)
+        outputs[folder] = {"records": n_records, "shards": shards}
+    manifest = {"outputs": outputs, "stats": STATS}
+    write_bytes(f"{out}/{records.MANIFEST}", json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
+    return manifest
+
+
+def release(out: str) -> None:
+    """Removes the lock (the run is over, published or not)."""
+    FileSystems.delete([f"{out}/{LOCK}"])

@@ -1,0 +1,101 @@
+"""No run exits 0 with lost or mixed data: output folders owned by one run, lost input fails the
+run, readers take only published (manifest) runs. Faults are planted in copies of the real
+excerpt (a few of its streams)."""
+import bz2
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import multistream, outputs, records, run
+from pipeline.dumps import embedded_dump_path
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES, PER_STREAM = 40, 10
+FAST = ["--spacy_model", "blank:en"]
+
+
+@pytest.fixture(scope="module")
+def small_multistream(tmp_path_factory):
+    """The excerpt's first 40 pages as a 4-stream multistream dump with its index."""
+    header, pages = multistream.dump_parts(embedded_dump_path())
+    folder = tmp_path_factory.mktemp("dump")
+    dump, index = folder / "small-multistream.xml.bz2", folder / "small-multistream-index.txt.bz2"
+    multistream.write_multistream_dump(header, [next(pages) for _ in range(PAGES)], str(dump), str(index), PER_STREAM)
+    return dump, index
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline.run", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_a_published_run_has_a_manifest_of_every_shard_and_a_reused_output_is_refused(small_multistream, tmp_path):
+    dump, _ = small_multistream
+    out = tmp_path / "out"
+    stats = run.main(["--output", str(out), "--input", str(dump), *FAST])
+    manifest = records.read_manifest(str(out))
+    train_shards, train_records = records.manifest_output(str(out), "triplets-sen/train")
+    assert train_records == stats["counters"]["triplets-sen/train"] > 0
+    assert all(Path(path).exists() for path in train_shards)
+    assert manifest["outputs"]["scb"]["records"] == stats["counters"]["scb_articles"]
+    assert not (out / outputs.LOCK).exists()
+    # A second run into the same folder (e.g. with another worker count) refuses before any work.
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    result = _cli("--output", str(out), "--input", str(dump), *FAST)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: --output {out} already holds a run")
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    # --overwrite replaces it: nothing of the first run is left beside the second.
+    (out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz").write_bytes(b"stale shard")
+    run.main(["--output", str(out), "--input", str(dump), "--overwrite", *FAST])
+    assert not (out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz").exists()
+    assert records.manifest_output(str(out), "triplets-sen/train")[1] == train_records
+
+
+def test_a_folder_being_written_or_holding_other_files_is_refused(tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / outputs.LOCK).write_text("{}")          # a run is writing here (or died here)
+    with pytest.raises(outputs.OutputInUseError, match="lock"):
+        outputs.claim_output(str(busy), overwrite=False)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "thesis.tex").write_text("mine")
+    with pytest.raises(outputs.OutputInUseError, match="thesis.tex"):
+        outputs.claim_output(str(other), overwrite=True)
+    assert (other / "thesis.tex").read_text() == "mine"
+
+
+def test_a_stale_index_fails_the_run_naming_the_cause(small_multistream, tmp_path):
+    dump, index = small_multistream
+    lines = bz2.decompress(index.read_bytes()).decode().splitlines()
+    stale = tmp_path / "stale-index.txt.bz2"                  # every offset 7 bytes off
+    stale.write_bytes(bz2.compress("".join(f"{int(o) + 7}:{rest}\n" for o, rest in
+                                           (line.split(":", 1) for line in lines)).encode()))
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(dump), "--index", str(stale), *FAST)
+    assert result.returncode == 1
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("error: ") and f"of the {PAGES} pages its index lists" in message
+    assert "index of another dump" in message
+    stats = json.loads((out / "stats.json").read_text())          # written before failing, for inspection
+    assert stats["reconciliation"]["index_pages"] == PAGES and stats["reconciliation"]["pages_read"] < PAGES
+    assert not (out / records.MANIFEST).exists()                   # never published: readers refuse it
+
+
+def test_a_truncated_dump_without_index_is_a_loss_of_unknown_size(small_multistream, tmp_path):
+    dump, _ = small_multistream
+    cut = tmp_path / "cut.xml.bz2"                    # no index beside it: one sequential read
+    data = dump.read_bytes()
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(cut), *FAST)
+    assert result.returncode == 1
+    assert "unknown number of pages" in result.stderr.strip().splitlines()[-1]
+    assert json.loads((out / "stats.json").read_text())["reconciliation"]["streams_lost_unknown_pages"] == 1
+    # Accepting the loss is explicit.
+    result = _cli("--output", str(out), "--input", str(cut), "--overwrite", "--max_lost_fraction", "1", *FAST)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (out / records.MANIFEST).exists()
