@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 
@@ -19,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from eval import scb
 from eval.encoders import add_method_flags, default_encoder_specs, load_encoder, model_dir_specs
 from eval.report import markdown_table, write_text
+from pipeline.cli import run_cli
 
 
 def read_articles(data: str) -> list[dict]:
@@ -69,4 +71,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -24,9 +24,10 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from model.encoder import SavedModelEncoder, SentenceEncoder
 from model.text import tokenize
 from model.vectors import load_word_vectors
+from pipeline.cli import UsageError
 
 
-class EncoderSpecError(ValueError):
+class EncoderSpecError(UsageError):
     """An encoder spec that cannot be parsed or whose method is not available."""
 
 
@@ -139,6 +140,19 @@ def load_encoder(spec: str) -> SentenceEncoder:
         f"unknown encoder spec {spec!r}; expected mean-vectors[:PATH], tfidf, minilm, "
         "saved:NAME=DIR or concat:NAME=DIR1+DIR2"
     )
+
+
+def check_encoder_specs(specs: list[str]) -> None:
+    """Before any work: every trained encoder a spec names is there (EncoderSpecError naming it)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    for spec in specs:
+        if spec.startswith(("saved:", "concat:")):
+            _, paths = _named_value(spec, spec.split(":", 1)[0])
+            for path in paths.split("+") if spec.startswith("concat:") else [paths]:
+                if not FileSystems.exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
+                    raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({path}/encoder/saved_model.pb "
+                                           "does not exist; python -m model.train writes it)")
 
 
 def load_encoders(specs: list[str]) -> list[SentenceEncoder]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any, Callable, Sequence
 
 import matplotlib
@@ -40,6 +41,7 @@ from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, embed_queries, load
                         read_queries, similarity_matrix)
 from model.qs3m_pairs import LABELINGS, SPLITS, Query
 from model.text import tokenize
+from pipeline.cli import run_cli
 
 REFERENCE = "embedding Euclidean"
 
@@ -250,4 +252,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

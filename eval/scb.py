@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 
 import apache_beam as beam
@@ -23,9 +24,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
-from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
+from eval.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
+                           model_dir_specs)
 from eval.report import read_jsonl, write_scb_report
 from pipeline import records
+from pipeline.cli import run_cli
 from pipeline.splits import stable_hash
 
 NAMESPACE = "wikisim"
@@ -222,6 +225,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
     check_scb_input(config.data)
+    check_encoder_specs(config.encoder_specs())
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
     build_pipeline(pipeline, config)
@@ -267,4 +271,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

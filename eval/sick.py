@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import write_sick_report
+from pipeline.cli import UsageError, run_cli
 
 CLASSES = np.arange(1, 6)
 SPLITS = ("TRAIN", "TRIAL", "TEST")
@@ -35,7 +37,7 @@ REQUIRED_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score", "SemEval_se
 DEFAULT_C_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
-class SickInputError(ValueError):
+class SickInputError(UsageError):
     """The SICK file is missing or not the tab-separated SICK format."""
 
 
@@ -180,4 +182,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -12,14 +12,17 @@ Shards are read with `model.data` (local or gs://).
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
-from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
+from eval.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
+                           model_dir_specs)
 from eval.report import write_triplets_report
 from model.data import triplet_sample, triplet_strings
+from pipeline.cli import run_cli
 
 
 @dataclass
@@ -106,8 +109,10 @@ def parse_args(argv: list[str] | None) -> TripletsConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(parse_args(argv))
+    config = parse_args(argv)
+    check_encoder_specs(config.encoder_specs())
+    return run(config)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -18,11 +18,13 @@ import argparse
 import math
 import os
 import resource
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
 from pipeline import run as pipeline_run
+from pipeline.cli import run_cli
 from pipeline.dumps import embedded_dump_path
 from pipeline.multistream import dump_parts, renumber_page, write_multistream_dump
 
@@ -116,4 +118,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

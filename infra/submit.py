@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.cli import run_cli
+
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent
 VERTEX_SPECS = {
@@ -422,4 +424,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -34,6 +34,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import tempfile
 import time
 
@@ -46,6 +47,7 @@ from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, 
                            compile_triplet_model)
 from model.text import WordIds
 from model.train import build_vocabulary, embedding_matrix
+from pipeline.cli import run_cli
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
@@ -191,4 +193,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

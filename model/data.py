@@ -15,8 +15,9 @@ import logging
 import tensorflow as tf
 
 from model.network import TRIPLET_KEYS
-from pipeline import records
 from model.text import WordIds, pad_ids, tokenize_graph
+from pipeline import records
+from pipeline.cli import DataLossError, UsageError
 
 LOG = logging.getLogger(__name__)
 SPLITS = ("train", "validation", "test")
@@ -24,8 +25,12 @@ FEATURES = {**{key: tf.io.FixedLenFeature([], tf.string) for key in TRIPLET_KEYS
             "article_id": tf.io.FixedLenFeature([], tf.int64)}
 
 
-class TripletDataError(ValueError):
-    """The pipeline output lacks the shards asked for."""
+class TripletDataError(UsageError):
+    """The pipeline output lacks the shards asked for, or the model dir holds another run."""
+
+
+class TripletDataLoss(DataLossError):
+    """Reading a split lost more records than allowed (corrupt or truncated shards)."""
 
 
 def list_shards(data: str, dataset: str, split: str) -> list[str]:

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from model.encoder import SentenceEncoder
 from model.qs3m_pairs import LABELINGS, Pair, PassageRecordError, Query, query_from_record, sample_pairs
+from pipeline.cli import run_cli
 
 QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of passages"}
 MODEL_KINDS = ("qs3m", "qss", "qs3m-noq")
@@ -448,4 +449,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -28,9 +28,10 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import (SPLITS, TripletDataError, count_records, count_words, training_batches, triplet_sample,
-                        triplet_strings, with_known_length)
+from model.data import (SPLITS, TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
+                        triplet_sample, triplet_strings, with_known_length)
 from pipeline import records
+from pipeline.cli import run_cli
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -104,11 +105,11 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
 
 
 def check_lost_records(config: TrainConfig, counts: dict[str, dict]) -> None:
-    """TripletDataError when a split lost more than `--max-lost-fraction` of its records."""
+    """TripletDataLoss when a split lost more than `--max-lost-fraction` of its records."""
     for split, count in counts.items():
         lost = count["lost"] + count["unparseable"]
         if lost > config.max_lost_fraction * max(count["expected"], 1):
-            raise TripletDataError(
+            raise TripletDataLoss(
                 f"{config.data}/{config.dataset}/{split}: {lost:,} of {count['expected']:,} records lost to corrupt or "
                 f"truncated shards or unparseable (> --max-lost-fraction {config.max_lost_fraction})")
 
@@ -425,15 +426,5 @@ def main(argv: list[str] | None = None) -> dict:
     return train(parse_args(argv))
 
 
-def cli() -> int:
-    """`main` for the shell: bad input data is one `error:` line and exit status 2."""
-    try:
-        main(sys.argv[1:])
-    except TripletDataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_cli(main))

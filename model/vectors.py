@@ -13,10 +13,12 @@ from typing import Iterable
 
 import numpy as np
 
+from pipeline.cli import UsageError
+
 LOG = logging.getLogger(__name__)
 
 
-class WordVectorsError(ValueError):
+class WordVectorsError(UsageError):
     """A word-vector file is missing, empty or not in GloVe text format."""
 
 

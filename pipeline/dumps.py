@@ -28,6 +28,8 @@ import mwxml
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.cli import UsageError
+
 NAMESPACE = "wikisim"
 READ_CHUNK_BYTES = 1 << 20
 # Content between pages is buffered up to this size before it is handed on (a dump header is a
@@ -59,7 +61,7 @@ class Page(NamedTuple):
     source: str
 
 
-class DumpInputError(ValueError):
+class DumpInputError(UsageError):
     """The input named by `--input` / `--index` cannot be read as a MediaWiki dump."""
 
 
@@ -208,8 +210,9 @@ def is_dump_framing(outside: bytes) -> bool:
 
 
 def page_id_and_title(page_xml: bytes) -> tuple[int | None, str | None]:
-    """Best-effort id and title of a page's raw bytes, for dead-letter records."""
-    id_match = _PAGE_ID.search(page_xml)
+    """Best-effort id and title of a page's raw bytes, for dead-letter records. The page id is the
+    `<id>` before `<revision>` (a page without one has None, not its revision's id)."""
+    id_match = _PAGE_ID.search(page_xml.split(b"<revision", 1)[0])
     title_match = _PAGE_TITLE.search(page_xml)
     title = title_match.group(1).decode("utf-8", "replace") if title_match else None
     return (int(id_match.group(1)) if id_match else None), title

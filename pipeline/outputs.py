@@ -21,6 +21,7 @@ import time
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import records
+from pipeline.cli import UsageError
 
 LOCK = "_RUNNING"
 STATS = "stats.json"
@@ -30,7 +31,7 @@ RUN_FILES = (records.MANIFEST, STATS, TRIPLETS_PLOT, LOCK)
 RUN_FOLDERS = ("scb", "passages", "dead_letters")
 
 
-class OutputInUseError(ValueError):
+class OutputInUseError(UsageError):
     """The output folder holds another run's files, or a run is writing to it."""
 
 
@@ -53,6 +54,15 @@ def write_bytes(path: str, data: bytes) -> None:
 def claim_output(out: str, overwrite: bool) -> None:
     """Checks the folder is free (or, with `overwrite`, clears a previous run's files) and writes
     the lock. Raises OutputInUseError naming the folder before any work is done."""
+    if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
+        raise OutputInUseError(f"--output {out} is a file, not a folder")
+    try:
+        _claim(out, overwrite)
+    except PermissionError as err:
+        raise OutputInUseError(f"--output {out} is not writable ({err.strerror})") from err
+
+
+def _claim(out: str, overwrite: bool) -> None:
     entries = _entries(out)
     if LOCK in entries and not overwrite:
         raise OutputInUseError(f"--output {out} has a {LOCK} lock: another run is writing to it, or one died "

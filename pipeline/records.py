@@ -19,6 +19,7 @@ import json
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
+from pipeline.cli import UsageError
 from pipeline.rules import Article
 from pipeline.triplets import Triplet
 
@@ -28,7 +29,7 @@ from pipeline.triplets import Triplet
 MANIFEST = "manifest.json"
 
 
-class ManifestError(ValueError):
+class ManifestError(UsageError):
     """A run folder without a (readable) manifest, or without the output asked for."""
 
 

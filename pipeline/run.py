@@ -19,12 +19,12 @@ import sys
 import time
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipeline import outputs, records, transforms
-from pipeline.dumps import DumpInputError, ReadDumpPages, check_input, embedded_dump_path
+from pipeline.cli import DataLossError, UsageError, run_cli
+from pipeline.dumps import ReadDumpPages, check_input, embedded_dump_path
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
@@ -39,11 +39,11 @@ PAGE_OUTCOMES = (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A flag value the job cannot run with; the message names the flag."""
 
 
-class InputLossError(RuntimeError):
+class InputLossError(DataLossError):
     """The run finished and wrote its outputs, but lost more of its input than allowed."""
 
 
@@ -357,17 +357,5 @@ def main(argv: list[str] | None = None) -> dict:
     return stats
 
 
-def cli() -> int:
-    try:
-        main(sys.argv[1:])
-    except (DumpInputError, ConfigError, outputs.OutputInUseError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except InputLossError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_cli(main))

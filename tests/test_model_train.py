@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import TripletDataError, list_shards, triplet_strings
+from model.data import TripletDataError, TripletDataLoss, list_shards, triplet_strings
 from model.encoder import SavedModelEncoder
 from model_shards import write_triplet_shards
 
@@ -104,7 +103,7 @@ def test_a_truncated_shard_is_counted_and_fails_the_run_past_the_threshold(tmp_p
     counts = count_records(data, "triplets-sen", "train")
     assert counts["expected"] == 2000 and 0 < counts["lost"] < 1000 and counts["read"] == 2000 - counts["lost"]
     config = TrainConfig(data=data, model_dir=str(tmp_path / "m"))
-    with pytest.raises(TripletDataError, match=f"{counts['lost']:,} of 2,000 records lost"):
+    with pytest.raises(TripletDataLoss, match=f"{counts['lost']:,} of 2,000 records lost"):
         check_lost_records(config, {"train": counts})
     check_lost_records(dataclasses.replace(config, max_lost_fraction=0.5), {"train": counts})
 

@@ -99,3 +99,33 @@ def test_a_truncated_dump_without_index_is_a_loss_of_unknown_size(small_multistr
     result = _cli("--output", str(out), "--input", str(cut), "--overwrite", "--max_lost_fraction", "1", *FAST)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (out / records.MANIFEST).exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "read-only"])
+def test_an_unusable_output_is_one_error_line_before_any_work(small_multistream, tmp_path, kind):
+    import os
+
+    if kind == "read-only" and os.geteuid() == 0:
+        pytest.skip("root may write into read-only folders")
+    dump, _ = small_multistream
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("not a folder")
+        expected = f"error: --output {out} is a file, not a folder"
+    else:
+        tmp_path.chmod(0o555)
+        expected = f"error: --output {out} is not writable"
+    try:
+        result = _cli("--output", str(out), "--input", str(dump), *FAST)
+    finally:
+        tmp_path.chmod(0o755)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(expected)
+
+
+def test_a_page_without_its_own_id_is_not_named_by_its_revision_id():
+    from pipeline.dumps import page_id_and_title
+
+    page = b"<page><title>No id</title><ns>0</ns><revision><id>987</id><text>x</text></revision></page>"
+    assert page_id_and_title(page) == (None, "No id")
+    assert page_id_and_title(page.replace(b"<ns>0</ns>", b"<ns>0</ns><id>12</id>")) == (12, "No id")
