@@ -16,7 +16,7 @@ import time
 from apache_beam.io.filesystems import FileSystems
 
 from eval import scb, sick, triplets
-from eval.encoders import add_method_flags, check_encoder_specs, default_encoder_specs, model_dir_specs
+from model.encoders import add_method_flags, check_encoder_specs, default_encoder_specs, model_dir_specs
 from eval.report import scb_markdown, sick_markdown, triplets_markdown, write_json, write_text
 from pipeline.cli import run_cli
 

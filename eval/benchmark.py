@@ -18,7 +18,7 @@ import time
 from apache_beam.io.filesystems import FileSystems
 
 from eval import scb
-from eval.encoders import add_method_flags, default_encoder_specs, load_encoder, model_dir_specs
+from model.encoders import add_method_flags, default_encoder_specs, load_encoder, model_dir_specs
 from eval.report import markdown_table, write_text
 from pipeline.cli import run_cli
 

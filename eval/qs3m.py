@@ -34,14 +34,15 @@ from tqdm import tqdm
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from eval.encoders import load_encoders
+from model.encoders import load_encoders
 from eval.report import markdown_table, write_figure, write_json, write_text
 from model.encoder import SentenceEncoder
 from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, embed_queries, load_model, parser_for, read_bytes,
                         read_queries, similarity_matrix)
-from model.qs3m_pairs import LABELINGS, SPLITS, Query
+from model.qs3m_pairs import LABELINGS, Query
 from model.text import tokenize
 from pipeline.cli import run_cli
+from pipeline.splits import SPLITS
 
 REFERENCE = "embedding Euclidean"
 
@@ -54,7 +55,7 @@ class EvalConfig:
     model_dir: str                  # the output of `python -m model.qs3m`
     output: str                     # where qs3m.json / qs3m.md / qs3m-*.png go (local or gs://)
     split: str = "test"             # the article split whose queries are clustered
-    encoder: str = "from-model"     # an eval.encoders spec; from-model = the one the models were trained on
+    encoder: str = "from-model"     # an model.encoders spec; from-model = the one the models were trained on
     lda_topics: int = 20
     seed: int = 0
 
@@ -114,7 +115,7 @@ def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], 
     """The four unsupervised baselines, all on `model.text.tokenize` tokens.
 
     TF-IDF and LDA are fitted once on every passage of the file (no labels are used). Not
-    `eval.encoders.TfidfEncoder`: it fits its IDF on each call, i.e. on one query's few passages,
+    `model.encoders.TfidfEncoder`: it fits its IDF on each call, i.e. on one query's few passages,
     which on the embedded excerpt scored a flat ARI of 0.054 against 0.122 with corpus IDF.
     """
     tokens = tokenize(corpus)

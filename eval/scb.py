@@ -24,7 +24,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
-from eval.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
+from model.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
                            model_dir_specs)
 from eval.report import read_jsonl, write_scb_report
 from pipeline import records

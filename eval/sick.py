@@ -27,7 +27,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tqdm import tqdm
 
-from eval.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
+from model.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
 from eval.report import write_sick_report
 from pipeline.cli import UsageError, run_cli
 

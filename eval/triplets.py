@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from eval.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
+from model.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
                            model_dir_specs)
 from eval.report import write_triplets_report
 from model.data import triplet_sample, triplet_strings

@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.cli import run_cli
+from pipeline.records import TRIPLET_DATASETS
 
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent
@@ -388,7 +389,7 @@ def parse_args(argv: list[str] | None) -> tuple[str, CloudConfig, bool]:
     parser.add_argument("--max-num-workers", type=int, default=defaults.max_num_workers)
     parser.add_argument("--accelerator", choices=sorted(VERTEX_SPECS), default=defaults.accelerator)
     parser.add_argument("--variant", choices=["cpu", "gpu"], default=defaults.variant, help="image to build")
-    parser.add_argument("--dataset", default=defaults.dataset, choices=["triplets-sen", "triplets-titles"])
+    parser.add_argument("--dataset", default=defaults.dataset, choices=TRIPLET_DATASETS)
     parser.add_argument("--embeddings", help="GloVe text file (default gs://BUCKET/vectors/glove.840B.300d.txt)")
     parser.add_argument("--spec-dir", default=defaults.spec_dir, help="where the filled Vertex AI spec goes")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without submitting")

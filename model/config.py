@@ -5,9 +5,10 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
+from pipeline.records import TRIPLET_DATASETS
+
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 VOCABULARIES = ("embeddings", "train")
-DATASETS = ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles")
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ class TrainConfig:
     progress: bool = True                  # Keras progress bar
 
     def __post_init__(self):
-        if self.dataset not in DATASETS:
-            raise ValueError(f"--dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.dataset not in TRIPLET_DATASETS:
+            raise ValueError(f"--dataset must be one of {TRIPLET_DATASETS}, got {self.dataset!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"--strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if not 0.0 <= self.dropout < 1.0:

@@ -20,7 +20,6 @@ from pipeline import records
 from pipeline.cli import DataLossError, UsageError
 
 LOG = logging.getLogger(__name__)
-SPLITS = ("train", "validation", "test")
 FEATURES = {**{key: tf.io.FixedLenFeature([], tf.string) for key in TRIPLET_KEYS},
             "article_id": tf.io.FixedLenFeature([], tf.int64)}
 

@@ -307,7 +307,7 @@ class TrainConfig:
 
     passages: str                           # passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)
     output: str                             # model dir (local or gs://)
-    encoder: str = "mean-vectors"           # an eval.encoders spec; fixed, never fine-tuned
+    encoder: str = "mean-vectors"           # an model.encoders spec; fixed, never fine-tuned
     models: tuple[str, ...] = MODEL_KINDS   # any of qs3m, qss, qs3m-noq
     queries: tuple[str, ...] = ("T", "D", "P")  # title, lead paragraphs, mean of passages
     labeling: str = "flat"                  # clusters the pairs are labelled by: flat | hierarchical
@@ -440,7 +440,7 @@ def parser_for(config_type: type, description: str) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = TrainConfig(**vars(parser_for(TrainConfig, __doc__.splitlines()[0]).parse_args(argv)))
-    from eval.encoders import load_encoders
+    from model.encoders import load_encoders
 
     (encoder,) = load_encoders([config.encoder])
     summary = train(config, encoder)

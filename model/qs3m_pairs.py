@@ -12,7 +12,8 @@ from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-SPLITS = ("train", "validation", "test")
+from pipeline.splits import SPLITS
+
 LABELINGS = ("flat", "hierarchical")
 
 

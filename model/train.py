@@ -28,13 +28,14 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
-from model.data import (SPLITS, TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
+from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
                         triplet_sample, triplet_strings, with_known_length)
-from pipeline import records
-from pipeline.cli import run_cli
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
+from pipeline import records
+from pipeline.cli import run_cli
+from pipeline.splits import SPLITS
 
 LOG = logging.getLogger(__name__)
 

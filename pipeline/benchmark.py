@@ -144,7 +144,7 @@ def run_read_only(input_path: str, beam_args: list[str]) -> None:
     """The reader alone: ReadDumpPages into a count of pages (what decoding costs)."""
     import apache_beam as beam
 
-    from pipeline.dumps import ReadDumpPages
+    from pipeline.read import ReadDumpPages
 
     with beam.Pipeline(argv=["--runner", "DirectRunner", *beam_args]) as pipeline:
         read = pipeline | ReadDumpPages(input_path)

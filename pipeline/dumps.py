@@ -3,8 +3,9 @@
 Inputs: `.xml` or `.xml.bz2` dumps, one file or a glob of part files, local or `gs://`
 (every byte goes through `apache_beam.io.filesystems.FileSystems`). A multistream dump
 (`*multistream*.xml.bz2`) with its index beside it, or named with `index=`, is read stream by
-stream in parallel (see `pipeline.multistream`); any other file is read start to end by one
-worker. Both paths run the same per-page decoder, so they yield the same pages.
+stream in parallel (`pipeline.multistream` plans the byte ranges, `pipeline.read` is the Beam
+transform); any other file is read start to end by one worker. Both paths run the same per-page
+decoder, so they yield the same pages.
 
 How a byte stream becomes pages: `split_pages` cuts the decompressed bytes at the literal
 `<page>` / `</page>` tags (a dump escapes `<` inside text as `&lt;`, so these tags cannot occur
@@ -23,7 +24,6 @@ import os
 import re
 from typing import Iterable, Iterator, NamedTuple
 
-import apache_beam as beam
 import mwxml
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -356,98 +356,3 @@ def check_input(file_pattern: str, index: str | None = None) -> list[str]:
         if not FileSystems.exists(index):
             raise DumpInputError(f"multistream index {index} does not exist")
     return paths
-
-
-def decode_read_unit(read_unit) -> Iterator[Page | dict]:
-    """Pages and dead letters of one `multistream.ReadUnit`.
-
-    `expected` lists the (page_id, title) a multistream index places in the range. Pages it
-    lists that the range yielded in no form (lost to a truncated or corrupt stream) get one
-    dead letter each, carrying the stream fault as reason, so that with an index
-    `index pages == pages read + page dead letters` holds exactly. Without an index the stream
-    fault itself is the record (no page id, the decompressed offset in its detail).
-    """
-    path, start, end, expected, shard, n_shards = read_unit
-    seen: set[int] = set()
-    stream_fault = None
-    for item in decode_pages(path, start, end, shard, n_shards):
-        if isinstance(item, Page):
-            seen.add(item.page_id)
-        elif expected and item["page_id"] is None and item["reason"] in STREAM_FAULTS:
-            stream_fault = item
-            continue
-        elif item["page_id"] is not None:
-            seen.add(item["page_id"])
-        yield item
-    missing = [(page_id, title) for page_id, title in expected if page_id not in seen]
-    for page_id, title in missing:
-        if stream_fault:
-            yield dict(stream_fault, page_id=page_id, title=title)
-        else:
-            yield dead_letter(range_source(path, start, end), page_id, title, "missing_from_stream",
-                              "listed in the index but not found in its stream")
-    if stream_fault and not missing:
-        yield stream_fault
-
-
-class _DecodeReadUnitsFn(beam.DoFn):
-    """Thin wrapper over `decode_read_unit`: counts each outcome and routes dead letters."""
-
-    def __init__(self):
-        counter = beam.metrics.Metrics.counter
-        self.pages_read = counter(NAMESPACE, "pages_read")
-        self.pages_dead_lettered = counter(NAMESPACE, "read_pages_dead_lettered")
-        self.fragments_dead_lettered = counter(NAMESPACE, "read_fragments_dead_lettered")
-        self.units_read = counter(NAMESPACE, "read_ranges")
-        self.index_pages = counter(NAMESPACE, "index_pages")
-        self.streams_lost = counter(NAMESPACE, "read_streams_lost_unindexed")
-
-    def process(self, read_unit):
-        self.units_read.inc()
-        self.index_pages.inc(len(read_unit.expected))
-        for item in decode_read_unit(read_unit):
-            if isinstance(item, Page):
-                self.pages_read.inc()
-                yield item
-                continue
-            if item["page_id"] is not None:
-                self.pages_dead_lettered.inc()
-            else:
-                self.fragments_dead_lettered.inc()
-                if item["reason"] in STREAM_FAULTS and not read_unit.expected:   # pages lost, how many unknown
-                    self.streams_lost.inc()
-            beam.metrics.Metrics.counter(NAMESPACE, f"read_{item['reason']}").inc()
-            yield beam.pvalue.TaggedOutput("dead_letters", item)
-
-
-class ReadDumpPages(beam.PTransform):
-    """Dump file(s) -> {"pages": PCollection[Page], "dead_letters": PCollection[dict]}.
-
-    Files are listed and checked when the pipeline is built (a bad `--input` fails at once with
-    its path). Each file becomes read units: one per bz2 stream range when a multistream index
-    is given or lies beside it, else one per page shard of the whole file (`page_shards`);
-    units are reshuffled so that workers decode them in parallel, and each unit is read and
-    decoded by one worker, fused with whatever consumes the pages (no dump-sized buffer
-    between read and parse).
-    """
-
-    def __init__(self, file_pattern: str, index: str | None = None, page_shards: int = 1):
-        super().__init__()
-        self.file_pattern = file_pattern
-        self.index = index
-        self.page_shards = page_shards
-
-    def expand(self, pbegin):
-        from pipeline import multistream
-
-        paths = check_input(self.file_pattern, self.index)
-        files = [(path, self.index if self.index is not None else multistream.find_index(path))
-                 for path in paths]
-        decoded = (
-            pbegin
-            | "ListDumpFiles" >> beam.Create(files)
-            | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units, self.page_shards)
-            | "SpreadReadUnits" >> beam.Reshuffle()
-            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn()).with_outputs("dead_letters", main="pages")
-        )
-        return {"pages": decoded.pages, "dead_letters": decoded.dead_letters}

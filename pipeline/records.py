@@ -23,6 +23,16 @@ from pipeline.cli import UsageError
 from pipeline.rules import Article
 from pipeline.triplets import Triplet
 
+# The triplet datasets, one folder each: sentence triplets by the strategy their negatives follow
+# (the paper's dataset and its two ablations), and title triplets.
+SENTENCE_DATASETS = {
+    "triplets-sen": "adjacent",
+    "triplets-sen-same_article": "same_article",
+    "triplets-sen-other_article": "other_article",
+}
+TITLES_DATASET = "triplets-titles"
+TRIPLET_DATASETS = (*SENTENCE_DATASETS, TITLES_DATASET)
+
 # Written last by a run (`pipeline.outputs`): {"outputs": {folder: {"records": n, "shards": [path
 # relative to the run folder, ...]}}, "stats": "stats.json"}; folders are `<dataset>/<split>`,
 # `scb`, `passages` and `dead_letters`.

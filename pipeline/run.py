@@ -24,7 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from pipeline import outputs, records, transforms
 from pipeline.cli import DataLossError, UsageError, run_cli
-from pipeline.dumps import ReadDumpPages, check_input, embedded_dump_path
+from pipeline.dumps import embedded_dump_path
+from pipeline.read import ReadDumpPages
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
@@ -108,8 +109,8 @@ class PipelineConfig:
     def triplet_datasets(self) -> list[str]:
         """The triplet datasets this run writes, in a fixed order."""
         chosen = self.negative_strategies()
-        sentence = [dataset for dataset, strategy in transforms.SENTENCE_DATASETS.items() if strategy in chosen]
-        return [*sentence, transforms.TITLES_DATASET]
+        sentence = [dataset for dataset, strategy in records.SENTENCE_DATASETS.items() if strategy in chosen]
+        return [*sentence, records.TITLES_DATASET]
 
 
 def check_spacy_model(name: str) -> None:
@@ -172,8 +173,8 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -
         )
     (
         articles
-        | f"Triplets[{transforms.TITLES_DATASET}]" >> transforms.TitleTriplets()
-        | f"Write[{transforms.TITLES_DATASET}]" >> transforms.WriteTripletSplits(out, transforms.TITLES_DATASET)
+        | f"Triplets[{records.TITLES_DATASET}]" >> transforms.TitleTriplets()
+        | f"Write[{records.TITLES_DATASET}]" >> transforms.WriteTripletSplits(out, records.TITLES_DATASET)
     )
     (
         articles
@@ -325,14 +326,13 @@ def main(argv: list[str] | None = None) -> dict:
     """Runs the job and returns what it wrote to stats.json."""
     config, beam_args = parse_args(argv)
     input_pattern = config.input or embedded_dump_path()
-    check_input(input_pattern, config.index)
     check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
     out = config.output.rstrip("/")
-    outputs.claim_output(out, config.overwrite)
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
-    build(pipeline, config, input_pattern)
+    build(pipeline, config, input_pattern)       # checks the input (ReadDumpPages), writes nothing
+    outputs.claim_output(out, config.overwrite)  # before anything is written, after every check
     result = pipeline.run()
     result.wait_until_finish()
     counters = counters_of(result, config)

@@ -14,6 +14,7 @@ from apache_beam.metrics import Metrics
 from pipeline import records, triplets
 from pipeline.dumps import NAMESPACE as COUNTER_NAMESPACE
 from pipeline.dumps import Page, dead_letter
+from pipeline.records import SENTENCE_DATASETS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
 from pipeline.sentences import SentenceSplitter
 from pipeline.splits import SPLITS, split_of
@@ -21,14 +22,7 @@ from pipeline.wikitext import parse_wikitext
 
 ARTICLE_NAMESPACE = 0
 DEAD_LETTERS = "dead_letters"
-# Dataset directory -> the strategy its negatives follow.
-SENTENCE_DATASETS = {
-    "triplets-sen": "adjacent",
-    "triplets-sen-same_article": "same_article",
-    "triplets-sen-other_article": "other_article",
-}
 DATASET_OF_STRATEGY = {strategy: dataset for dataset, strategy in SENTENCE_DATASETS.items()}
-TITLES_DATASET = "triplets-titles"
 
 
 def count(name: str, value: int = 1) -> None:

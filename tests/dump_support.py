@@ -6,7 +6,8 @@ import os
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 
-from pipeline.dumps import Page, ReadDumpPages
+from pipeline.dumps import Page
+from pipeline.read import ReadDumpPages
 from pipeline.transforms import DATASET_OF_STRATEGY
 
 # pipeline.run writes only the paper's adjacent triplets-sen by default; tests that check the

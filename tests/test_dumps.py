@@ -7,8 +7,9 @@ import pytest
 from dump_support import as_tuples, run_read
 
 from pipeline import multistream
-from pipeline.dumps import (DumpInputError, Page, ReadDumpPages, check_input, decode_pages,
-                            decompressed_chunks, embedded_dump_path, split_pages)
+from pipeline.dumps import (DumpInputError, Page, check_input, decode_pages, decompressed_chunks,
+                            embedded_dump_path, split_pages)
+from pipeline.read import ReadDumpPages
 
 
 def reference_pages(path: str) -> list[tuple]:

@@ -26,7 +26,7 @@ from pipeline.records import triplet_feature_spec
 from pipeline.rules import is_removed_section
 from pipeline.sentences import SentenceSplitter
 from pipeline.splits import SPLITS, split_of
-from pipeline.transforms import SENTENCE_DATASETS
+from pipeline.records import SENTENCE_DATASETS
 from dump_support import ALL_NEGATIVES
 
 DATASETS = ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles")

@@ -9,7 +9,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from eval import qs3m as qs3m_eval
-from eval.encoders import load_encoders
+from model.encoders import load_encoders
 from model import qs3m
 from model.qs3m_pairs import PassageRecordError, query_from_record, sample_pairs
 

@@ -2,7 +2,7 @@
 import pytest
 
 from eval import qs3m as qs3m_eval
-from eval.encoders import load_encoders
+from model.encoders import load_encoders
 from model import qs3m
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from eval.encoders import (ConcatEncoder, EncoderSpecError, MeanVectorsEncoder, TfidfEncoder, default_encoder_specs,
+from model.encoders import (ConcatEncoder, EncoderSpecError, MeanVectorsEncoder, TfidfEncoder, default_encoder_specs,
                            load_encoders, model_dir_specs)
 from model.encoder import SentenceEncoder
 from model.text import tokenize
