@@ -116,3 +116,20 @@ def test_scb_job_scores_a_seeded_sample_of_articles(tmp_path):
     assert all(len(ids) == 2 and ids <= {a["article_id"] for a in articles} for ids in sampled)
     assert sampled[0] == sampled[1]                 # same seed, same articles
     assert len(set(sampled)) > 1                    # the seed chooses them
+
+
+def test_a_missing_model_dir_is_one_error_line_before_any_work(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    write_scb(tmp_path / "data")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "eval.scb", "--data", str(tmp_path / "data"), "--output", str(out),
+                           "--model-dir", f"triplets-sen={tmp_path / 'no-such-model'}"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: --model-dir {tmp_path / 'no-such-model'}: no trained encoder ({tmp_path / 'no-such-model'}/encoder/"
+        "saved_model.pb does not exist; python -m model.train writes it)")
+    assert not out.exists()
