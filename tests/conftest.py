@@ -65,3 +65,16 @@ def embedded_pipeline_output(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pipeline-out")
     pipeline_run.main(["--output", str(out), "--runner", "DirectRunner", *ALL_NEGATIVES])
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(embedded_pipeline_output, tmp_path_factory):
+    """A tiny encoder trained for a few steps on the embedded triplets-sen (not to be good, to be real)."""
+    from model.config import TrainConfig
+    from model.train import train
+
+    model_dir = tmp_path_factory.mktemp("eval-models") / "triplets-sen"
+    train(TrainConfig(data=str(embedded_pipeline_output), model_dir=str(model_dir), epochs=1, steps=3,
+                      batch_size=16, lstm_units=8, attention_size=4, patience=1, progress=False,
+                      vocabulary="train"))
+    return str(model_dir)

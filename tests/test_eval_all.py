@@ -3,24 +3,10 @@ baselines and a tiny trained encoder in one table per evaluation, plus SICK on a
 import gzip
 import json
 
-import pytest
 
 from eval import all as eval_all
 from eval.clustering import ALGORITHMS
 from test_eval_sick import write_sick_fixture
-
-
-@pytest.fixture(scope="module")
-def tiny_model(embedded_pipeline_output, tmp_path_factory):
-    """A tiny encoder trained for a few steps on the embedded triplets-sen (not to be good, to be real)."""
-    from model.config import TrainConfig
-    from model.train import train
-
-    model_dir = tmp_path_factory.mktemp("eval-models") / "triplets-sen"
-    train(TrainConfig(data=str(embedded_pipeline_output), model_dir=str(model_dir), epochs=1, steps=3,
-                      batch_size=16, lstm_units=8, attention_size=4, patience=1, progress=False,
-                      vocabulary="train"))
-    return str(model_dir)
 
 
 def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny_model, tmp_path):

@@ -1,0 +1,167 @@
+"""Embeds a corpus with a trained encoder through Beam's RunInference, into Parquet.
+
+    python -m model.embed --model-dir MODEL --output DIR (--input 'GLOB' | --data RUN --source scb|passages)
+        [--text-field text] [--id-field id] [Beam options]
+
+Inputs: text files (one sentence per line; id `file#hash`, a stable hash of the line, since
+Beam reads a file in parallel ranges without line numbers), JSON lines (`--text-field`,
+`--id-field`; a `.jsonl.gz` is read as gzip), or a pipeline run's `scb/` (every sentence; id
+`article_id:index`) or `passages/` (every paragraph of the kept sections; id
+`article_id:section:paragraph`), the latter two listed from the run's manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id`
+(string), `text` (string) and `embedding` (fixed-size list of float32, the encoder's width),
+written by Beam's `WriteToParquet` (pyarrow).
+
+`EncoderModelHandler` is the project's RunInference handler: Beam batches sentences
+(`BatchElements`, `--min-batch`/`--max-batch`), loads the encoder once per worker process and
+shares it across threads, and calls `encode` on each batch. It is keyed (`KeyedModelHandler`)
+so ids travel with their sentences.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Iterable, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline import records
+from pipeline.cli import UsageError, run_cli
+from pipeline.splits import stable_hash
+
+SOURCES = ("scb", "passages")
+
+
+class EncoderModelHandler(ModelHandler[str, PredictionResult, Any]):
+    """RunInference over a trained encoder (`model.encoder.load_encoder`): str -> its embedding."""
+
+    def __init__(self, model_dir: str, min_batch_size: int = 32, max_batch_size: int = 512):
+        super().__init__()
+        self.model_dir = model_dir
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size
+
+    def load_model(self):
+        from model.encoder import load_encoder
+
+        return load_encoder(self.model_dir, batch_size=self.max_batch_size)
+
+    def run_inference(self, batch: Sequence[str], model, inference_args=None) -> Iterable[PredictionResult]:
+        embeddings = model.encode(list(batch))
+        return [PredictionResult(sentence, embedding) for sentence, embedding in zip(batch, embeddings)]
+
+    def batch_elements_kwargs(self):
+        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
+
+    def share_model_across_processes(self) -> bool:
+        return False
+
+    def get_metrics_namespace(self) -> str:
+        return "wikisim_embed"
+
+
+def parquet_schema(dim: int) -> pa.Schema:
+    return pa.schema([("id", pa.string()), ("text", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
+
+
+def embedding_width(model_dir: str) -> int:
+    """The encoder's output width, read once at pipeline construction (the Parquet schema needs it)."""
+    from model.encoder import load_encoder
+
+    return load_encoder(model_dir).dim
+
+
+def sentences_of_record(record: dict, source: str) -> Iterable[tuple[str, str]]:
+    """(id, text) of every sentence (scb) or paragraph (passages) of one pipeline record."""
+    article = record["article_id"]
+    if source == "scb":
+        for index, text in enumerate(record["sentences"]):
+            yield f"{article}:{index}", text
+        return
+    for section, content in enumerate(record["sections"]):
+        for paragraph, passage in enumerate(content["paragraphs"]):
+            yield f"{article}:{section}:{paragraph}", passage["text"]
+
+
+def read_inputs(pipeline: beam.Pipeline, args: argparse.Namespace) -> beam.PCollection:
+    """(id, text) pairs of every input sentence."""
+    if args.data:
+        files = records.manifest_output(args.data, args.source)[0]
+        source = args.source
+        return (pipeline
+                | "ListRecords" >> beam.Create(files)
+                | "ReadRecords" >> beam.io.ReadAllFromText()
+                | "Sentences" >> beam.FlatMap(lambda line: sentences_of_record(json.loads(line), source)))
+    lines = pipeline | "ReadLines" >> beam.io.ReadFromTextWithFilename(args.input)
+    if args.input.rstrip(".gz").endswith((".jsonl", ".json")):
+        text_field, id_field = args.text_field, args.id_field
+
+        def from_json(named_line):
+            name, line = named_line
+            record = json.loads(line)
+            return str(record.get(id_field, f"{name}:{record.get(text_field, '')[:40]}")), record[text_field]
+
+        return lines | "FromJson" >> beam.Map(from_json)
+    return (lines
+            | "NonEmpty" >> beam.Filter(lambda named_line: named_line[1].strip())
+            | "Ids" >> beam.Map(lambda named_line: (f"{named_line[0]}#{stable_hash(named_line[1]):016x}", named_line[1])))
+
+
+def to_row(keyed: tuple[str, PredictionResult]) -> dict:
+    key, result = keyed
+    return {"id": key, "text": result.example, "embedding": np.asarray(result.inference, np.float32).tolist()}
+
+
+def build(pipeline: beam.Pipeline, args: argparse.Namespace, dim: int) -> None:
+    handler = KeyedModelHandler(EncoderModelHandler(args.model_dir, args.min_batch, args.max_batch))
+    (read_inputs(pipeline, args)
+     | "Embed" >> RunInference(handler)
+     | "ToRows" >> beam.Map(to_row)
+     | "WriteParquet" >> beam.io.WriteToParquet(FileSystems.join(args.output, "embeddings"), parquet_schema(dim),
+                                                 file_name_suffix=".parquet"))
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m model.embed", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", required=True, help="a trained model dir (holding encoder/), local or gs://")
+    parser.add_argument("--output", required=True, help="folder for embeddings-*.parquet, local or gs://")
+    parser.add_argument("--input", help="text or JSON-lines files (glob), local or gs://")
+    parser.add_argument("--data", help="a pipeline run folder; with --source")
+    parser.add_argument("--source", choices=SOURCES, default="scb", help="which output of the run to embed")
+    parser.add_argument("--text-field", default="text", help="JSON lines: the field holding the sentence")
+    parser.add_argument("--id-field", default="id", help="JSON lines: the field holding its id")
+    parser.add_argument("--min-batch", type=int, default=32, help="smallest batch RunInference forms")
+    parser.add_argument("--max-batch", type=int, default=512, help="largest batch RunInference forms")
+    args, beam_args = parser.parse_known_args(argv)
+    if bool(args.input) == bool(args.data):
+        raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
+    if args.input and not FileSystems.match([args.input])[0].metadata_list:
+        raise UsageError(f"--input {args.input} matches no file")
+    if args.data:
+        records.manifest_output(args.data, args.source)     # a published run holding the source
+    return args, beam_args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, beam_args = parse_args(argv)
+    from model.encoders import check_encoder_specs
+
+    check_encoder_specs([f"saved:embed={args.model_dir}"])
+    dim = embedding_width(args.model_dir)
+    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+    build(pipeline, args, dim)
+    result = pipeline.run()
+    result.wait_until_finish()
+    files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
+                   .metadata_list)
+    print(f"embeddings ({dim} floats per sentence) in {len(files)} Parquet file(s) under {args.output}")
+    return {"dim": dim, "files": files}
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,37 @@
+"""model.embed: the excerpt's SCB sentences and a JSON-lines file embedded by RunInference into Parquet."""
+import gzip
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from model import embed
+from model.encoder import load_encoder
+
+
+def _rows(folder):
+    table = pq.read_table([str(p) for p in sorted(folder.glob("embeddings-*.parquet"))])
+    return {row["id"]: row for row in table.to_pylist()}, table.schema
+
+
+def test_embeds_the_runs_scb_sentences_like_the_encoder(embedded_pipeline_output, tiny_model, tmp_path):
+    result = embed.main(["--model-dir", tiny_model, "--data", str(embedded_pipeline_output), "--source", "scb",
+                         "--output", str(tmp_path / "out"), "--max-batch", "64"])
+    rows, schema = _rows(tmp_path / "out")
+    articles = [json.loads(line) for path in sorted((embedded_pipeline_output / "scb").glob("*.jsonl.gz"))
+                for line in gzip.open(path, "rt")]
+    expected = {f"{a['article_id']}:{i}": text for a in articles for i, text in enumerate(a["sentences"])}
+    assert result["dim"] == 16 and str(schema.field("embedding").type) == "fixed_size_list<item: float>[16]"
+    assert {key: row["text"] for key, row in rows.items()} == expected        # every sentence once, by id
+    some = sorted(expected)[:50]
+    direct = load_encoder(tiny_model).encode([expected[key] for key in some])
+    np.testing.assert_allclose(np.array([rows[key]["embedding"] for key in some]), direct, rtol=1e-4, atol=1e-5)
+
+
+def test_embeds_json_lines_with_their_ids(tiny_model, tmp_path):
+    source = tmp_path / "sentences.jsonl"
+    source.write_text("".join(json.dumps({"id": f"s{i}", "text": text}) + "\n"
+                              for i, text in enumerate(["The striker scored.", "Bake the bread.", "A star."])))
+    embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(tmp_path / "out")])
+    rows, _ = _rows(tmp_path / "out")
+    assert sorted(rows) == ["s0", "s1", "s2"] and rows["s1"]["text"] == "Bake the bread."
