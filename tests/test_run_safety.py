@@ -129,3 +129,22 @@ def test_a_page_without_its_own_id_is_not_named_by_its_revision_id():
     page = b"<page><title>No id</title><ns>0</ns><revision><id>987</id><text>x</text></revision></page>"
     assert page_id_and_title(page) == (None, "No id")
     assert page_id_and_title(page.replace(b"<ns>0</ns>", b"<ns>0</ns><id>12</id>")) == (12, "No id")
+
+
+def test_a_second_run_into_a_folder_being_written_refuses_and_the_first_completes(small_multistream, tmp_path):
+    import time
+
+    dump, _ = small_multistream
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump),
+                              "--seed", "0", *FAST], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / outputs.LOCK).exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the first run never took the folder"
+        time.sleep(0.2)
+    second = _cli("--output", str(out), "--input", str(dump), "--seed", "1", *FAST)
+    assert second.returncode == 2 and "lock: another run is writing to it" in second.stderr.strip().splitlines()[-1]
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-2000:]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["config"]["seed"] == 0 and (out / records.MANIFEST).exists()
