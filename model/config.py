@@ -18,10 +18,9 @@ class TrainConfig:
     dataset: str = "triplets-sen"
     embeddings: str | None = None          # GloVe text file (local/gs://); None = embedded GloVe 6B 50d
     fine_tune_embeddings: bool = False
-    epochs: int = 4                        # evaluation points: validation, checkpoint, curve after each
-    steps: int | None = 50                 # steps per epoch (data repeated); None = one pass per epoch;
-                                           # the defaults (4 x 50 x 128) are sized for the demo: two passes
-                                           # over the excerpt's 12 k training triplets
+    epochs: int = 4                        # after each: validation, checkpoint, a learning-curve point
+    steps: int | None = 50                 # steps per epoch, the data repeated; None = one pass per epoch.
+                                           # 4 x 50 steps x 128 triplets: two passes over the demo's 12 k
     batch_size: int = 128                  # per replica; global batch = batch_size x replicas
     learning_rate: float = 1e-3
     article_chunk: int = 16                # triplets of one article kept together in a batch, their shared

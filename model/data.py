@@ -20,8 +20,7 @@ from pipeline import records
 from pipeline.cli import DataLossError, UsageError
 
 LOG = logging.getLogger(__name__)
-FEATURES = {**{key: tf.io.FixedLenFeature([], tf.string) for key in TRIPLET_KEYS},
-            "article_id": tf.io.FixedLenFeature([], tf.int64)}
+FEATURES = {key: spec for key, spec in records.triplet_feature_spec().items() if key in (*TRIPLET_KEYS, "article_id")}
 
 
 class TripletDataError(UsageError):

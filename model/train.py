@@ -375,7 +375,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
                                         monitor="val_triplet_accuracy", mode="max", save_best_only=True),
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience,
                                       restore_best_weights=True),
-        keras.callbacks.TensorBoard(f"{model_dir}/logs"),
+        keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=config.checkpoint_every),   # scalars every N steps and per epoch
         curve,
         *([budget] if budget else []),
         *(extra_callbacks or []),

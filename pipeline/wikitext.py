@@ -90,7 +90,8 @@ class ParsedPage(NamedTuple):
 def parse_wikitext(text: str) -> ParsedPage:
     """Parses one page's wikitext into its lead and top-level sections of prose paragraphs.
 
-    Raises mwparserfromhell's ParserError on wikitext the parser rejects; callers count it.
+    Lets whatever mwparserfromhell raises on wikitext it cannot parse through (its ParserError,
+    or RecursionError on thousands of nested templates); the caller dead-letters the page.
     """
     wikicode = mwparserfromhell.parse(text)
     lead: list[Paragraph] = []
