@@ -146,9 +146,10 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
     The batch is cut into `replicas` blocks (the first ones full, like `tf.distribute`'s own
     split); each block holds its distinct sentences once (`sentences` [s, t], sorted by length)
     and each triplet's rows in them (`roles` [n, 3]). Blocks are padded to a common shape and
-    stacked on a leading replica axis, so a strategy splits the global batch into whole blocks;
-    padded triplets have sample weight 0. The label is the constant 0 = "the positive is
-    distances[..., 0]"."""
+    stacked on a leading replica axis, so a strategy splits the global batch into whole blocks.
+    Labels and sample weights are flat ([replicas * n], one per triplet, split alike), so Keras
+    averages metrics over triplets, not over batches; padded triplets have sample weight 0. The
+    label is the constant 0 = "the positive is distances[..., 0]"."""
     count = tf.shape(batch["anchor"])[0]
     per_replica = -(-count // replicas)
     blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in TRIPLET_KEYS},
@@ -162,8 +163,8 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
 
     inputs = {"sentences": tf.stack([pad_rows(pad_ids(sentences, width), rows) for sentences, _ in blocks]),
               "roles": tf.stack([pad_rows(roles, triplets) for _, roles in blocks])}
-    weights = tf.stack([pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles in blocks])
-    return inputs, tf.zeros([replicas, triplets], tf.int32), weights
+    weights = tf.concat([pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles in blocks], axis=0)
+    return inputs, tf.zeros([replicas * triplets], tf.int32), weights
 
 
 def with_known_length(batches: tf.data.Dataset) -> tf.data.Dataset:

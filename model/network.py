@@ -67,7 +67,8 @@ class SharedSentenceDistances(keras.layers.Layer):
     self-contained block per replica, so `tf.distribute` can split a global batch on axis 0):
     `sentences` [1, s, t] int ids of the batch's distinct sentences, shortest first, and
     `roles` [1, n, 3] the rows of each triplet's anchor, positive and negative. Net runs on
-    `slices` length slices of the sentences, each cut to its longest sentence."""
+    `slices` length slices of the sentences, each cut to its longest sentence. Output: [n, 2]
+    (labels and sample weights are flat, [replicas * n], so Keras weighs every triplet alike)."""
 
     def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, **kwargs):
         super().__init__(**kwargs)
@@ -84,9 +85,8 @@ class SharedSentenceDistances(keras.layers.Layer):
             pieces.append(self.sentence_encoder(rows[:, :width]))
         embeddings = tf.concat(pieces, axis=0)
         anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
-        distances = tf.stack([tf.reduce_sum(tf.abs(anchor - positive), axis=-1),
-                              tf.reduce_sum(tf.abs(anchor - negative), axis=-1)], axis=-1)
-        return distances[None]
+        return tf.stack([tf.reduce_sum(tf.abs(anchor - positive), axis=-1),
+                         tf.reduce_sum(tf.abs(anchor - negative), axis=-1)], axis=-1)
 
     def get_config(self):
         return {**super().get_config(), "slices": self.slices,
@@ -137,7 +137,7 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
 
 
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES) -> keras.Model:
-    """The same Net on (x, x+, x-) -> distances [1, n, 2] = (d+, d-), from a batch given as its
+    """The same Net on (x, x+, x-) -> distances [n, 2] = (d+, d-), from a batch given as its
     distinct sentences and each triplet's rows in them (see `SharedSentenceDistances`)."""
     inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
               "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles")}

@@ -254,7 +254,8 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
 
     correct = total = 0.0
     for inputs, _, weights in batches.as_numpy_iterator():
-        for sentences, roles, weight in zip(inputs["sentences"], inputs["roles"], weights):
+        for sentences, roles, weight in zip(inputs["sentences"], inputs["roles"],
+                                            weights.reshape(len(inputs["roles"]), -1)):
             vectors = means(sentences)
             anchor, positive, negative = (vectors[roles[:, role]] for role in range(3))
             correct += float(((cosine(anchor, positive) > cosine(anchor, negative)) * weight).sum())

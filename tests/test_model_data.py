@@ -40,7 +40,9 @@ def _decoded_triplets(inputs, weights, vocabulary):
     """The (anchor, positive, negative) token lists of every real (weight 1) triplet of a batch."""
     words = ["<pad>"] + vocabulary
     out = []
-    for sentences, roles, weight in zip(inputs["sentences"].numpy(), inputs["roles"].numpy(), weights.numpy()):
+    blocks = inputs["roles"].shape[0]
+    for sentences, roles, weight in zip(inputs["sentences"].numpy(), inputs["roles"].numpy(),
+                                        weights.numpy().reshape(blocks, -1)):
         text = [" ".join(words[i] for i in row if i) for row in sentences]
         out += [tuple(text[row] for row in triplet) for triplet, w in zip(roles, weight) if w]
     return out
@@ -57,7 +59,8 @@ def test_every_triplet_once_per_pass_with_its_roles_together(options):
     for inputs, labels, weights in training_batches(_dataset(triplets), word_ids, 16, shuffle_buffer=100, seed=3,
                                                     **options):
         replicas = options.get("replicas", 1)
-        assert inputs["sentences"].shape[0] == inputs["roles"].shape[0] == labels.shape[0] == replicas
+        assert inputs["sentences"].shape[0] == inputs["roles"].shape[0] == replicas
+        assert labels.shape == weights.shape == (replicas * inputs["roles"].shape[1],)   # one per triplet
         assert weights.numpy().sum() <= 16 * replicas
         seen.update(_decoded_triplets(inputs, weights, vocabulary))
     assert seen == expected                                # each triplet exactly once, roles aligned
@@ -99,3 +102,23 @@ def test_known_length_matches_the_pass():
                                                  group_by_length=False))
     assert int(batches.cardinality()) == 5
     assert sum(float(w.numpy().sum()) for _, _, w in batches) == 70
+
+
+def test_keras_metrics_weigh_every_triplet_alike_across_uneven_batches():
+    """evaluate's accuracy is the share of triplets right, not a mean of batch means (the last,
+    smaller batch of a pass must not count as much as a full one). Multi-replica blocks are
+    checked by the mirrored training test."""
+    from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
+
+    triplets = _triplets(70)
+    word_ids = _word_ids(70)
+    matrix = np.random.default_rng(0).normal(size=(word_ids.num_ids, 6)).astype(np.float32)
+    model = build_triplet_model(build_sentence_encoder(matrix, lstm_units=4, attention_size=3))
+    compile_triplet_model(model)
+    batches = with_known_length(training_batches(_dataset(triplets), word_ids, 16, article_chunk=0,
+                                                 group_by_length=False))      # 4 x 16 + 6
+    right = 0
+    for inputs, _, _ in batches:
+        distances = model(inputs).numpy()
+        right += int((distances[:, 0] < distances[:, 1]).sum())
+    assert model.evaluate(batches, verbose=0, return_dict=True)["triplet_accuracy"] == pytest.approx(right / 70)

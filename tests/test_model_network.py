@@ -52,13 +52,13 @@ def test_triplet_model_outputs_l1_distances_from_shared_sentences(slices):
     sentences = np.array([[3, 0, 0], [1, 2, 0], [4, 5, 0], [6, 7, 9]], np.int32)   # distinct, shortest first
     roles = np.array([[1, 1, 3], [0, 2, 0]], np.int32)                           # rows of (x, x+, x-)
     distances = model({"sentences": sentences[None], "roles": roles[None]}).numpy()
-    assert distances.shape == (1, 2, 2)
+    assert distances.shape == (2, 2)
     embedded = encoder(sentences).numpy()
     for triplet, (anchor, positive, negative) in enumerate(roles):
-        np.testing.assert_allclose(distances[0, triplet], [np.abs(embedded[anchor] - embedded[positive]).sum(),
+        np.testing.assert_allclose(distances[triplet], [np.abs(embedded[anchor] - embedded[positive]).sum(),
                                                            np.abs(embedded[anchor] - embedded[negative]).sum()],
                                    rtol=1e-5)
-    assert distances[0, 0, 0] == 0 and distances[0, 1, 1] == 0   # a sentence is at distance 0 of itself
+    assert distances[0, 0] == 0 and distances[1, 1] == 0         # a sentence is at distance 0 of itself
 
 
 def test_paper_loss_and_accuracy_on_hand_made_distances():
