@@ -59,11 +59,14 @@ def test_triplets_job_scores_baselines_and_trained_encoders(topic_shards, tiny_m
     assert (tmp_path / "triplets_accuracy.png").stat().st_size > 0
 
 
-def test_triplets_job_names_missing_shards(tmp_path):
+def test_triplets_job_names_missing_shards(tmp_path, topic_shards):
     from model.data import TripletDataError
 
-    with pytest.raises(TripletDataError, match="triplets-sen/test"):
+    with pytest.raises(TripletDataError, match=f"{tmp_path} has no manifest.json"):
         triplets.main(["--data", str(tmp_path), "--output", str(tmp_path / "out")])
+    with pytest.raises(TripletDataError, match="lists no triplets-sen-other_article/test"):
+        triplets.main(["--data", topic_shards, "--dataset", "triplets-sen-other_article",
+                       "--output", str(tmp_path / "out")])
 
 
 def test_a_seeded_sample_of_triplets_is_the_same_in_every_run(topic_shards):
