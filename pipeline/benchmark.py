@@ -190,7 +190,7 @@ def profile_pipeline(input_path: str, output: Path, top: int) -> dict:
 
     profiler = cProfile.Profile()
     profiler.enable()
-    pipeline_run.main(["--input", input_path, "--output", str(output), "--runner", "DirectRunner"])
+    pipeline_run.main(["--input", input_path, "--output", str(output), "--overwrite", "--runner", "DirectRunner"])
     profiler.disable()
     stats = pstats.Stats(profiler)
     by_library: dict[str, float] = {}
