@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
+from pipeline.outputs import write_bytes  # noqa: E402
 
 # Ein Dor et al. 2018, Table 3 (triplet accuracy on their triplets-sen test set), as quoted by the
 # sentence-transformers documentation of its wikipedia-sections models. Their numbers, on their
@@ -32,11 +33,6 @@ def read_jsonl(pattern: str) -> list[dict]:
         with FileSystems.open(metadata.path) as handle:
             rows += [json.loads(line) for line in handle.read().decode("utf-8").splitlines() if line.strip()]
     return rows
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    with FileSystems.create(path) as handle:
-        handle.write(data)
 
 
 def write_text(path: str, text: str) -> None:

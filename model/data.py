@@ -37,12 +37,8 @@ def list_shards(data: str, dataset: str, split: str) -> list[str]:
     return _manifest_entry(data, dataset, split)[0]
 
 
-def manifest_records(data: str, dataset: str, split: str) -> int:
-    """Triplets the pipeline wrote to the split (its manifest's count)."""
-    return _manifest_entry(data, dataset, split)[1]
-
-
 def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int]:
+    """(shard paths, records written) of the split, from the run's manifest."""
     try:
         return records.manifest_output(data, f"{dataset}/{split}")
     except records.ManifestError as error:
@@ -82,7 +78,7 @@ def read_records(shards: list[str], deterministic: bool = False) -> tf.data.Data
 
 def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
     """Serialized Examples -> {anchor, positive, negative} strings and the int64 article_id. An undecodable record is
-    skipped with a logged warning (tf.data's ignore_errors), never fatal; `count_unparseable`
+    skipped with a logged warning (tf.data's ignore_errors), never fatal; `count_records`
     counts them for the trainer's summary."""
     return (records.map(lambda record: tf.io.parse_single_example(record, FEATURES),
                         num_parallel_calls=tf.data.AUTOTUNE)
@@ -93,11 +89,11 @@ def count_records(data: str, dataset: str, split: str) -> dict[str, int]:
     """What reading the split loses, against its manifest: `lost` records (a corrupt or
     truncated shard is read up to where it breaks) and `unparseable` ones (read but not a
     triplet Example: `parse_triplets` skips them)."""
-    records_read = read_records(list_shards(data, dataset, split))
+    shards, expected = _manifest_entry(data, dataset, split)
+    records_read = read_records(shards)
     count = lambda ds: int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
     raw = count(records_read)
-    return {"expected": manifest_records(data, dataset, split), "read": raw,
-            "lost": max(0, manifest_records(data, dataset, split) - raw),
+    return {"expected": expected, "read": raw, "lost": max(0, expected - raw),
             "unparseable": raw - count(parse_triplets(records_read))}
 
 

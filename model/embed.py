@@ -5,7 +5,7 @@
 
 Inputs: text files (one sentence per line; id `file#hash`, a stable hash of the line, since
 Beam reads a file in parallel ranges without line numbers), JSON lines (`--text-field`,
-`--id-field`; a `.jsonl.gz` is read as gzip), or a pipeline run's `scb/` (every sentence; id
+`--id-field`, the same `file#hash` where a record has no id; a `.jsonl.gz` is read as gzip), or a pipeline run's `scb/` (every sentence; id
 `article_id:index`) or `passages/` (every paragraph of the kept sections; id
 `article_id:section:paragraph`), the latter two listed from the run's manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id`
 (string), `text` (string) and `embedding` (fixed-size list of float32, the encoder's width),
@@ -98,18 +98,24 @@ def read_inputs(pipeline: beam.Pipeline, args: argparse.Namespace) -> beam.PColl
                 | "ReadRecords" >> beam.io.ReadAllFromText()
                 | "Sentences" >> beam.FlatMap(lambda line: sentences_of_record(json.loads(line), source)))
     lines = pipeline | "ReadLines" >> beam.io.ReadFromTextWithFilename(args.input)
-    if args.input.rstrip(".gz").endswith((".jsonl", ".json")):
+    if args.input.removesuffix(".gz").endswith((".jsonl", ".json")):
         text_field, id_field = args.text_field, args.id_field
 
         def from_json(named_line):
             name, line = named_line
             record = json.loads(line)
-            return str(record.get(id_field, f"{name}:{record.get(text_field, '')[:40]}")), record[text_field]
+            text = record[text_field]
+            return (str(record[id_field]) if id_field in record else line_id(name, text)), text
 
         return lines | "FromJson" >> beam.Map(from_json)
     return (lines
             | "NonEmpty" >> beam.Filter(lambda named_line: named_line[1].strip())
-            | "Ids" >> beam.Map(lambda named_line: (f"{named_line[0]}#{stable_hash(named_line[1]):016x}", named_line[1])))
+            | "Ids" >> beam.Map(lambda named_line: (line_id(*named_line), named_line[1])))
+
+
+def line_id(file_name: str, text: str) -> str:
+    """The id of a line that carries none: its file and a stable hash of its text."""
+    return f"{file_name}#{stable_hash(text):016x}"
 
 
 def to_row(keyed: tuple[str, PredictionResult]) -> dict:
@@ -149,10 +155,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_args(argv)
-    from model.encoders import check_encoder_specs
-
-    check_encoder_specs([f"saved:embed={args.model_dir}"])
-    dim = embedding_width(args.model_dir)
+    dim = embedding_width(args.model_dir)     # a missing encoder is FileNotFoundError: one line, exit 2
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
     build(pipeline, args, dim)
     result = pipeline.run()

@@ -24,13 +24,13 @@ from typing import Any, Sequence
 import keras
 import numpy as np
 import tensorflow as tf
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
 from model.encoder import SentenceEncoder
 from model.qs3m_pairs import LABELINGS, Pair, PassageRecordError, Query, query_from_record, sample_pairs
 from pipeline.cli import run_cli
+from pipeline.outputs import write_bytes
 
 QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of passages"}
 MODEL_KINDS = ("qs3m", "qss", "qs3m-noq")
@@ -43,12 +43,6 @@ def read_bytes(path: str) -> bytes:
     """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
     with FileSystems.open(path) as handle:
         return handle.read()
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes exactly `data` (no compression by extension) through Beam FileSystems."""
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(data)
 
 
 def read_queries(pattern: str) -> tuple[list[Query], list[dict]]:

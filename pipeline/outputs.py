@@ -18,6 +18,7 @@ import os
 import socket
 import time
 
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline import records
@@ -46,8 +47,9 @@ def _entries(out: str) -> list[str]:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    """Writes through Beam's FileSystems, so `path` may be local or gs://."""
-    with FileSystems.create(path) as handle:
+    """Writes exactly `data` (no compression chosen by extension) through Beam's FileSystems, so
+    `path` may be local or gs://. The one such helper: eval and model import it."""
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         handle.write(data)
 
 
