@@ -180,7 +180,7 @@ def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
 
 def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int, *,
                      shuffle_buffer: int = 0, repeat: bool = False, seed: int = 0, article_chunk: int = 16,
-                     group_by_length: bool = True, replicas: int = 1) -> tf.data.Dataset:
+                     group_by_length: bool = True, replicas: int = 1, skip_batches: int = 0) -> tf.data.Dataset:
     """(inputs, labels, weights) batches for Keras (`shared_sentences`), `batch_size` triplets
     per replica; every triplet appears exactly once per pass, its three roles together.
 
@@ -189,7 +189,12 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
     articles whose shared sentences are encoded once. With `article_chunk` 0, triplets are
     shuffled one by one and, with `group_by_length`, grouped by their longest sentence
     (`LENGTH_BOUNDARIES`), each group batched on its own so a batch is padded only to
-    similar-length sentences (the last batch of a group may be smaller)."""
+    similar-length sentences (the last batch of a group may be smaller).
+
+    `skip_batches` drops the stream's first batches before they become model inputs: a resumed
+    run (`model.train`) continues at the first batch it had not trained on. The stream is the same
+    in every process only when `triplets` is read in a fixed order (`deterministic`) and
+    shuffled with a `seed`."""
     global_batch = batch_size * replicas
     if article_chunk:
         triplets = article_chunks(triplets, article_chunk)
@@ -213,5 +218,6 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
                 bucket_batch_sizes=[global_batch] * (len(LENGTH_BOUNDARIES) + 1), no_padding=True)
         else:
             batches = triplets.batch(global_batch)
-    return (batches.map(lambda batch: shared_sentences(batch, word_ids, replicas), num_parallel_calls=tf.data.AUTOTUNE)
+    return (batches.skip(skip_batches)
+            .map(lambda batch: shared_sentences(batch, word_ids, replicas), num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))

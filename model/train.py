@@ -5,8 +5,17 @@
         [--strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
 
 Writes into the model dir: `vocabulary.txt`, `backup/` (BackupAndRestore: a killed job resumes
-from its last backup), `checkpoints/best.weights.h5`, `logs/` (TensorBoard), `history.json`,
+from its last backup, at the step it holds), `checkpoints/best.{weights.h5,json}` (the best
+validation epoch, which is tested and exported), `logs/` (TensorBoard), `history.json`,
 `training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}).
+
+Resuming: the training stream is the same seeded stream in every run (shards read in a fixed
+order, a seeded shuffle), so a resumed run starts it at the backup's optimizer step: no batch is
+trained twice, none is skipped, and the epoch count goes on from the backup's epoch. The epoch the
+job was killed in then runs a full `--steps` from that step (Keras cannot run a shorter first
+epoch), so a resumed run of N epochs trains at most one epoch's steps more than an unbroken one.
+With pass-long epochs (`--steps none`) the interrupted pass restarts. The time budget counts
+from each start.
 
 A remote model dir (`gs://...`, any Beam FileSystems scheme) is staged in a local directory
 (`model.storage`: TensorFlow's GCS filesystem cannot reach the emulator the tests use, Beam's
@@ -157,21 +166,24 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
     return matrix
 
 
-def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: int) -> tf.data.Dataset:
-    """Training batches are shuffled (and repeated when `--steps` sets the epoch length);
-    a pass-long epoch or an evaluation has its batches counted first (one pass) so Keras stops
+def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: int,
+                  resume_at_step: int = 0) -> tf.data.Dataset:
+    """Training batches are shuffled (and repeated when `--steps` sets the epoch length), the
+    same seeded stream in every run, so a resumed run starts it at `resume_at_step`; a
+    pass-long epoch or an evaluation has its batches counted first (one pass) so Keras stops
     at its end. Validation and test score a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`),
     the same at every epoch and in every run."""
     training = split == "train"
     if training or not config.evaluation_triplets:
-        triplets = triplet_strings(config.data, config.dataset, split)
+        triplets = triplet_strings(config.data, config.dataset, split, deterministic=training)
     else:
         triplets = triplet_sample(config.data, config.dataset, split, config.evaluation_triplets, config.seed)
     repeat = training and config.steps is not None
     batches = training_batches(triplets, word_ids, config.batch_size, replicas=replicas,
                                shuffle_buffer=config.shuffle_buffer if training else 0, repeat=repeat,
                                seed=config.seed, article_chunk=config.article_chunk,
-                               group_by_length=config.group_by_length)
+                               group_by_length=config.group_by_length,
+                               skip_batches=resume_at_step if repeat else 0)
     return batches if repeat else with_known_length(batches)
 
 
@@ -283,7 +295,7 @@ def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
 def time_budget(minutes: float):
     """Keras callback that stops training after the step during which `minutes` of wall-clock
     time (counted from the start of `fit`) ran out; Keras then still validates that epoch, so
-    the curve, the best checkpoint and the export see the last weights. No Keras callback
+    the curve and the best checkpoint (what is exported) see the last weights. No Keras callback
     stops on time, hence this one."""
     import keras
 
@@ -299,6 +311,42 @@ def time_budget(minutes: float):
     return TimeBudget()
 
 
+def restored_step(model, backup_dir: str) -> int:
+    """The training step a killed run's backup holds (0 without one). Read before `fit` so the
+    training stream can continue at the first batch not yet trained on; BackupAndRestore, which
+    restores only weights and the epoch, loads the same backup again when `fit` begins."""
+    backup = f"{backup_dir}/latest.weights.h5"
+    if not tf.io.gfile.exists(backup):
+        return 0
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(backup)
+    return int(model.optimizer.iterations)
+
+
+def best_checkpoint(directory: str):
+    """Keras callback keeping `best.weights.h5`, the weights of the best validation epoch, with
+    its score in `best.json`: a resumed run starts from that score, so an epoch worse than one
+    of the killed run's never replaces its checkpoint (ModelCheckpoint alone forgets its best)."""
+    import keras
+
+    score_path = f"{directory}/best.json"
+    previous_best = None
+    if tf.io.gfile.exists(score_path):
+        with tf.io.gfile.GFile(score_path) as handle:
+            previous_best = json.load(handle)["val_triplet_accuracy"]
+
+    class BestCheckpoint(keras.callbacks.ModelCheckpoint):
+        def on_epoch_end(self, epoch, logs=None):
+            best_before = self.best
+            super().on_epoch_end(epoch, logs)
+            if self.best != best_before:
+                with tf.io.gfile.GFile(score_path, "w") as handle:
+                    json.dump({"val_triplet_accuracy": float(self.best), "epoch": epoch + 1}, handle)
+
+    return BestCheckpoint(f"{directory}/best.weights.h5", save_weights_only=True, monitor="val_triplet_accuracy",
+                          mode="max", save_best_only=True, initial_value_threshold=previous_best)
+
+
 def learning_curve(global_batch: int):
     """Keras callback recording, at each epoch's end, the training triplets seen so far and the
     process CPU and wall seconds, beside the epoch's validation accuracy (the learning curve)."""
@@ -310,15 +358,11 @@ def learning_curve(global_batch: int):
             self.points: list[dict] = []
 
         def on_train_begin(self, logs=None):
-            self.steps = 0
             self.cpu_start, self.wall_start = time.process_time(), time.monotonic()
 
-        def on_train_batch_end(self, batch, logs=None):
-            self.steps += 1
-
-        def on_epoch_end(self, epoch, logs=None):
+        def on_epoch_end(self, epoch, logs=None):   # the optimizer's step counts a resumed run's earlier steps too
             self.points.append({
-                "epoch": epoch + 1, "triplets_seen": self.steps * global_batch,
+                "epoch": epoch + 1, "triplets_seen": int(self.model.optimizer.iterations) * global_batch,
                 "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
                 "wall_seconds": round(time.monotonic() - self.wall_start, 1),
                 "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
@@ -354,7 +398,6 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         mirror.push()
     word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
     matrix = embedding_matrix(vocabulary, word_ids, config)
-    train_batches = split_batches(config, "train", word_ids, strategy.num_replicas_in_sync)
     validation_batches = split_batches(config, "validation", word_ids, strategy.num_replicas_in_sync)
     if int(validation_batches.cardinality()) == 0:   # refused now, not after training (no best epoch to keep)
         raise TripletDataError(f"the validation split of {config.data}/{config.dataset} holds no triplets")
@@ -365,24 +408,30 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     with strategy.scope():
         encoder, model = build_models(config, matrix)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
+    step = restored_step(model, f"{model_dir}/backup")
+    train_batches = split_batches(config, "train", word_ids, strategy.num_replicas_in_sync, resume_at_step=step)
+    if step:
+        LOG.info("resuming from the backup at step %d", step)
 
     chief = is_chief(strategy)
     curve = learning_curve(global_batch)
+    best = best_checkpoint(f"{model_dir}/checkpoints")
     budget = time_budget(config.budget_minutes) if config.budget_minutes else None
     callbacks = [  # BackupAndRestore first: the others must see the restored state
         keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=config.checkpoint_every),
         *([mirror_backups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
-        keras.callbacks.ModelCheckpoint(f"{model_dir}/checkpoints/best.weights.h5", save_weights_only=True,
-                                        monitor="val_triplet_accuracy", mode="max", save_best_only=True),
-        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience,
-                                      restore_best_weights=True),
+        best,
+        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience),
         keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=config.checkpoint_every),   # scalars every N steps and per epoch
         curve,
         *([budget] if budget else []),
         *(extra_callbacks or []),
     ]
     fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
+                    initial_epoch=step // config.steps if config.steps else 0,
                     steps_per_epoch=config.steps, callbacks=callbacks, verbose=1 if config.progress else 2)
+    if tf.io.gfile.exists(best.filepath):   # tested and exported: the best validation epoch, of this run or a killed one
+        model.load_weights(best.filepath)
 
     test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0, return_dict=True)
     counts = {split: future.result() for split, future in record_counts.items()}
@@ -398,7 +447,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "untrained_val_loss": float(untrained["loss"]),
         "mean_vectors_val_triplet_accuracy": mean_vectors_accuracy(validation_batches, matrix, len(vocabulary)),
         "evaluation_triplets": config.evaluation_triplets or "all",
-        "best_val_triplet_accuracy": max(history["val_triplet_accuracy"]),
+        "best_val_triplet_accuracy": float(best.best),
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
         "test_loss": float(test["loss"]),
         "epochs_run": len(history["loss"]),

@@ -66,6 +66,24 @@ def test_every_triplet_once_per_pass_with_its_roles_together(options):
     assert seen == expected                                # each triplet exactly once, roles aligned
 
 
+@pytest.mark.parametrize("options", [dict(article_chunk=4), dict(article_chunk=0)])
+def test_a_resumed_stream_continues_at_the_first_batch_not_trained_on(options):
+    """What `model.train` relies on when it resumes at a backup's step: the seeded stream, built
+    again, skips exactly the batches already trained on (across pass boundaries too)."""
+    triplets = _triplets(120)
+    vocabulary = [f"k{k}" for k in range(120)] + [f"shared{a}" for a in range(10)] + WORDS
+
+    def stream(skip):
+        tf.random.set_seed(0)   # as keras.utils.set_random_seed does at the start of every run
+        batches = training_batches(_dataset(triplets), _word_ids(120), 16, shuffle_buffer=120, seed=5,
+                                   repeat=True, skip_batches=skip, **options)
+        return [_decoded_triplets(inputs, weights, vocabulary) for inputs, _, weights in batches.take(14 - skip)]
+
+    unbroken, resumed = stream(0), stream(9)           # 9 batches of 16 cross the first pass of 120
+    assert resumed == unbroken[9:]
+    assert len({tuple(batch) for batch in unbroken}) == 14   # not a stream that repeats itself
+
+
 def test_shared_sentences_are_encoded_once_and_sorted_by_length():
     triplets = [t for t in _triplets(60) if t["article_id"] == 0]
     batch = {key: tf.constant([t[key] for t in triplets]) for key in TRIPLET_KEYS}

@@ -238,11 +238,21 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     assert not FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
     with FileSystems.open(f"{model_dir}/backup/training_metadata.json") as handle:   # gcs: mirrored before the kill
         assert json.load(handle) == {"epoch": 1, "batch": 1}
+    # Epoch 1 was validated before the kill; make its checkpoint unbeatable: a resumed run must keep it.
+    with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
+        best_weights = handle.read()
+    with FileSystems.create(f"{model_dir}/checkpoints/best.json") as handle:
+        handle.write(json.dumps({"val_triplet_accuracy": 1.0, "epoch": 1}).encode())
 
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
     resumed = json.loads((tmp_path / "second.json").read_text())
     assert resumed == {"iterations": 6, "epoch": 1}      # continues in epoch 2 with the optimizer state
     assert summary["epochs_run"] == 2                      # only the remaining epochs 2 and 3
+    batch = TINY["batch_size"]                             # the stream went on from step 6, 4 steps per epoch
+    assert [point["triplets_seen"] for point in summary["learning_curve"]] == [10 * batch, 14 * batch]
+    assert summary["best_val_triplet_accuracy"] == 1.0     # the killed run's best epoch is what was exported
+    with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
+        assert handle.read() == best_weights
     assert FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
 
 
