@@ -37,27 +37,28 @@ import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first
 from model.encoders import load_encoders
 from eval.report import markdown_table, write_figure, write_json, write_text
 from model.encoder import SentenceEncoder
-from model.qs3m import (MODEL_LABELS, QUERY_REPRESENTATIONS, embed_queries, load_model, parser_for, read_bytes,
-                        read_queries, similarity_matrix)
-from model.qs3m_pairs import LABELINGS, Query
+from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
+from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
+from model.qs3m.pairs import LABELINGS, Query
 from model.text import tokenize
-from pipeline.cli import run_cli
+from pipeline.cli import flag, parse_config, run_cli
+from pipeline.outputs import read_bytes
 from pipeline.splits import SPLITS
 
 REFERENCE = "embedding Euclidean"
 
 
-@dataclasses.dataclass
-class EvalConfig:
-    """Every flag of `python -m eval.qs3m` (flag = field name with dashes)."""
+@dataclasses.dataclass(frozen=True)
+class Qs3mEvalConfig:
+    """Every flag of `python -m eval.qs3m`."""
 
-    passages: str                   # passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)
-    model_dir: str                  # the output of `python -m model.qs3m`
-    output: str                     # where qs3m.json / qs3m.md / qs3m-*.png go (local or gs://)
-    split: str = "test"             # the article split whose queries are clustered
-    encoder: str = "from-model"     # an model.encoders spec; from-model = the one the models were trained on
-    lda_topics: int = 20
-    seed: int = 0
+    passages: str = flag(help="passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)")
+    model_dir: str = flag(help="the --output of python -m model.qs3m")
+    output: str = flag(help="where qs3m.json, qs3m.md and qs3m-*.png go (local or gs://)")
+    split: str = flag("test", help="the article split whose queries are clustered")
+    encoder: str = flag("from-model", help="a model.encoders spec; from-model = the one the models were trained on")
+    lda_topics: int = flag(20, help="topics of the LDA baseline")
+    seed: int = flag(0, help="seed of the clustering baselines")
 
     def __post_init__(self):
         if self.split not in SPLITS:
@@ -200,7 +201,7 @@ def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
 
 # ---------------------------------------------------------------- evaluation
 
-def evaluate(config: EvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
+def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     """Clusters every query of `config.split` with every method and writes JSON, Markdown and PNGs."""
     trained = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["models"]
     all_queries, dead_letters = read_queries(config.passages)
@@ -242,7 +243,7 @@ def evaluate(config: EvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    config = EvalConfig(**vars(parser_for(EvalConfig, __doc__.splitlines()[0]).parse_args(argv)))
+    config = parse_config(Qs3mEvalConfig, argv, "python -m eval.qs3m", __doc__.splitlines()[0])
     spec = config.encoder
     if spec == "from-model":
         spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]

@@ -1,55 +1,63 @@
-"""TrainConfig: every knob of `python -m model.train`; the CLI flags mirror it one to one."""
+"""TrainConfig: every knob of `python -m model.train`; the CLI flags mirror it one to one
+(`pipeline.cli.parse_config`: `model_dir` -> `--model-dir`, booleans take true/false)."""
 from __future__ import annotations
 
-import argparse
-import dataclasses
+import sys
 from dataclasses import dataclass
 
+from pipeline.cli import flag, parse_config
 from pipeline.records import TRIPLET_DATASETS
 
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 VOCABULARIES = ("embeddings", "train")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    data: str                              # pipeline output folder, local or gs://
-    model_dir: str                         # checkpoints, logs, history, plots, encoder/
-    dataset: str = "triplets-sen"
-    embeddings: str | None = None          # GloVe text file (local/gs://); None = embedded GloVe 6B 50d
-    fine_tune_embeddings: bool = False
-    epochs: int = 4                        # after each: validation, checkpoint, a learning-curve point
-    steps: int | None = 50                 # steps per epoch, the data repeated; None = one pass per epoch.
-                                           # 4 x 50 steps x 128 triplets: two passes over the demo's 12 k
-    batch_size: int = 128                  # per replica; global batch = batch_size x replicas
-    learning_rate: float = 1e-3
-    article_chunk: int = 16                # triplets of one article kept together in a batch, their shared
-                                           # sentences encoded once; 0 = triplets shuffled one by one
-    group_by_length: bool = True           # with --article-chunk 0: batches of similar-length triplets
-    vocabulary: str = "embeddings"         # "embeddings": every word with a vector; "train": training words
-    jit_compile: bool = False              # XLA for the training step
-    budget_minutes: float | None = None    # wall-clock training budget; stops after the current step
-    evaluation_triplets: int | None = None  # validation/test triplets scored per epoch and at the end; None = all
-    max_lost_fraction: float = 0.001      # fail when more of a split's records are lost or unparseable
-    overwrite: bool = False                # start over: delete what --model-dir holds from an earlier run
-    lstm_units: int = 300
-    attention_size: int = 200
-    dropout: float = 0.2                   # a rate (fraction dropped) on the BiLSTM outputs
-    max_tokens: int = 64
-    num_oov_buckets: int = 1
-    min_count: int = 1                     # --vocabulary train: training-split words seen this often
-    shuffle_buffer: int = 10000
-    patience: int = 2                      # early stopping on validation triplet accuracy
-    checkpoint_every: int = 50             # steps between BackupAndRestore backups
-    strategy: str = "auto"
-    seed: int = 0
-    progress: bool = True                  # Keras progress bar
+    data: str = flag(help="pipeline output folder (holds manifest.json), local or gs://")
+    model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
+    dataset: str = flag("triplets-sen", help=f"triplet dataset to train on: one of {', '.join(TRIPLET_DATASETS)}")
+    embeddings: str | None = flag(None, help="GloVe-format text file of word vectors (local or gs://); "
+                                             "none = the embedded GloVe 6B 50d")
+    fine_tune_embeddings: bool = flag(False, help="train the word vectors too (the paper keeps them frozen)")
+    epochs: int = flag(4, help="epochs; after each: validation, best checkpoint, a learning-curve point")
+    steps: int | None = flag(50, help="steps per epoch over the repeated training stream; none = one pass per "
+                                      "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
+    batch_size: int = flag(128, help="triplets per replica per step; global batch = batch size x replicas")
+    learning_rate: float = flag(1e-3, help="Adam learning rate")
+    article_chunk: int = flag(16, help="triplets of one article kept together in a batch, their shared sentences "
+                                       "encoded once; 0 = triplets shuffled one by one")
+    group_by_length: bool = flag(True, help="with --article-chunk 0: batches of similar-length triplets")
+    vocabulary: str = flag("embeddings", help="embeddings: every word of the vector file; train: words of the "
+                                              "training split only")
+    jit_compile: bool = flag(False, help="XLA for the training step (slower on CPU)")
+    budget_minutes: float | None = flag(None, help="wall-clock training budget; stops after the current step, "
+                                                   "still validates that epoch")
+    evaluation_triplets: int | None = flag(None, help="seeded sample of validation/test triplets scored per "
+                                                      "epoch and at the end; none = all")
+    max_lost_fraction: float = flag(0.001, help="fail the run before export when more of a split's records "
+                                                "are lost or unparseable")
+    overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
+    lstm_units: int = flag(300, help="BiLSTM units per direction (the paper: 300)")
+    attention_size: int = flag(200, help="attention layer size (the paper: 200)")
+    dropout: float = flag(0.2, help="dropout rate (fraction dropped) on the BiLSTM outputs")
+    max_tokens: int = flag(64, help="tokens kept per sentence")
+    num_oov_buckets: int = flag(1, help="hash buckets for words without a vector")
+    min_count: int = flag(1, help="--vocabulary train: keep words seen this often in training")
+    shuffle_buffer: int = flag(10000, help="training triplets in the shuffle buffer")
+    patience: int = flag(2, help="early stopping: epochs without a better validation accuracy")
+    checkpoint_every: int = flag(50, help="steps between BackupAndRestore backups (and TensorBoard scalars)")
+    distribution_strategy: str = flag("auto", help="tf.distribute strategy: one of "
+                                                   f"{', '.join(DISTRIBUTION_STRATEGIES)}")
+    seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
+    progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
 
     def __post_init__(self):
         if self.dataset not in TRIPLET_DATASETS:
             raise ValueError(f"--dataset must be one of {TRIPLET_DATASETS}, got {self.dataset!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"--strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
+            raise ValueError(f"--distribution-strategy must be one of {DISTRIBUTION_STRATEGIES}, "
+                             f"got {self.distribution_strategy!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
         for name in ("epochs", "batch_size", "lstm_units", "attention_size", "max_tokens",
@@ -69,33 +77,8 @@ class TrainConfig:
             raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
 
 
-def _flag_type(field: dataclasses.Field):
-    """int/float/str from the annotation; an optional field also takes `none`."""
-    kind = str(field.type)
-    parse = int if kind.startswith("int") else float if kind.startswith("float") else str
-    if kind.endswith("| None"):
-        return lambda text: None if text.lower() == "none" else parse(text)
-    return parse
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return text.lower() == "true"
-
-
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """One flag per TrainConfig field (`model_dir` -> `--model-dir`); booleans take true/false."""
-    parser = argparse.ArgumentParser(prog="python -m model.train", description=__doc__)
-    for field in dataclasses.fields(TrainConfig):
-        flag = "--" + field.name.replace("_", "-")
-        required = field.default is dataclasses.MISSING
-        if field.type == "bool":
-            parser.add_argument(flag, type=_parse_bool, default=field.default, metavar="true|false")
-        else:
-            parser.add_argument(flag, type=_flag_type(field), required=required,
-                                default=None if required else field.default)
-    try:
-        return TrainConfig(**vars(parser.parse_args(argv)))
-    except ValueError as error:   # a value the config refuses: argparse's one-line error, exit 2
-        parser.error(str(error))
+    """TrainConfig from the command line (`--strategy`, its old name, still accepted)."""
+    return parse_config(TrainConfig, sys.argv[1:] if argv is None else argv, "python -m model.train",
+                        "Trains the triplet network and exports the sentence encoder.",
+                        renamed={"strategy": "distribution_strategy"})

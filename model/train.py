@@ -2,7 +2,7 @@
 
     python -m model.train --data DIR_OR_GS --model-dir DIR [--dataset triplets-sen]
         [--embeddings GLOVE.txt] [--epochs N] [--steps N] [--batch-size N]
-        [--strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
+        [--distribution-strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
 
 Writes into the model dir: `vocabulary.txt`, `backup/` (BackupAndRestore: a killed job resumes
 from its last backup, at the step it holds), `checkpoints/best.{weights.h5,json}` (the best
@@ -376,7 +376,7 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     import keras
 
     keras.utils.set_random_seed(config.seed)
-    strategy = make_strategy(config.strategy)
+    strategy = make_strategy(config.distribution_strategy)
     chief = is_chief(strategy)
     with staged(config.model_dir, push=chief) as (model_dir, mirror):
         return _train(config, strategy, model_dir, mirror if chief else None, extra_callbacks)

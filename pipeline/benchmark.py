@@ -8,7 +8,7 @@ subprocess (wall time and peak RSS from `os.wait4`):
 
 1. `python -m pipeline.run` vs `python -m gensim.scripts.segment_wiki` on the same file (goal <= 1.0x),
    with the pipeline's defaults (one in-memory worker) and, as `..._2_workers`, with two
-   multi_processing workers sharing the file (`--page_shards 2`; segment_wiki uses its default
+   multi_processing workers sharing the file (`--page-shards 2`; segment_wiki uses its default
    pool, `cpu_count - 1` workers beside its reading process);
 2. `python -m pipeline.run` vs `bzcat` of the same file, the decode limit (goal <= 10x);
 3. the pipeline's peak RSS at 16x vs 1x (goal <= 1.2x), with the default datasets and, as
@@ -129,7 +129,7 @@ def pipeline_command(input_path: str, output: Path, workers: int | None = None,
                "--runner", "DirectRunner", *extra]
     if workers:
         command += ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(workers),
-                    "--page_shards", str(workers)]
+                    "--page-shards", str(workers)]
     return command
 
 

@@ -9,13 +9,18 @@ A command's `main(argv)` does the work; `run_cli(main)` is its shell face:
   that explain it were written;
 * anything else is a bug and keeps its traceback.
 
-Flags are spelt `--with-dashes` except the pipeline's own, which stay `--with_underscores` like
-the Beam pipeline options they are mixed with.
+Every command's flags come from one config dataclass (`config_parser`): a field is a flag spelt
+`--with-dashes` (the old `--with_underscores` spelling is still accepted, unlisted), its help
+text is the field's `flag(help=...)`, a tuple is a comma-separated list, a field whose default
+is itself a config adds that config's flags, and `__post_init__` checks the values. Beam's own pipeline options keep Beam's
+spelling (`--direct_num_workers`) and pass through untouched where a command runs a Beam job.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 
 class UsageError(ValueError):
@@ -37,3 +42,108 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) 
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def flag(default: Any = dataclasses.MISSING, *, help: str) -> Any:
+    """A config field that is also a command-line flag; its help text lives beside it."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose refusals are a `UsageError` (one `error:` line from `run_cli`, exit 2)
+    rather than a usage block."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
+
+
+def _value_type(annotation: str) -> Callable[[str], Any]:
+    """int/float/str from the field's annotation; an optional one also takes `none`."""
+    parse = int if annotation.startswith("int") else float if annotation.startswith("float") else str
+    if annotation.endswith("| None"):
+        return lambda text: None if text.lower() == "none" else parse(text)
+    return parse
+
+
+def _flag_fields(config_type: type) -> list[dataclasses.Field]:
+    """The fields that are flags, with those of nested configs (a field whose default is a config)."""
+    fields = []
+    for field in dataclasses.fields(config_type):
+        if dataclasses.is_dataclass(field.default):
+            fields += _flag_fields(type(field.default))
+        else:
+            fields.append(field)
+    return fields
+
+
+def config_parser(config_type: type, prog: str, description: str) -> ArgumentParser:
+    """One flag per field of `config_type` (and of its nested configs)."""
+    parser = ArgumentParser(prog=prog, description=description, allow_abbrev=False,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for field in _flag_fields(config_type):
+        name = "--" + field.name.replace("_", "-")
+        help_text = field.metadata["help"]
+        if field.default is dataclasses.MISSING:
+            parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), required=True, default=argparse.SUPPRESS,
+                                help=help_text)
+        elif isinstance(field.default, tuple):   # a comma-separated list of its default's item type
+            item_type = type(field.default[0]) if field.default else str
+            parser.add_argument(name, dest=field.name, default=field.default, metavar="A,B,...", help=help_text,
+                                type=lambda text, item=item_type: tuple(item(v) for v in text.split(",") if v.strip()))
+        elif str(field.type) == "bool":   # `--overwrite` or `--overwrite true|false`
+            parser.add_argument(name, dest=field.name, type=_parse_bool, nargs="?", const=True,
+                                default=field.default, metavar="true|false", help=help_text)
+        else:
+            parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), default=field.default,
+                                help=help_text)
+    return parser
+
+
+def _current_spelling(argv: list[str], old_names: dict[str, str]) -> list[str]:
+    """`--page_shards 4` -> `--page-shards 4` (and a renamed flag's old name -> its field's
+    flag) for the config's own flags; every other argument untouched."""
+    out = []
+    for arg in argv:
+        flag_name, equals, value = arg.partition("=")
+        if flag_name.startswith("--") and flag_name[2:] in old_names:
+            arg = "--" + old_names[flag_name[2:]].replace("_", "-") + equals + value
+        out.append(arg)
+    return out
+
+
+def build_config(config_type: type, values: dict) -> Any:
+    """`config_type` from flat flag values, nested configs built from their own fields; a value
+    its `__post_init__` refuses (ValueError) is a UsageError."""
+    kwargs = {}
+    for field in dataclasses.fields(config_type):
+        if dataclasses.is_dataclass(field.default):
+            kwargs[field.name] = build_config(type(field.default), values)
+        elif field.name in values:
+            kwargs[field.name] = values[field.name]
+    try:
+        return config_type(**kwargs)
+    except UsageError:
+        raise
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def parse_config(config_type: type, argv: list[str] | None, prog: str, description: str,
+                 passthrough: bool = False, renamed: dict[str, str] | None = None) -> Any:
+    """`config_type` from the command line; with `passthrough`, (config, the flags that are not
+    its own) for a command that hands the rest to Beam. `renamed`: old flag name -> field, still
+    accepted (unlisted) for one release."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = config_parser(config_type, prog, description)
+    old_names = {field.name: field.name for field in _flag_fields(config_type) if "_" in field.name}
+    argv = _current_spelling(argv, {**old_names, **(renamed or {})})
+    if passthrough:
+        args, rest = parser.parse_known_args(argv)
+        return build_config(config_type, vars(args)), rest
+    return build_config(config_type, vars(parser.parse_args(argv)))

@@ -46,6 +46,12 @@ def _entries(out: str) -> list[str]:
     return sorted(names)
 
 
+def read_bytes(path: str) -> bytes:
+    """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
+    with FileSystems.open(path) as handle:
+        return handle.read()
+
+
 def write_bytes(path: str, data: bytes) -> None:
     """Writes exactly `data` (no compression chosen by extension) through Beam's FileSystems, so
     `path` may be local or gs://. The one such helper: eval and model import it."""

@@ -24,6 +24,7 @@ import collections
 import dataclasses
 from typing import NamedTuple, Sequence
 
+from pipeline.cli import flag
 from pipeline.sentences import SentenceSplitter
 from pipeline.wikitext import Paragraph, ParsedPage
 
@@ -45,12 +46,12 @@ REMOVED_SECTION_TITLES = frozenset(
 class RuleConfig:
     """The paper's thresholds; each is also a flag of `python -m pipeline.run`."""
 
-    min_tokens: int = 5
-    max_tokens: int = 50
-    min_sections: int = 5
-    max_paragraph_distance: int = 3
-    scb_min_sections: int = 5
-    scb_max_sections: int = 12
+    min_tokens: int = flag(5, help="a sentence is kept with at least this many tokens")
+    max_tokens: int = flag(50, help="... and at most this many")
+    min_sections: int = flag(5, help="an article is used when this many sections keep a sentence")
+    max_paragraph_distance: int = flag(3, help="anchor and positive openers at most this many paragraphs apart")
+    scb_min_sections: int = flag(5, help="an SCB article (test split) has at least this many sections")
+    scb_max_sections: int = flag(12, help="... and at most this many")
 
 
 class KeptSentence(NamedTuple):

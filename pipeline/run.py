@@ -11,7 +11,6 @@ downloaded) or Dataflow (`--runner DataflowRunner --project ... --region ...
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import json
@@ -23,7 +22,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipeline import outputs, records, transforms
-from pipeline.cli import DataLossError, UsageError, run_cli
+from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
 from pipeline.dumps import embedded_dump_path
 from pipeline.read import ReadDumpPages
 from pipeline.rules import RuleConfig
@@ -50,36 +49,24 @@ class InputLossError(DataLossError):
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    output: str = dataclasses.field(metadata={"help": "output folder, local or gs://"})
-    overwrite: bool = dataclasses.field(
-        default=False, metadata={"help": "replace the run that --output holds (deletes only what a run of this "
-                                         "pipeline writes); without it a non-empty --output is refused"})
-    input: str | None = dataclasses.field(
-        default=None, metadata={"help": "dump file or glob (.xml, .xml.bz2), local or gs://; default: the embedded excerpt"}
-    )
-    index: str | None = dataclasses.field(default=None, metadata={"help": "multistream index of a single dump file"})
-    page_shards: int = dataclasses.field(
-        default=1, metadata={"help": "workers that share each dump file without a multistream index: each "
-                                     "decompresses the file and parses every N-th page (by id); set it to about "
-                                     "the number of workers when the input is a few large plain files"})
-    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the split and of every random draw"})
-    spacy_model: str = dataclasses.field(
-        default=DEFAULT_SPACY_MODEL, metadata={"help": "spaCy pipeline for sentences: blank:<lang> or a model name"}
-    )
-    negatives: str = dataclasses.field(
-        default="adjacent",
-        metadata={"help": "comma-separated negative strategies of triplets-sen to write: adjacent (the paper's "
-                          "dataset, triplets-sen/), same_article, other_article (the paper's ablation, "
-                          "triplets-sen-<strategy>/)"},
-    )
-    max_lost_fraction: float = dataclasses.field(
-        default=0.01, metadata={"help": "fail the run (exit 1, after writing its outputs and stats) when the read "
-                                        "stage loses more than this fraction of the pages the multistream index "
-                                        "lists, or loses pages of a stream without an index (a loss of unknown "
-                                        "size) unless this is 1"})
-    other_article_bucket_size: int = dataclasses.field(
-        default=1000, metadata={"help": "about how many articles share a bucket when drawing other_article negatives"}
-    )
+    output: str = flag(help="output folder, local or gs://")
+    overwrite: bool = flag(False, help="replace the run that --output holds (deletes only what a run of this "
+                                       "pipeline writes); without it a non-empty --output is refused")
+    input: str | None = flag(None, help="dump file or glob (.xml, .xml.bz2), local or gs://; default: the embedded excerpt")
+    index: str | None = flag(None, help="multistream index of a single dump file")
+    page_shards: int = flag(1, help="workers that share each dump file without a multistream index: each "
+                                    "decompresses the file and parses every N-th page (by id); set it to about "
+                                    "the number of workers when the input is a few large plain files")
+    seed: int = flag(0, help="seed of the split and of every random draw")
+    spacy_model: str = flag(DEFAULT_SPACY_MODEL, help="spaCy pipeline for sentences: blank:<lang> or a model name")
+    negatives: str = flag("adjacent", help="comma-separated negative rules of triplets-sen to write: adjacent "
+                          "(the paper's dataset, triplets-sen/), same_article, other_article (the paper's "
+                          "ablation, triplets-sen-<rule>/)")
+    max_lost_fraction: float = flag(0.01, help="fail the run (exit 1, after writing its outputs and stats) when the "
+                                    "read stage loses more than this fraction of the pages the multistream index "
+                                    "lists, or loses pages of a stream without an index (a loss of unknown size) "
+                                    "unless this is 1")
+    other_article_bucket_size: int = flag(1000, help="about how many articles share a bucket when drawing other_article negatives")
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
@@ -88,20 +75,20 @@ class PipelineConfig:
             raise ConfigError(f"--negatives {self.negatives!r}: choose one or more of "
                               f"{', '.join(transforms.DATASET_OF_STRATEGY)}, comma-separated")
         if self.page_shards < 1:
-            raise ConfigError(f"--page_shards must be >= 1, got {self.page_shards}")
+            raise ConfigError(f"--page-shards must be >= 1, got {self.page_shards}")
         if not 0.0 <= self.max_lost_fraction <= 1.0:
-            raise ConfigError(f"--max_lost_fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
+            raise ConfigError(f"--max-lost-fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
         if self.other_article_bucket_size < 1:
-            raise ConfigError(f"--other_article_bucket_size must be >= 1, got {self.other_article_bucket_size}")
+            raise ConfigError(f"--other-article-bucket-size must be >= 1, got {self.other_article_bucket_size}")
         rules = self.rules
         if not 1 <= rules.min_tokens <= rules.max_tokens:
-            raise ConfigError(f"--min_tokens {rules.min_tokens} / --max_tokens {rules.max_tokens}: need 1 <= min <= max")
+            raise ConfigError(f"--min-tokens {rules.min_tokens} / --max-tokens {rules.max_tokens}: need 1 <= min <= max")
         if not 1 <= rules.scb_min_sections <= rules.scb_max_sections:
             raise ConfigError(
-                f"--scb_min_sections {rules.scb_min_sections} / --scb_max_sections {rules.scb_max_sections}: "
+                f"--scb-min-sections {rules.scb_min_sections} / --scb-max-sections {rules.scb_max_sections}: "
                 "need 1 <= min <= max")
         if rules.min_sections < 1 or rules.max_paragraph_distance < 1:
-            raise ConfigError("--min_sections and --max_paragraph_distance must be >= 1")
+            raise ConfigError("--min-sections and --max-paragraph-distance must be >= 1")
 
     def negative_strategies(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name.strip() for name in self.negatives.split(",") if name.strip()))
@@ -114,11 +101,11 @@ class PipelineConfig:
 
 
 def check_spacy_model(name: str) -> None:
-    """Loads the sentence pipeline once here, so a wrong --spacy_model fails before the job starts."""
+    """Loads the sentence pipeline once here, so a wrong --spacy-model fails before the job starts."""
     try:
         SentenceSplitter(name)
     except (OSError, ImportError, ValueError) as err:
-        raise ConfigError(f"--spacy_model {name!r} cannot be loaded: {err}") from err
+        raise ConfigError(f"--spacy-model {name!r} cannot be loaded: {err}") from err
 
 
 def check_beam_flags(beam_args: list[str]) -> None:
@@ -135,23 +122,8 @@ def check_beam_flags(beam_args: list[str]) -> None:
 
 def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
     """Our flags -> PipelineConfig; the remaining flags are Beam's, returned untouched."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.run", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    for field in dataclasses.fields(PipelineConfig):
-        if field.name == "rules":
-            continue
-        kind = {"int": int, "float": float}.get(field.type, str)
-        if field.type == "bool":
-            parser.add_argument(f"--{field.name}", action="store_true", help=field.metadata["help"])
-        elif field.default is dataclasses.MISSING:
-            parser.add_argument(f"--{field.name}", type=kind, required=True, help=field.metadata["help"])
-        else:
-            parser.add_argument(f"--{field.name}", type=kind, default=field.default, help=field.metadata["help"])
-    for field in dataclasses.fields(RuleConfig):
-        parser.add_argument(f"--{field.name}", type=int, default=field.default, help="paper rule threshold")
-    args, beam_args = parser.parse_known_args(argv)
-    values = vars(args)
-    rules = RuleConfig(**{field.name: values.pop(field.name) for field in dataclasses.fields(RuleConfig)})
-    config = PipelineConfig(rules=rules, **values)
+    config, beam_args = parse_config(PipelineConfig, argv, "python -m pipeline.run", __doc__.split("\n\n")[0],
+                                     passthrough=True)
     check_beam_flags(beam_args)
     return config, beam_args
 
@@ -263,12 +235,12 @@ def input_loss(stats: dict, max_lost_fraction: float) -> str | None:
     cause = LOSS_CAUSES[reasons[0][1]] if reasons else "unknown"
     if read["index_pages"] and read["lost_fraction"] > max_lost_fraction:
         return (f"{stats['input']}: the read lost {read['pages_lost_by_read']:,} of the {read['index_pages']:,} "
-                f"pages its index lists ({read['lost_fraction']:.1%} > --max_lost_fraction {max_lost_fraction}); "
+                f"pages its index lists ({read['lost_fraction']:.1%} > --max-lost-fraction {max_lost_fraction}); "
                 f"likely cause: {cause}; see dead_letters/")
     if read["streams_lost_unknown_pages"] and max_lost_fraction < 1:
         return (f"{stats['input']}: {read['streams_lost_unknown_pages']} stream(s) stopped decoding, losing an "
                 f"unknown number of pages (no multistream index to count them); likely cause: {cause}; "
-                "see dead_letters/ (--max_lost_fraction 1 accepts the loss)")
+                "see dead_letters/ (--max-lost-fraction 1 accepts the loss)")
     if read["pages_read"] == 0:
         return f"{stats['input']}: no page was read; see dead_letters/"
     return None

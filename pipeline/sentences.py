@@ -1,7 +1,7 @@
 """Paragraph -> sentences with token counts, with spaCy.
 
 The default is a blank English pipeline with the rule-based `sentencizer` (fast, no model
-download). Any installed spaCy model can be named instead (`--spacy_model en_core_web_sm`);
+download). Any installed spaCy model can be named instead (`--spacy-model en_core_web_sm`);
 if it has no component that sets sentence boundaries, a sentencizer is added.
 
 A sentence's token count is the number of spaCy tokens that are not whitespace (punctuation

@@ -121,7 +121,7 @@ def test_repository_vertex_specs_are_custom_job_specs(accelerator, strategy):
     assert machine.machine_type and pool.replica_count == 1
     assert pool.WhichOneof("task") == "container_spec" and pool.container_spec.image_uri
     assert list(pool.container_spec.command) == ["python", "-m", "model.train"]
-    assert f"--strategy={strategy}" in pool.container_spec.args
+    assert f"--distribution-strategy={strategy}" in pool.container_spec.args
     if accelerator == "tpu":
         assert machine.machine_type.startswith("ct5lp-") and machine.tpu_topology
     else:
@@ -151,7 +151,7 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
     config = train_args(args)
     assert config.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
     assert config.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
-    assert config.strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu"}[accelerator]
+    assert config.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu"}[accelerator]
     assert config.steps is None and config.epochs > 1  # full passes, not the demo-sized default
 
 

@@ -251,9 +251,9 @@ def _shard_records(out: Path) -> dict:
 
 def test_two_worker_processes_sharing_the_file_write_the_same_bytes_as_in_memory(small_dump, small_run, tmp_path):
     """Same input and seed, two worker processes each parsing half the pages of the one plain
-    file (--page_shards 2): the same triplets, byte for byte, and the same counters."""
+    file (--page-shards 2): the same triplets, byte for byte, and the same counters."""
     stats = run.main(["--output", str(tmp_path), "--input", small_dump, "--runner", "DirectRunner", *ALL_NEGATIVES,
-                      "--direct_running_mode=multi_processing", "--direct_num_workers=2", "--page_shards", "2"])
+                      "--direct_running_mode=multi_processing", "--direct_num_workers=2", "--page-shards", "2"])
     in_memory_out, in_memory_stats = small_run
     assert stats["reconciliation"]["balanced"]
     assert _shard_records(tmp_path) == _shard_records(in_memory_out)
@@ -297,12 +297,12 @@ def test_bad_input_stops_with_one_error_naming_the_file(tmp_path, content, compl
 
 @pytest.mark.parametrize(
     "flags, named",
-    [(["--spacy_model", "no_such_spacy_model"], "--spacy_model"),
-     (["--min_tokens", "20", "--max_tokens", "10"], "--min_tokens"),
-     (["--other_article_bucket_size", "0"], "--other_article_bucket_size"),
+    [(["--spacy-model", "no_such_spacy_model"], "--spacy-model"),
+     (["--min-tokens", "20", "--max-tokens", "10"], "--min-tokens"),
+     (["--other-article-bucket-size", "0"], "--other-article-bucket-size"),
      (["--negatives", "adjacent,nearby"], "--negatives"),
      (["--negatives", ""], "--negatives"),
-     (["--page_shards", "0"], "--page_shards"),
+     (["--page-shards", "0"], "--page-shards"),
      (["--negative", "same_article"], "--negative "),      # misspelt: Beam alone would drop it with a warning
      (["--direct_num_worker=2"], "--direct_num_worker ")],
 )
@@ -323,9 +323,11 @@ def test_cli_reports_bad_input_as_one_line_and_exit_status_2(tmp_path):
 def test_dataflow_options_pass_through_unchanged():
     beam_flags = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "europe-west4",
                   "--temp_location", "gs://bucket/tmp", "--setup_file", "./setup.py", "--num_workers", "8"]
-    config, passed = run.parse_args(["--output", "gs://bucket/out", "--seed", "3", *beam_flags, "--max_tokens", "40"])
+    config, passed = run.parse_args(["--output", "gs://bucket/out", "--seed", "3", *beam_flags, "--max-tokens", "40",
+                                     "--page_shards=2"])   # the old underscore spelling, still accepted
     assert passed == beam_flags
-    assert (config.output, config.seed, config.rules.max_tokens, config.input) == ("gs://bucket/out", 3, 40, None)
+    assert (config.output, config.seed, config.rules.max_tokens, config.input, config.page_shards) \
+        == ("gs://bucket/out", 3, 40, None, 2)
     options = PipelineOptions(passed)
     assert options.view_as(StandardOptions).runner == "DataflowRunner"
     cloud = options.view_as(GoogleCloudOptions)

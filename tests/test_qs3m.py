@@ -10,8 +10,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from eval import qs3m as qs3m_eval
 from model.encoders import load_encoders
-from model import qs3m
-from model.qs3m_pairs import PassageRecordError, query_from_record, sample_pairs
+from model.qs3m import data as qs3m_data, network as qs3m_network, train as qs3m
+from pipeline.cli import UsageError, parse_config
+from model.qs3m.pairs import PassageRecordError, query_from_record, sample_pairs
 
 TOPICS = {
     "Climate": "rain snow monsoon humidity temperature winter summer drought",
@@ -113,12 +114,12 @@ def test_sampler_cap_per_query():
 
 
 def test_read_queries_sets_bad_lines_aside(passages_file, tmp_path):
-    queries, dead_letters = qs3m.read_queries(str(tmp_path / "*.jsonl.gz"))
+    queries, dead_letters = qs3m_data.read_queries(str(tmp_path / "*.jsonl.gz"))
     assert len(queries) == 14
     assert [d["source"].rsplit(":", 1)[1] for d in dead_letters] == ["15", "16"]
     assert dead_letters[0]["reason"] == "JSONDecodeError" and "missing field 'split'" in dead_letters[1]["detail"]
     with pytest.raises(FileNotFoundError, match="nothing-here"):
-        qs3m.read_queries(str(tmp_path / "nothing-here*.jsonl.gz"))
+        qs3m_data.read_queries(str(tmp_path / "nothing-here*.jsonl.gz"))
 
 
 # ---------------------------------------------------------------- models
@@ -128,9 +129,9 @@ def test_model_shapes_query_use_and_mse_loss():
     dim, batch = 12, 5
     inputs = {name: rng.normal(size=(batch, dim)).astype(np.float32) for name in ("query", "passage1", "passage2")}
     labels = rng.integers(0, 2, size=(batch, 1)).astype(np.float32)
-    for kind in qs3m.MODEL_KINDS:
-        model = qs3m.build_model(kind, dim, nn1_units=(8,), nn2_units=(4,), learning_rate=1e-3)
-        feed = {name: inputs[name] for name in qs3m.model_inputs(kind)}
+    for kind in qs3m_network.MODEL_KINDS:
+        model = qs3m_network.build_model(kind, dim, nn1_units=(8,), nn2_units=(4,), learning_rate=1e-3)
+        feed = {name: inputs[name] for name in qs3m_network.model_inputs(kind)}
         predicted = model.predict(feed, verbose=0)
         assert predicted.shape == (batch, 1) and np.all((predicted >= 0) & (predicted <= 1))
         assert model.loss == "mean_squared_error"
@@ -139,13 +140,13 @@ def test_model_shapes_query_use_and_mse_loss():
         if kind != "qs3m-noq":
             moved = model.predict({**feed, "query": feed["query"] + 1.0}, verbose=0)
             assert not np.allclose(moved, predicted), f"{kind} ignores the query"
-    with_query = qs3m.build_qs3m(dim, (8,), (4,), use_query=True)
-    without_query = qs3m.build_qs3m(dim, (8,), (4,), use_query=False)
+    with_query = qs3m_network.build_qs3m(dim, (8,), (4,), use_query=True)
+    without_query = qs3m_network.build_qs3m(dim, (8,), (4,), use_query=False)
     assert with_query.get_layer("z").output.shape[-1] == 5 * 8  # [p1'-q', p2'-q', p1'-p2', p1', p2']
     assert without_query.get_layer("z").output.shape[-1] == 3 * 8
     assert sorted(without_query.input.keys()) == ["passage1", "passage2"]
     train_passages = 3.0 + 2.0 * rng.normal(size=(200, dim)).astype(np.float32)
-    standardized = qs3m.build_model("qss", dim, (8,), (4,), 1e-3, train_passages=train_passages)
+    standardized = qs3m_network.build_model("qss", dim, (8,), (4,), 1e-3, train_passages=train_passages)
     centred = np.asarray(standardized.get_layer("standardize")(train_passages))
     np.testing.assert_allclose(centred.mean(axis=0), 0.0, atol=1e-4)
     np.testing.assert_allclose(centred.std(axis=0), 1.0, atol=1e-3)
@@ -153,9 +154,9 @@ def test_model_shapes_query_use_and_mse_loss():
 
 def test_similarity_matrix_is_symmetric_probability():
     rng = np.random.default_rng(1)
-    model = qs3m.build_model("qs3m", 6, (8,), (4,), 1e-3)
+    model = qs3m_network.build_model("qs3m", 6, (8,), (4,), 1e-3)
     passages = rng.normal(size=(5, 6)).astype(np.float32)
-    scores = qs3m.similarity_matrix(model, "qs3m", passages, rng.normal(size=6).astype(np.float32))
+    scores = qs3m_network.similarity_matrix(model, "qs3m", passages, rng.normal(size=6).astype(np.float32))
     assert scores.shape == (5, 5)
     np.testing.assert_allclose(scores, scores.T)
     np.testing.assert_allclose(np.diag(scores), 1.0)
@@ -214,10 +215,10 @@ def _check_outputs(summary, results, eval_dir):
 
 
 def test_train_and_score_local(passages_file, tmp_path, mean_vectors):
-    train_config = qs3m.TrainConfig(passages=str(passages_file), output=str(tmp_path / "model"), queries=("D",),
+    train_config = qs3m.Qs3mConfig(passages=str(passages_file), output=str(tmp_path / "model"), queries=("D",),
                                     nn1_units=(16,), nn2_units=(8,), epochs=3, batch_size=32)
     summary = qs3m.train(train_config, mean_vectors)
-    eval_config = qs3m_eval.EvalConfig(passages=str(passages_file), model_dir=str(tmp_path / "model"),
+    eval_config = qs3m_eval.Qs3mEvalConfig(passages=str(passages_file), model_dir=str(tmp_path / "model"),
                                        output=str(tmp_path / "eval"), lda_topics=4)
     results = qs3m_eval.evaluate(eval_config, mean_vectors)
     _check_outputs(summary, results, str(tmp_path / "eval"))
@@ -237,16 +238,15 @@ def test_train_and_score_gcs_through_the_entry_points(passages_file, gcs_emulato
 
 
 def test_flags_mirror_the_config_and_bad_values_name_the_flag():
-    parser = qs3m.parser_for(qs3m.TrainConfig, "qs3m")
-    config = qs3m.TrainConfig(**vars(parser.parse_args(
-        ["--passages", "p/*.jsonl.gz", "--output", "m", "--models", "qs3m,qss", "--queries", "T,P",
-         "--nn1-units", "32,16", "--learning-rate", "0.01"])))
+    config = parse_config(qs3m.Qs3mConfig, ["--passages", "p/*.jsonl.gz", "--output", "m", "--models", "qs3m,qss",
+                                            "--queries", "T,P", "--nn1-units", "32,16", "--learning-rate", "0.01"],
+                          "python -m model.qs3m", "")
     assert config.models == ("qs3m", "qss") and config.queries == ("T", "P")
     assert config.nn1_units == (32, 16) and config.learning_rate == 0.01 and config.epochs == 10
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--output", "m"])  # --passages is required
+    with pytest.raises(UsageError, match="--passages"):
+        parse_config(qs3m.Qs3mConfig, ["--output", "m"], "python -m model.qs3m", "")   # --passages is required
     with pytest.raises(ValueError, match="--queries"):
-        qs3m.TrainConfig(passages="p", output="m", queries=("X",))
+        qs3m.Qs3mConfig(passages="p", output="m", queries=("X",))
     with pytest.raises(ValueError, match="--split"):
-        qs3m_eval.EvalConfig(passages="p", model_dir="m", output="o", split="dev")
+        qs3m_eval.Qs3mEvalConfig(passages="p", model_dir="m", output="o", split="dev")
 

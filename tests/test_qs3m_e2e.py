@@ -3,7 +3,7 @@ import pytest
 
 from eval import qs3m as qs3m_eval
 from model.encoders import load_encoders
-from model import qs3m
+from model.qs3m import data as qs3m_data, train as qs3m
 
 
 @pytest.fixture(scope="module")
@@ -15,16 +15,16 @@ def mean_vectors():
 def test_end_to_end_on_the_embedded_wikipedia_excerpt(embedded_pipeline_output, tmp_path, mean_vectors):
     """Pipeline passages -> QS3M training -> clustering scores, on real articles."""
     passages = str(embedded_pipeline_output / "passages" / "*.jsonl.gz")
-    queries, dead_letters = qs3m.read_queries(passages)
+    queries, dead_letters = qs3m_data.read_queries(passages)
     assert queries and not dead_letters
     by_split = {split: [q for q in queries if q.split == split] for split in ("train", "validation", "test")}
-    train_config = qs3m.TrainConfig(passages=passages, output=str(tmp_path / "model"), queries=("P",),
+    train_config = qs3m.Qs3mConfig(passages=passages, output=str(tmp_path / "model"), queries=("P",),
                                     nn1_units=(16,), nn2_units=(8,), epochs=2, max_pairs_per_query=40)
     summary = qs3m.train(train_config, mean_vectors)
     counts = summary["counts"]
     assert counts["articles_train"] == len(by_split["train"]) > 0
     assert counts["pairs_train"] == 2 * counts["positive_pairs_train"] <= 40 * len(by_split["train"])
-    eval_config = qs3m_eval.EvalConfig(passages=passages, model_dir=str(tmp_path / "model"),
+    eval_config = qs3m_eval.Qs3mEvalConfig(passages=passages, model_dir=str(tmp_path / "model"),
                                        output=str(tmp_path / "eval"), lda_topics=5)
     results = qs3m_eval.evaluate(eval_config, mean_vectors)
     assert results["articles_per_split"] == {split: len(chosen) for split, chosen in by_split.items()}

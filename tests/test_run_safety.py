@@ -14,7 +14,7 @@ from pipeline.dumps import embedded_dump_path
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES, PER_STREAM = 40, 10
-FAST = ["--spacy_model", "blank:en"]
+FAST = ["--spacy-model", "blank:en"]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_a_truncated_dump_without_index_is_a_loss_of_unknown_size(small_multistr
     assert "unknown number of pages" in result.stderr.strip().splitlines()[-1]
     assert json.loads((out / "stats.json").read_text())["reconciliation"]["streams_lost_unknown_pages"] == 1
     # Accepting the loss is explicit.
-    result = _cli("--output", str(out), "--input", str(cut), "--overwrite", "--max_lost_fraction", "1", *FAST)
+    result = _cli("--output", str(out), "--input", str(cut), "--overwrite", "--max-lost-fraction", "1", *FAST)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (out / records.MANIFEST).exists()
 

@@ -1,0 +1,129 @@
+"""QS3M's inputs: the pipeline's passages file read into queries, their passages embedded once
+with a fixed encoder, and the (query, passage, passage, same-cluster) pair dataset."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+from apache_beam.io.filesystems import FileSystems
+from tqdm import tqdm
+
+from model.encoder import SentenceEncoder
+from model.qs3m.network import model_inputs
+from model.qs3m.pairs import Pair, PassageRecordError, Query, query_from_record
+
+QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of passages"}
+
+
+# ---------------------------------------------------------------- reading and writing files
+
+def read_queries(pattern: str) -> tuple[list[Query], list[dict]]:
+    """Every article of the passages files matching `pattern`, plus dead letters for bad lines.
+
+    A line that is not JSON or breaks the contract is set aside as a dead-letter record naming
+    file and line, never silently dropped; a pattern that matches nothing is an error.
+    """
+    paths = sorted(m.path for result in FileSystems.match([pattern]) for m in result.metadata_list)
+    if not paths:
+        raise FileNotFoundError(f"--passages {pattern!r} matches no file")
+    queries, dead_letters = [], []
+    for path in paths:
+        with FileSystems.open(path) as handle:
+            for line_number, line in enumerate(iter(handle.readline, b""), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    queries.append(query_from_record(json.loads(line)))
+                except (json.JSONDecodeError, PassageRecordError) as error:
+                    dead_letters.append({
+                        "stage": "qs3m-read", "source": f"{path}:{line_number}", "page_id": None,
+                        "title": None, "reason": type(error).__name__, "detail": str(error),
+                    })
+    return queries, dead_letters
+
+
+# ---------------------------------------------------------------- fixed embeddings
+
+@dataclasses.dataclass
+class QueryEmbeddings:
+    """Fixed encoder outputs for a list of queries.
+
+    `passages` stacks every query's passages; query i owns rows `offsets[i]:offsets[i + 1]`.
+    `queries[r]` holds one vector per query for representation r in T, D, P.
+    """
+
+    passages: np.ndarray
+    offsets: np.ndarray
+    queries: dict[str, np.ndarray]
+    lead_missing: int
+
+    def passages_of(self, query_index: int) -> np.ndarray:
+        return self.passages[self.offsets[query_index]:self.offsets[query_index + 1]]
+
+
+def encode_in_batches(encoder: SentenceEncoder, texts: list[str], batch_size: int, what: str) -> np.ndarray:
+    """Encodes `texts` in chunks with a progress bar, so long corpora show where they are."""
+    chunks = [
+        np.asarray(encoder.encode(texts[start:start + batch_size]), dtype=np.float32)
+        for start in tqdm(range(0, len(texts), batch_size), desc=f"encode {what}", unit="batch", leave=False)
+    ]
+    if len({chunk.shape[1] for chunk in chunks}) > 1:
+        raise ValueError(f"encoder {getattr(encoder, 'name', encoder)!r} gives a different width per call "
+                         f"({sorted({chunk.shape[1] for chunk in chunks})}); QS3M needs one fixed vector space "
+                         "(an encoder fitted per call, like tfidf, cannot embed its passages)")
+    return np.concatenate(chunks) if chunks else np.zeros((0, 0), np.float32)
+
+
+def embed_queries(queries: Sequence[Query], encoder: SentenceEncoder, batch_size: int = 256) -> QueryEmbeddings:
+    """Embeds passages once and builds the three query representations from the same encoder.
+
+    D encodes the lead paragraphs joined as one text; an article without a lead falls back to
+    its title and is counted in `lead_missing`.
+    """
+    texts = [passage for query in queries for passage in query.passages]
+    passages = encode_in_batches(encoder, texts, batch_size, "passages")
+    offsets = np.concatenate([[0], np.cumsum([len(query.passages) for query in queries])]).astype(np.int64)
+    titles = encode_in_batches(encoder, [query.title for query in queries], batch_size, "titles")
+    leads = [" ".join(query.lead) if query.lead else query.title for query in queries]
+    descriptions = encode_in_batches(encoder, leads, batch_size, "leads")
+    means = np.stack([passages[offsets[i]:offsets[i + 1]].mean(axis=0) if offsets[i + 1] > offsets[i]
+                      else np.zeros(passages.shape[1], np.float32) for i in range(len(queries))])
+    return QueryEmbeddings(
+        passages=passages,
+        offsets=offsets,
+        queries={"T": titles, "D": descriptions, "P": means.astype(np.float32)},
+        lead_missing=sum(1 for query in queries if not query.lead),
+    )
+
+
+# ---------------------------------------------------------------- pair dataset
+
+def pair_features(pairs: Sequence[Pair], embeddings: QueryEmbeddings) -> dict[str, np.ndarray]:
+    """Row indices of the query vector and both passage vectors for each pair."""
+    query_index = np.array([pair.query_index for pair in pairs], dtype=np.int64)
+    base = embeddings.offsets[query_index] if len(pairs) else np.zeros(0, np.int64)
+    return {
+        "query": query_index,
+        "passage1": base + np.array([pair.first for pair in pairs], dtype=np.int64),
+        "passage2": base + np.array([pair.second for pair in pairs], dtype=np.int64),
+    }
+
+
+def pair_dataset(pairs: Sequence[Pair], embeddings: QueryEmbeddings, query_representation: str, kind: str,
+                 batch_size: int, shuffle_seed: int | None = None):
+    """tf.data of ({input name: vector}, same-cluster label); vectors are gathered per batch in graph."""
+    indices = pair_features(pairs, embeddings)
+    tables = {"query": tf.constant(embeddings.queries[query_representation]),
+              "passage1": tf.constant(embeddings.passages), "passage2": tf.constant(embeddings.passages)}
+    names = model_inputs(kind)
+    labels = np.array([pair.same_cluster for pair in pairs], dtype=np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices(({name: indices[name] for name in names}, labels))
+    if shuffle_seed is not None:
+        dataset = dataset.shuffle(len(pairs), seed=shuffle_seed, reshuffle_each_iteration=True)
+    return dataset.batch(batch_size).map(
+        lambda rows, label: ({name: tf.gather(tables[name], rows[name]) for name in names}, label),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    ).prefetch(tf.data.AUTOTUNE)

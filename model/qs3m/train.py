@@ -1,0 +1,161 @@
+"""Trains the QS3M models on train-split pairs: `python -m model.qs3m` (or `model.qs3m.train`).
+
+    python -m model.qs3m --passages 'OUT/passages/*.jsonl.gz' --output MODEL_DIR \
+        [--encoder mean-vectors] [--models qs3m,qss,qs3m-noq] [--queries T,D,P] [--epochs 10]
+
+The model dir (local or gs://) receives one `<kind>-<query>.keras` per trained model,
+`config.json` (the config, encoder spec, pair counts and training history) and `training.png`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import sys
+from typing import Any
+
+import keras
+
+from model.encoder import SentenceEncoder
+from model.qs3m.pairs import LABELINGS, sample_pairs
+from pipeline.cli import flag, parse_config, run_cli
+from pipeline.outputs import write_bytes
+
+from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, pair_dataset, read_queries
+from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
+
+
+# ---------------------------------------------------------------- training
+
+@dataclasses.dataclass(frozen=True)
+class Qs3mConfig:
+    """Every flag of `python -m model.qs3m`."""
+
+    passages: str = flag(help="passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)")
+    output: str = flag(help="model dir for the .keras models, config.json and training.png (local or gs://)")
+    encoder: str = flag("mean-vectors", help="the fixed passage encoder (a model.encoders spec; never fine-tuned)")
+    models: tuple[str, ...] = flag(MODEL_KINDS, help="models to train: any of qs3m, qss, qs3m-noq")
+    queries: tuple[str, ...] = flag(("T", "D", "P"), help="query representations: T title, D lead paragraphs, "
+                                                          "P mean of passages")
+    labeling: str = flag("flat", help="clusters the pairs are labelled by: flat (sections) or hierarchical")
+    nn1_units: tuple[int, ...] = flag((64,), help="units of the passage projection layers")
+    nn2_units: tuple[int, ...] = flag((32,), help="units of the same-cluster head's hidden layers")
+    epochs: int = flag(10, help="training epochs per model (early stopping on validation MSE)")
+    batch_size: int = flag(64, help="pairs per batch")
+    learning_rate: float = flag(1e-3, help="Adam learning rate")
+    max_pairs_per_query: int = flag(200, help="pairs per article, half same-section, half different-section")
+    patience: int = flag(3, help="early stopping: epochs without a better validation MSE")
+    seed: int = flag(0, help="seed of the pair sample and of each model's initialisation")
+
+    def __post_init__(self):
+        unknown = [kind for kind in self.models if kind not in MODEL_KINDS]
+        if unknown or not self.models:
+            raise ValueError(f"--models: expected some of {MODEL_KINDS}, got {self.models}")
+        unknown = [rep for rep in self.queries if rep not in QUERY_REPRESENTATIONS]
+        if unknown or not self.queries:
+            raise ValueError(f"--queries: expected some of T, D, P, got {self.queries}")
+        if self.labeling not in LABELINGS:
+            raise ValueError(f"--labeling must be one of {LABELINGS}, got {self.labeling!r}")
+        for name in ("epochs", "batch_size", "max_pairs_per_query", "patience"):
+            if getattr(self, name) < (2 if name == "max_pairs_per_query" else 1):
+                raise ValueError(f"--{name.replace('_', '-')} is too small: {getattr(self, name)}")
+
+
+def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
+    """Trains every requested model on train-split pairs (validation split for early stopping).
+
+    Returns and writes `config.json`; models go to `<output>/<name>.keras`.
+    """
+    queries, dead_letters = read_queries(config.passages)
+    by_split = {split: [query for query in queries if query.split == split] for split in ("train", "validation")}
+    if not by_split["train"]:
+        raise ValueError(f"--passages {config.passages!r} has no train-split article to train on")
+    embeddings = {split: embed_queries(chosen, encoder) for split, chosen in by_split.items() if chosen}
+    pairs = {split: sample_pairs([query.labels(config.labeling) for query in chosen], config.seed + offset,
+                                 config.max_pairs_per_query)
+             for offset, (split, chosen) in enumerate(by_split.items()) if chosen}
+    if not pairs["train"]:
+        raise ValueError("no train-split article has two clusters to sample balanced pairs from")
+    dim = embeddings["train"].passages.shape[1]
+    # QS3M-no-q ignores the query, so it is trained once whatever --queries lists.
+    plan = {model_name(kind, rep): (kind, rep) for kind in config.models for rep in config.queries}
+    histories: dict[str, dict[str, list[float]]] = {}
+    trained: dict[str, dict[str, Any]] = {}
+    for number, (name, (kind, representation)) in enumerate(plan.items(), start=1):
+        print(f"[qs3m] model {number}/{len(plan)}: {name} on {len(pairs['train'])} train pairs", file=sys.stderr)
+        keras.utils.set_random_seed(config.seed)  # each model's start depends only on the seed
+        model = build_model(kind, dim, config.nn1_units, config.nn2_units, config.learning_rate,
+                            train_passages=embeddings["train"].passages)
+        train_data = pair_dataset(pairs["train"], embeddings["train"], representation, kind,
+                                  config.batch_size, shuffle_seed=config.seed)
+        validation_data, callbacks = None, []
+        if pairs.get("validation"):
+            validation_data = pair_dataset(pairs["validation"], embeddings["validation"], representation, kind,
+                                           config.batch_size)
+            callbacks = [keras.callbacks.EarlyStopping(patience=config.patience, restore_best_weights=True)]
+        history = model.fit(train_data, validation_data=validation_data, epochs=config.epochs,
+                            callbacks=callbacks, verbose=1)
+        histories[name] = {key: [float(v) for v in values] for key, values in history.history.items()}
+        save_model(model, f"{config.output.rstrip('/')}/{name}.keras")
+        trained[name] = {"kind": kind, "query": None if kind == "qs3m-noq" else representation,
+                         "path": f"{name}.keras"}
+    summary = {
+        "config": dataclasses.asdict(config),
+        "encoder_name": getattr(encoder, "name", type(encoder).__name__),
+        "embedding_dim": int(dim),
+        "models": trained,
+        "counts": {
+            "articles": len(queries),
+            "dead_letters": len(dead_letters),
+            **{f"articles_{split}": len(chosen) for split, chosen in by_split.items()},
+            **{f"pairs_{split}": len(chosen) for split, chosen in pairs.items()},
+            **{f"positive_pairs_{split}": int(sum(pair.same_cluster for pair in chosen)) for split, chosen in pairs.items()},
+            "lead_missing_train": embeddings["train"].lead_missing,
+        },
+        "history": histories,
+        "dead_letters": dead_letters,
+    }
+    write_bytes(f"{config.output.rstrip('/')}/config.json", json.dumps(summary, indent=2).encode())
+    write_bytes(f"{config.output.rstrip('/')}/training.png", training_plot(histories))
+    return summary
+
+
+def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
+    """PNG of train / validation MSE per epoch for each model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for index, (name, history) in enumerate(histories.items()):
+        color = f"C{index % 10}"
+        axis.plot(range(1, len(history["loss"]) + 1), history["loss"], color=color, label=f"{name} train")
+        if "val_loss" in history:
+            axis.plot(range(1, len(history["val_loss"]) + 1), history["val_loss"], color=color, linestyle="--",
+                      label=f"{name} validation")
+    axis.set_xlabel("epoch")
+    axis.set_ylabel("MSE loss")
+    axis.set_title("QS3M training")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------- entry point
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    config = parse_config(Qs3mConfig, argv, "python -m model.qs3m", __doc__.splitlines()[0])
+    from model.encoders import load_encoders
+
+    (encoder,) = load_encoders([config.encoder])
+    summary = train(config, encoder)
+    print(json.dumps(summary["counts"], indent=2))
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
