@@ -9,61 +9,57 @@ Runs the SCB clustering job (Beam), triplet accuracy on the test split of triple
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
 from eval import scb, sick, triplets
-from model.encoders import add_method_flags, default_encoder_specs, model_dir_specs
+from model.encoders import Methods
 from eval.report import scb_markdown, sick_markdown, triplets_markdown, write_json, write_text
-from pipeline.cli import run_cli
+from pipeline.cli import flag, parse_config, run_cli
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="the pipeline's --output; local or gs://")
-    parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    add_method_flags(parser)
-    parser.add_argument("--sick", help="SICK.txt; without it the SICK step is skipped")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the clustering and of the samples")
-    parser.add_argument("--max-triplets", type=int, help="score a seeded sample of this many test triplets "
-                        "(default: all)")
-    parser.add_argument("--max-scb-articles", type=int, help="score a seeded sample of this many SCB articles "
-                        "(default: all)")
-    return parser.parse_known_args(argv)
+@dataclass(frozen=True)
+class ReportConfig:
+    """Flags of `python -m eval.all`."""
+
+    data: str = flag(help="the pipeline's --output; local or gs://")
+    output: str = flag(help="where the results go; local or gs://")
+    methods: Methods = Methods()
+    sick: str | None = flag(None, help="SICK.txt; without it the SICK step is skipped")
+    seed: int = flag(0, help="seed of the clustering and of the samples")
+    max_triplets: int | None = flag(None, help="score a seeded sample of this many test triplets; none = all")
+    max_scb_articles: int | None = flag(None, help="score a seeded sample of this many SCB articles; none = all")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args, beam_args = parse_args(argv)
-    encoders = args.encoders or default_encoder_specs()
+    args, beam_args = parse_config(ReportConfig, argv, "python -m eval.all", __doc__.split("\n\n")[0],
+                                   passthrough=True)
     seconds: dict[str, float] = {}
     sections: list[str] = []
 
     start = time.perf_counter()
-    scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, encoders=encoders,
-                                       model_dirs=args.model_dirs, seed=args.seed,
+    scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, methods=args.methods, seed=args.seed,
                                        max_articles=args.max_scb_articles), beam_args)
     seconds["scb"] = time.perf_counter() - start
     sections.append(scb_markdown(scb_result) + "\n![per-article ARI](scb_ari.png)\n")
 
     start = time.perf_counter()
-    triplet_result = triplets.run(triplets.TripletsConfig(data=args.data, output=args.output, encoders=encoders,
-                                                          model_dirs=args.model_dirs, max_triplets=args.max_triplets,
-                                                          seed=args.seed))
+    triplet_result = triplets.run(triplets.TripletsConfig(data=args.data, output=args.output, methods=args.methods,
+                                                          max_triplets=args.max_triplets, seed=args.seed))
     seconds["triplets"] = time.perf_counter() - start
     sections.append(triplets_markdown(triplet_result) + "\n![triplet accuracy](triplets_accuracy.png)\n")
 
     sick_result = None
     if args.sick:
         start = time.perf_counter()
-        sick_result = sick.run(sick.SickConfig(sick=args.sick, output=args.output, encoders=encoders,
-                                               model_dirs=args.model_dirs))
+        sick_result = sick.run(sick.SickConfig(sick=args.sick, output=args.output, methods=args.methods))
         seconds["sick"] = time.perf_counter() - start
         sections.append(sick_markdown(sick_result) + "\n![SICK Pearson r](sick_pearson.png)\n")
 
-    methods = encoders + model_dir_specs(args.model_dirs)
+    methods = args.methods.specs()
     header = (f"# Evaluation report\n\nData: `{args.data}`. Methods: {', '.join(f'`{m}`' for m in methods)}.\n"
               f"Wall time: {', '.join(f'{step} {value:.1f} s' for step, value in seconds.items())}.\n"
               "Reference numbers marked \"paper\" are Ein Dor et al.'s, on their data, not ours.\n\n")

@@ -9,18 +9,18 @@ encoding. Sentences are counted by the job's own `scb_eval_sentences_encoded` co
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
 
 from eval import scb
-from model.encoders import add_method_flags, default_encoder_specs, load_encoder, model_dir_specs
+from model.encoders import Methods, load_encoder
 from eval.report import markdown_table, write_text
-from pipeline.cli import run_cli
+from pipeline.cli import flag, parse_config, run_cli
 
 
 def read_articles(data: str) -> list[dict]:
@@ -38,7 +38,8 @@ def benchmark_method(spec: str, data: str, articles: list[dict], output: str) ->
         encoder.encode(article["sentences"])
     encode_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name), encoders=[spec]),
+    result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name),
+                                   methods=Methods(encoders=(spec,))),
                      ["--runner", "DirectRunner"])
     job_seconds = time.perf_counter() - start
     sentences = result["counters"]["scb_eval_sentences_encoded"]
@@ -48,16 +49,21 @@ def benchmark_method(spec: str, data: str, articles: list[dict], output: str) ->
             "encode_share_of_job": encode_seconds / job_seconds}
 
 
+@dataclass(frozen=True)
+class ScbBenchmarkConfig:
+    """Flags of `python -m eval.benchmark`."""
+
+    data: str = flag(help="the pipeline's --output (its manifest lists scb/)")
+    methods: Methods = Methods()
+    output: str | None = flag(None, help="where to keep the job outputs and benchmark.md; none = a temp dir")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/)")
-    add_method_flags(parser)
-    parser.add_argument("--output", help="where to keep the job outputs and benchmark.md (default: a temp dir)")
-    args = parser.parse_args(argv)
+    args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
     scb.check_scb_input(args.data)
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
     articles = read_articles(args.data)
-    specs = (args.encoders or default_encoder_specs()) + model_dir_specs(args.model_dirs)
+    specs = args.methods.specs()
     rows = [benchmark_method(spec, args.data, articles, output) for spec in specs]
     table = markdown_table(
         ["method", "articles", "sentences", "encode s", "encode sentences/s", "job s", "job sentences/s",

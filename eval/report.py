@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
 from pipeline.outputs import write_bytes  # noqa: E402
+from pipeline.records import PAPER_DATASET  # noqa: E402
 
 # Ein Dor et al. 2018, Table 3 (triplet accuracy on their triplets-sen test set), as quoted by the
 # sentence-transformers documentation of its wikipedia-sections models. Their numbers, on their
@@ -21,7 +22,7 @@ PAPER_TRIPLET_ACCURACY = {
     "mean-vectors": 0.65,
     "skip-thoughts-CS": 0.615,
     "skip-thoughts-SICK": 0.547,
-    "triplets-sen": 0.74,
+    PAPER_DATASET: 0.74,
 }
 PAPER_LABEL = "paper (Ein Dor et al. 2018, Table 3; their data)"
 

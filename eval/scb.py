@@ -11,10 +11,9 @@ driver then macro-averages per method x algorithm x variant and writes the repor
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
@@ -24,11 +23,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
-from model.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
-                           model_dir_specs)
+from model.encoders import Methods, check_encoder_specs, load_encoders
 from eval.report import read_jsonl, write_scb_report
 from pipeline import records
-from pipeline.cli import run_cli
+from pipeline.cli import flag, parse_config, run_cli
 from pipeline.splits import stable_hash
 
 NAMESPACE = "wikisim"
@@ -39,19 +37,18 @@ class ScbRecordError(ValueError):
     """An SCB line that is not a usable article record."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScbConfig:
     """Flags of `python -m eval.scb` (and of eval.all's SCB step)."""
 
-    data: str
-    output: str
-    encoders: list[str] = field(default_factory=default_encoder_specs)
-    model_dirs: list[str] = field(default_factory=list)
-    seed: int = 0
-    max_articles: int | None = None     # a seeded sample of this many articles; None = all
+    data: str = flag(help="the pipeline's --output (its manifest lists scb/); local or gs://")
+    output: str = flag(help="where the results go; local or gs://")
+    methods: Methods = Methods()
+    seed: int = flag(0, help="seed of the clustering and of the article sample")
+    max_articles: int | None = flag(None, help="score a seeded sample of this many articles; none = all")
 
     def encoder_specs(self) -> list[str]:
-        return list(self.encoders) + model_dir_specs(self.model_dirs)
+        return self.methods.specs()
 
 
 def parse_scb_record(line: str) -> dict:
@@ -252,17 +249,8 @@ def job_counters(pipeline_result) -> dict[str, int]:
 
 
 def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="the pipeline's --output (holds scb/*.jsonl.gz); local or gs://")
-    parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    add_method_flags(parser)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-articles", type=int, help="score a seeded sample of this many articles (default: all)")
-    args, beam_args = parser.parse_known_args(argv)
-    config = ScbConfig(data=args.data, output=args.output,
-                       encoders=args.encoders or default_encoder_specs(),
-                       model_dirs=args.model_dirs, seed=args.seed, max_articles=args.max_articles)
-    return config, beam_args
+    """(config, Beam's pipeline options)."""
+    return parse_config(ScbConfig, argv, "python -m eval.scb", __doc__.split("\n\n")[0], passthrough=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -13,11 +13,10 @@ Each encoder encodes all unique SICK sentences in one call (so TF-IDF's IDF is f
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -27,12 +26,12 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tqdm import tqdm
 
-from model.encoders import add_method_flags, default_encoder_specs, load_encoders, model_dir_specs
+from model.encoders import Methods, load_encoders
 from eval.report import write_sick_report
-from pipeline.cli import UsageError, run_cli
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 CLASSES = np.arange(1, 6)
-SPLITS = ("TRAIN", "TRIAL", "TEST")
+SICK_SPLITS = ("TRAIN", "TRIAL", "TEST")
 REQUIRED_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score", "SemEval_set")
 DEFAULT_C_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
@@ -41,18 +40,17 @@ class SickInputError(UsageError):
     """The SICK file is missing or not the tab-separated SICK format."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SickConfig:
     """Flags of `python -m eval.sick` (and of eval.all's SICK step)."""
 
-    sick: str
-    output: str
-    encoders: list[str] = field(default_factory=default_encoder_specs)
-    model_dirs: list[str] = field(default_factory=list)
-    c_grid: tuple[float, ...] = DEFAULT_C_GRID
+    sick: str = flag(help="SICK.txt (tab-separated, with SemEval_set); local or gs://")
+    output: str = flag(help="where the results go; local or gs://")
+    methods: Methods = Methods()
+    c_grid: tuple[float, ...] = flag(DEFAULT_C_GRID, help="inverse regularisation strengths tried, chosen on TRIAL")
 
     def encoder_specs(self) -> list[str]:
-        return list(self.encoders) + model_dir_specs(self.model_dirs)
+        return self.methods.specs()
 
 
 def read_sick(path: str) -> dict[str, dict[str, list]]:
@@ -69,7 +67,7 @@ def read_sick(path: str) -> dict[str, dict[str, list]]:
     missing = [column for column in REQUIRED_COLUMNS if column not in (reader.fieldnames or [])]
     if missing:
         raise SickInputError(f"{path}: missing columns {missing}; is it the tab-separated SICK.txt?")
-    splits = {split: {"a": [], "b": [], "score": []} for split in SPLITS}
+    splits = {split: {"a": [], "b": [], "score": []} for split in SICK_SPLITS}
     for line_number, row in enumerate(reader, start=2):
         split = row["SemEval_set"]
         try:
@@ -77,12 +75,12 @@ def read_sick(path: str) -> dict[str, dict[str, list]]:
         except (TypeError, ValueError):
             score = float("nan")
         if split not in splits or not 1.0 <= score <= 5.0:
-            raise SickInputError(f"{path}:{line_number}: expected SemEval_set in {SPLITS} and a score in "
+            raise SickInputError(f"{path}:{line_number}: expected SemEval_set in {SICK_SPLITS} and a score in "
                                  f"[1, 5], got {split!r} and {row['relatedness_score']!r}")
         splits[split]["a"].append(row["sentence_A"])
         splits[split]["b"].append(row["sentence_B"])
         splits[split]["score"].append(score)
-    empty = [split for split in SPLITS if not splits[split]["score"]]
+    empty = [split for split in SICK_SPLITS if not splits[split]["score"]]
     if empty:
         raise SickInputError(f"{path}: no pairs for {empty}")
     return splits
@@ -132,7 +130,7 @@ def relatedness_metrics(predicted, gold) -> dict[str, float]:
 
 def score_encoder(encoder, splits: dict, c_grid) -> dict:
     """TRAIN fit per C, C chosen on TRIAL Pearson r, metrics on TEST."""
-    unique = list(dict.fromkeys(s for split in SPLITS for key in ("a", "b") for s in splits[split][key]))
+    unique = list(dict.fromkeys(s for split in SICK_SPLITS for key in ("a", "b") for s in splits[split][key]))
     row_of = {sentence: row for row, sentence in enumerate(unique)}
     embeddings = encoder.encode(unique)
 
@@ -141,7 +139,7 @@ def score_encoder(encoder, splits: dict, c_grid) -> dict:
         right = embeddings[[row_of[s] for s in splits[split]["b"]]]
         return pair_features(left, right)
 
-    train, trial, test = (features(split) for split in SPLITS)
+    train, trial, test = (features(split) for split in SICK_SPLITS)
     target = score_distribution(splits["TRAIN"]["score"])
     best = None
     for c in c_grid:
@@ -159,22 +157,14 @@ def run(config: SickConfig) -> dict:
     encoders = load_encoders(config.encoder_specs())
     methods = [score_encoder(encoder, splits, config.c_grid)
                for encoder in tqdm(encoders, desc="SICK relatedness", unit="method")]
-    result = {"sick": config.sick, "pairs": {split: len(splits[split]["score"]) for split in SPLITS},
+    result = {"sick": config.sick, "pairs": {split: len(splits[split]["score"]) for split in SICK_SPLITS},
               "c_grid": list(config.c_grid), "methods": methods}
     write_sick_report(result, config.output)
     return result
 
 
 def parse_args(argv: list[str] | None) -> SickConfig:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sick", required=True, help="SICK.txt (tab-separated, with SemEval_set); local or gs://")
-    parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    add_method_flags(parser)
-    parser.add_argument("--c-grid", type=float, nargs="+", default=list(DEFAULT_C_GRID),
-                        help="inverse regularisation strengths tried, chosen on TRIAL")
-    args = parser.parse_args(argv)
-    return SickConfig(sick=args.sick, output=args.output, encoders=args.encoders or default_encoder_specs(),
-                      model_dirs=args.model_dirs, c_grid=tuple(args.c_grid))
+    return parse_config(SickConfig, argv, "python -m eval.sick", __doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> dict:

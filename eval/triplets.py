@@ -11,35 +11,40 @@ Shards are read with `model.data` (local or gs://).
 """
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
 
-from model.encoders import (add_method_flags, check_encoder_specs, default_encoder_specs, load_encoders,
-                           model_dir_specs)
 from eval.report import write_triplets_report
 from model.data import triplet_sample, triplet_strings
-from pipeline.cli import run_cli
+from model.encoders import Methods, check_encoder_specs, load_encoders
+from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
+from pipeline.splits import SPLITS
 
 
-@dataclass
+@dataclass(frozen=True)
 class TripletsConfig:
     """Flags of `python -m eval.triplets` (and of eval.all's triplet step)."""
 
-    data: str
-    output: str
-    dataset: str = "triplets-sen"
-    split: str = "test"
-    encoders: list[str] = field(default_factory=default_encoder_specs)
-    model_dirs: list[str] = field(default_factory=list)
-    max_triplets: int | None = None     # a seeded sample of this many triplets; None = the whole split
-    seed: int = 0
+    data: str = flag(help="the pipeline's --output (its manifest lists the shards); local or gs://")
+    output: str = flag(help="where the results go; local or gs://")
+    dataset: str = flag(PAPER_DATASET, help=f"triplet dataset: one of {', '.join(TRIPLET_DATASETS)}")
+    split: str = flag("test", help=f"split scored: one of {', '.join(SPLITS)}")
+    methods: Methods = Methods()
+    max_triplets: int | None = flag(None, help="score a seeded sample of this many triplets; none = the whole split")
+    seed: int = flag(0, help="seed of the triplet sample")
+
+    def __post_init__(self):
+        if self.dataset not in TRIPLET_DATASETS:
+            raise UsageError(f"--dataset must be one of {TRIPLET_DATASETS}, got {self.dataset!r}")
+        if self.split not in SPLITS:
+            raise UsageError(f"--split must be one of {SPLITS}, got {self.split!r}")
 
     def encoder_specs(self) -> list[str]:
-        return list(self.encoders) + model_dir_specs(self.model_dirs)
+        return self.methods.specs()
 
 
 def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None = None,
@@ -94,18 +99,7 @@ def run(config: TripletsConfig) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> TripletsConfig:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="the pipeline's --output; local or gs://")
-    parser.add_argument("--output", required=True, help="where the results go; local or gs://")
-    parser.add_argument("--dataset", default="triplets-sen")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--max-triplets", type=int, help="score a seeded sample of this many triplets (default: all)")
-    parser.add_argument("--seed", type=int, default=0)
-    add_method_flags(parser)
-    args = parser.parse_args(argv)
-    return TripletsConfig(data=args.data, output=args.output, dataset=args.dataset, split=args.split,
-                          encoders=args.encoders or default_encoder_specs(), model_dirs=args.model_dirs,
-                          max_triplets=args.max_triplets, seed=args.seed)
+    return parse_config(TripletsConfig, argv, "python -m eval.triplets", __doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -14,7 +14,6 @@ estimate and is printed as one; only the two timed runs are measurements.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import resource
@@ -24,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from pipeline import run as pipeline_run
-from pipeline.cli import run_cli
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.dumps import embedded_dump_path
 from pipeline.multistream import dump_parts, renumber_page, write_multistream_dump
 
@@ -68,7 +67,7 @@ def measure(dump: str | None, output: str) -> Measurement:
     )
 
 
-def projection_lines(small: Measurement, big: Measurement, args: argparse.Namespace) -> list[str]:
+def projection_lines(small: Measurement, big: Measurement, args: SizingConfig) -> list[str]:
     seconds = big.cpu_seconds - small.cpu_seconds
     per_article = seconds / (big.articles - small.articles)
     per_mb = seconds / (big.compressed_mb - small.compressed_mb)
@@ -93,19 +92,26 @@ def projection_lines(small: Measurement, big: Measurement, args: argparse.Namesp
     return lines
 
 
+@dataclass(frozen=True)
+class SizingConfig:
+    """Flags of `python -m infra.sizing`."""
+
+    copies: int = flag(4, help="size of the larger run, in excerpts (>= 2: the slope needs two sizes)")
+    dump_gb: float = flag(22.0, help="full dump, bz2 GB")
+    articles: float = flag(6.8e6, help="articles in the full dump")
+    worker_vcpus: int = flag(4, help="vCPUs per Dataflow worker")
+    memory_gb_per_vcpu: float = flag(4.0, help="GB of memory per vCPU (n2-standard: 4)")
+    target_hours: float = flag(3.0, help="wanted wall time of the job")
+    vcpu_hour_usd: float = flag(0.056, help="Dataflow batch vCPU list price")
+    gb_hour_usd: float = flag(0.003557, help="Dataflow batch memory list price")
+
+    def __post_init__(self):
+        if self.copies < 2:
+            raise UsageError("--copies must be >= 2 (the slope needs two sizes)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m infra.sizing", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--copies", type=int, default=4, help="size of the larger run, in excerpts")
-    parser.add_argument("--dump-gb", type=float, default=22.0, help="full dump, bz2 GB")
-    parser.add_argument("--articles", type=float, default=6.8e6, help="articles in the full dump")
-    parser.add_argument("--worker-vcpus", type=int, default=4, help="vCPUs per Dataflow worker")
-    parser.add_argument("--memory-gb-per-vcpu", type=float, default=4.0, help="n2-standard: 4")
-    parser.add_argument("--target-hours", type=float, default=3.0, help="wanted wall time of the job")
-    parser.add_argument("--vcpu-hour-usd", type=float, default=0.056, help="Dataflow batch vCPU list price")
-    parser.add_argument("--gb-hour-usd", type=float, default=0.003557, help="Dataflow batch memory list price")
-    args = parser.parse_args(argv)
-    if args.copies < 2:
-        parser.error("--copies must be >= 2 (the slope needs two sizes)")
+    args = parse_config(SizingConfig, argv, "python -m infra.sizing", __doc__.split("\n\n")[0])
     with tempfile.TemporaryDirectory(prefix="wikisim-sizing-") as folder:
         small = measure(None, os.path.join(folder, "out-x1"))
         big = measure(build_copies(args.copies, folder), os.path.join(folder, f"out-x{args.copies}"))

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.cli import run_cli
-from pipeline.records import TRIPLET_DATASETS
+from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent
@@ -54,7 +54,7 @@ class CloudConfig:
     max_num_workers: int = 32  # Dataflow autoscaling ceiling
     accelerator: str = "gpu"  # Vertex AI spec: gpu | multi-gpu | tpu
     variant: str = "cpu"  # image to build: cpu (Dataflow, Flex Template) | gpu (Vertex GPU)
-    dataset: str = "triplets-sen"  # which triplet dataset model.train reads
+    dataset: str = PAPER_DATASET  # which triplet dataset model.train reads
     embeddings: str | None = None  # None: gs://BUCKET/vectors/glove.840B.300d.txt
     spec_dir: str = "build/vertex"  # where the filled Vertex AI spec is written
 

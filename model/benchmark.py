@@ -30,13 +30,13 @@ hits all alike.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 import keras
 import tensorflow as tf
@@ -47,7 +47,8 @@ from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, 
                            compile_triplet_model)
 from model.text import WordIds
 from model.train import build_vocabulary, embedding_matrix
-from pipeline.cli import run_cli
+from pipeline.cli import flag, parse_config, run_cli
+from pipeline.records import PAPER_DATASET
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
@@ -163,18 +164,22 @@ def plot(results: dict, path: str) -> None:
     plt.close(figure)
 
 
+@dataclass(frozen=True)
+class TrainerBenchmarkConfig:
+    """Flags of `python -m model.benchmark`."""
+
+    data: str = flag(help="pipeline output folder (local or gs://)")
+    dataset: str = flag(PAPER_DATASET, help="triplet dataset whose training split is timed")
+    triplets: int = flag(4096, help="training triplets per timed pass")
+    batch_size: int = flag(TrainConfig.batch_size, help="the fast trainer's batch")
+    article_chunk: int = flag(TrainConfig.article_chunk, help="triplets of one article kept together in a batch")
+    lstm_units: int = flag(TrainConfig.lstm_units, help="BiLSTM units per direction")
+    rounds: int = flag(1, help="timed passes per variant; the best counts")
+    out: str | None = flag(None, help="folder for benchmark.json and benchmark.png")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(prog="python -m model.benchmark", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True, help="pipeline output folder (local or gs://)")
-    parser.add_argument("--dataset", default="triplets-sen", help="triplet dataset whose training split is timed")
-    parser.add_argument("--triplets", type=int, default=4096, help="training triplets per timed pass")
-    parser.add_argument("--batch-size", type=int, default=TrainConfig.batch_size, help="the fast trainer's batch")
-    parser.add_argument("--article-chunk", type=int, default=TrainConfig.article_chunk,
-                        help="triplets of one article kept together in a batch")
-    parser.add_argument("--lstm-units", type=int, default=TrainConfig.lstm_units, help="BiLSTM units per direction")
-    parser.add_argument("--rounds", type=int, default=1, help="timed passes per variant; the best counts")
-    parser.add_argument("--out", help="folder for benchmark.json and benchmark.png")
-    args = parser.parse_args(argv)
+    args = parse_config(TrainerBenchmarkConfig, argv, "python -m model.benchmark", __doc__.split("\n")[0])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,

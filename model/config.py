@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 
 from pipeline.cli import flag, parse_config
-from pipeline.records import TRIPLET_DATASETS
+from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 VOCABULARIES = ("embeddings", "train")
@@ -16,7 +16,7 @@ VOCABULARIES = ("embeddings", "train")
 class TrainConfig:
     data: str = flag(help="pipeline output folder (holds manifest.json), local or gs://")
     model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
-    dataset: str = flag("triplets-sen", help=f"triplet dataset to train on: one of {', '.join(TRIPLET_DATASETS)}")
+    dataset: str = flag(PAPER_DATASET, help=f"triplet dataset to train on: one of {', '.join(TRIPLET_DATASETS)}")
     embeddings: str | None = flag(None, help="GloVe-format text file of word vectors (local or gs://); "
                                              "none = the embedded GloVe 6B 50d")
     fine_tune_embeddings: bool = flag(False, help="train the word vectors too (the paper keeps them frozen)")

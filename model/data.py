@@ -20,7 +20,14 @@ from pipeline import records
 from pipeline.cli import DataLossError, UsageError
 
 LOG = logging.getLogger(__name__)
-FEATURES = {key: spec for key, spec in records.triplet_feature_spec().items() if key in (*TRIPLET_KEYS, "article_id")}
+def triplet_feature_spec() -> dict:
+    """The `tf.io.parse_example` spec of every feature of the triplet contract (`pipeline.records`)."""
+    spec = {name: tf.io.FixedLenFeature([], tf.string) for name in records.BYTES_FEATURES}
+    spec.update({name: tf.io.FixedLenFeature([], tf.int64) for name in records.INT64_FEATURES})
+    return spec
+
+
+FEATURES = {key: spec for key, spec in triplet_feature_spec().items() if key in (*TRIPLET_KEYS, "article_id")}
 
 
 class TripletDataError(UsageError):

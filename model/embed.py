@@ -18,9 +18,9 @@ so ids travel with their sentences.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
@@ -31,7 +31,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, Predi
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import records
-from pipeline.cli import UsageError, run_cli
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.splits import stable_hash
 
 SOURCES = ("scb", "passages")
@@ -88,7 +88,7 @@ def sentences_of_record(record: dict, source: str) -> Iterable[tuple[str, str]]:
             yield f"{article}:{section}:{paragraph}", passage["text"]
 
 
-def read_inputs(pipeline: beam.Pipeline, args: argparse.Namespace) -> beam.PCollection:
+def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> beam.PCollection:
     """(id, text) pairs of every input sentence."""
     if args.data:
         files = records.manifest_output(args.data, args.source)[0]
@@ -123,7 +123,7 @@ def to_row(keyed: tuple[str, PredictionResult]) -> dict:
     return {"id": key, "text": result.example, "embedding": np.asarray(result.inference, np.float32).tolist()}
 
 
-def build(pipeline: beam.Pipeline, args: argparse.Namespace, dim: int) -> None:
+def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     handler = KeyedModelHandler(EncoderModelHandler(args.model_dir, args.min_batch, args.max_batch))
     (read_inputs(pipeline, args)
      | "Embed" >> RunInference(handler)
@@ -132,20 +132,33 @@ def build(pipeline: beam.Pipeline, args: argparse.Namespace, dim: int) -> None:
                                                  file_name_suffix=".parquet"))
 
 
-def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m model.embed", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", required=True, help="a trained model dir (holding encoder/), local or gs://")
-    parser.add_argument("--output", required=True, help="folder for embeddings-*.parquet, local or gs://")
-    parser.add_argument("--input", help="text or JSON-lines files (glob), local or gs://")
-    parser.add_argument("--data", help="a pipeline run folder; with --source")
-    parser.add_argument("--source", choices=SOURCES, default="scb", help="which output of the run to embed")
-    parser.add_argument("--text-field", default="text", help="JSON lines: the field holding the sentence")
-    parser.add_argument("--id-field", default="id", help="JSON lines: the field holding its id")
-    parser.add_argument("--min-batch", type=int, default=32, help="smallest batch RunInference forms")
-    parser.add_argument("--max-batch", type=int, default=512, help="largest batch RunInference forms")
-    args, beam_args = parser.parse_known_args(argv)
-    if bool(args.input) == bool(args.data):
-        raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
+@dataclass(frozen=True)
+class EmbedConfig:
+    """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
+
+    model_dir: str = flag(help="a trained model dir (holding encoder/), local or gs://")
+    output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
+    input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")
+    data: str | None = flag(None, help="a pipeline run folder; with --source")
+    source: str = flag("scb", help=f"which output of the run to embed: one of {', '.join(SOURCES)}")
+    text_field: str = flag("text", help="JSON lines: the field holding the sentence")
+    id_field: str = flag("id", help="JSON lines: the field holding its id")
+    min_batch: int = flag(32, help="smallest batch RunInference forms")
+    max_batch: int = flag(512, help="largest batch RunInference forms")
+
+    def __post_init__(self):
+        if bool(self.input) == bool(self.data):
+            raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
+        if self.source not in SOURCES:
+            raise UsageError(f"--source must be one of {SOURCES}, got {self.source!r}")
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise UsageError(f"--min-batch {self.min_batch} / --max-batch {self.max_batch}: need 1 <= min <= max")
+
+
+def parse_args(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
+    """(config, Beam's pipeline options); the input is checked before any work."""
+    args, beam_args = parse_config(EmbedConfig, argv, "python -m model.embed", __doc__.split("\n\n")[0],
+                                   passthrough=True)
     if args.input and not FileSystems.match([args.input])[0].metadata_list:
         raise UsageError(f"--input {args.input} matches no file")
     if args.data:

@@ -14,7 +14,7 @@ Specs:
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib.util
 import os
 
@@ -24,7 +24,8 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from model.encoder import SavedModelEncoder, SentenceEncoder
 from model.text import tokenize
 from model.vectors import load_word_vectors
-from pipeline.cli import UsageError
+from pipeline.cli import UsageError, flag
+from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
 
 class EncoderSpecError(UsageError):
@@ -186,16 +187,25 @@ def model_dir_specs(model_dirs: list[str]) -> list[str]:
             path, name = entry, os.path.basename(entry.rstrip("/"))
         named[name] = path
     specs = [f"saved:{name}={path}" for name, path in named.items()]
-    if "triplets-sen" in named and "triplets-titles" in named:
-        specs.append(f"concat:triplets-sen-titles={named['triplets-sen']}+{named['triplets-titles']}")
+    if PAPER_DATASET in named and TITLES_DATASET in named:   # models named after their datasets
+        specs.append(f"concat:{PAPER_DATASET}-titles={named[PAPER_DATASET]}+{named[TITLES_DATASET]}")
     return specs
 
 
-def add_method_flags(parser: argparse.ArgumentParser) -> None:
-    """`--encoder SPEC` and `--model-dir [NAME=]DIR`, repeatable: the same two flags on every eval job."""
-    parser.add_argument("--encoder", dest="encoders", action="append",
-                        help="baseline encoder spec, repeatable (default: the baselines installed): "
-                             "mean-vectors, tfidf, minilm, saved:NAME=DIR, concat:NAME=DIR1+DIR2")
-    parser.add_argument("--model-dir", dest="model_dirs", action="append", default=[],
-                        help="trained model dir (DIR or NAME=DIR), repeatable; triplets-sen + "
-                             "triplets-titles also give triplets-sen-titles")
+@dataclasses.dataclass(frozen=True)
+class Methods:
+    """The methods an eval job scores: the same two flags on every eval job (a nested config)."""
+
+    encoders: tuple[str, ...] = flag((), name="encoder", repeatable=True,
+                                     help="baseline encoder spec (default: the baselines installed): mean-vectors, "
+                                          "tfidf, minilm, saved:NAME=DIR, concat:NAME=DIR1+DIR2")
+    model_dirs: tuple[str, ...] = flag((), name="model-dir", repeatable=True,
+                                       help="trained model dir (DIR or NAME=DIR); triplets-sen + triplets-titles "
+                                            "also give triplets-sen-titles")
+
+    def baseline_specs(self) -> list[str]:
+        return list(self.encoders or default_encoder_specs())
+
+    def specs(self) -> list[str]:
+        """Every method's encoder spec: the baselines, then the trained models."""
+        return self.baseline_specs() + model_dir_specs(list(self.model_dirs))

@@ -44,9 +44,11 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) 
     return 0
 
 
-def flag(default: Any = dataclasses.MISSING, *, help: str) -> Any:
-    """A config field that is also a command-line flag; its help text lives beside it."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def flag(default: Any = dataclasses.MISSING, *, help: str, name: str | None = None,
+         repeatable: bool = False) -> Any:
+    """A config field that is also a command-line flag; its help text lives beside it. `name`:
+    the flag when it is not the field's name (`model_dirs` <- repeatable `--model-dir`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "name": name, "repeatable": repeatable})
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -87,9 +89,11 @@ def config_parser(config_type: type, prog: str, description: str) -> ArgumentPar
     parser = ArgumentParser(prog=prog, description=description, allow_abbrev=False,
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for field in _flag_fields(config_type):
-        name = "--" + field.name.replace("_", "-")
+        name = "--" + (field.metadata.get("name") or field.name.replace("_", "-"))
         help_text = field.metadata["help"]
-        if field.default is dataclasses.MISSING:
+        if field.metadata.get("repeatable"):   # `--model-dir A --model-dir B` -> ("A", "B")
+            parser.add_argument(name, dest=field.name, action="append", help=help_text + " (repeatable)")
+        elif field.default is dataclasses.MISSING:
             parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), required=True, default=argparse.SUPPRESS,
                                 help=help_text)
         elif isinstance(field.default, tuple):   # a comma-separated list of its default's item type
@@ -124,6 +128,8 @@ def build_config(config_type: type, values: dict) -> Any:
     for field in dataclasses.fields(config_type):
         if dataclasses.is_dataclass(field.default):
             kwargs[field.name] = build_config(type(field.default), values)
+        elif field.metadata.get("repeatable"):
+            kwargs[field.name] = tuple(values.get(field.name) or field.default)
         elif field.name in values:
             kwargs[field.name] = values[field.name]
     try:

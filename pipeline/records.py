@@ -23,10 +23,12 @@ from pipeline.cli import UsageError
 from pipeline.rules import Article
 from pipeline.triplets import Triplet
 
-# The triplet datasets, one folder each: sentence triplets by the strategy their negatives follow
-# (the paper's dataset and its two ablations), and title triplets.
+# The triplet datasets, one folder each: sentence triplets by the rule their negatives follow
+# (`--negatives`; the triplet feature `strategy` names it): the paper's dataset and its two
+# ablations; and title triplets.
+PAPER_DATASET = "triplets-sen"
 SENTENCE_DATASETS = {
-    "triplets-sen": "adjacent",
+    PAPER_DATASET: "adjacent",
     "triplets-sen-same_article": "same_article",
     "triplets-sen-other_article": "other_article",
 }
@@ -111,15 +113,6 @@ def _example_class():
 
 
 Example = _example_class()
-
-
-def triplet_feature_spec() -> dict:
-    """The parsing spec for `tf.io.parse_example` / `parse_single_example` (readers only)."""
-    import tensorflow as tf
-
-    spec = {name: tf.io.FixedLenFeature([], tf.string) for name in BYTES_FEATURES}
-    spec.update({name: tf.io.FixedLenFeature([], tf.int64) for name in INT64_FEATURES})
-    return spec
 
 
 def triplet_example(triplet: Triplet) -> bytes:

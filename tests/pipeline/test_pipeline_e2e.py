@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 
 from pipeline import run
 from pipeline.dumps import DumpInputError, embedded_dump_path
-from pipeline.records import triplet_feature_spec
+from model.data import triplet_feature_spec
 from pipeline.rules import is_removed_section
 from pipeline.sentences import SentenceSplitter
 from pipeline.splits import SPLITS, split_of

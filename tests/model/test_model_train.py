@@ -20,7 +20,7 @@ from model_shards import write_triplet_shards
 # max_lost_fraction: the shards fixture plants one corrupt record among 257
 TINY = dict(epochs=2, steps=3, batch_size=8, lstm_units=8, attention_size=4, progress=False, vocabulary="train",
             max_lost_fraction=0.01)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -87,8 +87,8 @@ def test_scb_dry_run_submits_eval_scb_to_dataflow(capsys):
     config, beam_args = eval_scb.parse_args(command[3:])  # eval.scb's own flags take the rest
     assert config.data == "gs://wikisim-data/wikisim/enwiki-latest/data"
     assert config.output == "gs://wikisim-data/wikisim/enwiki-latest/eval/scb"
-    assert config.model_dirs == ["triplets-sen=gs://wikisim-data/wikisim/enwiki-latest/models/triplets-sen"]
-    assert "mean-vectors:gs://wikisim-data/vectors/glove.840B.300d.txt" in config.encoders
+    assert config.methods.model_dirs == ("triplets-sen=gs://wikisim-data/wikisim/enwiki-latest/models/triplets-sen",)
+    assert "mean-vectors:gs://wikisim-data/vectors/glove.840B.300d.txt" in config.methods.encoders
     options, errors = beam_errors(beam_args)
     assert errors == []
     assert options.view_as(GoogleCloudOptions).job_name == "wikisim-scb-enwiki-latest"

@@ -14,7 +14,7 @@ from model.network import (ExportableEncoder, build_sentence_encoder, build_trip
                            triplet_loss)
 from model.text import WordIds
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _matrix(rows, dim=6, seed=0):

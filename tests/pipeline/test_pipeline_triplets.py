@@ -5,6 +5,7 @@ import sys
 
 import tensorflow as tf
 
+from model.data import triplet_feature_spec
 from pipeline import records
 from pipeline.rules import Article, ArticleSection, KeptSentence, triplet_slots
 from pipeline.splits import split_of
@@ -150,7 +151,7 @@ def test_split_is_deterministic_about_80_10_10_and_depends_on_the_seed():
 
 def test_triplet_examples_parse_back_with_the_contract_features():
     triplet = adjacent_triplets(_article(8), seed=0)[0][0]
-    parsed = tf.io.parse_single_example(records.triplet_example(triplet), records.triplet_feature_spec())
+    parsed = tf.io.parse_single_example(records.triplet_example(triplet), triplet_feature_spec())
     for name in records.BYTES_FEATURES:
         assert parsed[name].numpy().decode("utf-8") == getattr(triplet, name)
     for name in records.INT64_FEATURES:

@@ -127,7 +127,7 @@ def test_a_missing_model_dir_is_one_error_line_before_any_work(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "eval.scb", "--data", str(tmp_path / "data"), "--output", str(out),
                            "--model-dir", f"triplets-sen={tmp_path / 'no-such-model'}"],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         f"error: --model-dir {tmp_path / 'no-such-model'}: no trained encoder ({tmp_path / 'no-such-model'}/encoder/"

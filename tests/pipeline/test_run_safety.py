@@ -12,7 +12,7 @@ import pytest
 from pipeline import multistream, outputs, records, run
 from pipeline.dumps import embedded_dump_path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES, PER_STREAM = 40, 10
 FAST = ["--spacy-model", "blank:en"]
 

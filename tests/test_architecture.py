@@ -1,0 +1,84 @@
+"""The codebase's shape, read from the source (no imports): the stages depend one way
+(pipeline <- model <- eval <- infra), no module imports itself back through others (function-
+level imports included), the pipeline never imports TensorFlow, and each contract (split names,
+dataset names, feature keys) is defined once, by its producer."""
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("pipeline", "model", "eval", "infra")
+TENSORFLOW = ("tensorflow", "tensorflow_text", "keras", "tensorflow_hub")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+SOURCES = {_module_name(path): path for stage in STAGES for path in sorted((REPO / stage).rglob("*.py"))}
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in SOURCES.items()}
+
+
+def _imports(module: str) -> set[str]:
+    """Every module `module` imports, anywhere in its body (relative imports resolved)."""
+    package = module if SOURCES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in SOURCES}
+    return found
+
+
+GRAPH = {module: {name for name in _imports(module) if name in SOURCES and name != module} for module in SOURCES}
+
+
+def test_the_source_was_found():
+    assert {"pipeline.run", "model.train", "eval.scb", "infra.submit", "model.qs3m.train"} <= set(GRAPH)
+
+
+def test_no_import_cycle():
+    graphlib.TopologicalSorter(GRAPH).prepare()   # raises CycleError naming the cycle
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_imports_only_itself_and_the_stages_below(stage):
+    allowed = set(STAGES[:STAGES.index(stage) + 1])
+    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if module.split(".")[0] == stage
+                    for target in targets if target.split(".")[0] not in allowed)
+    assert upward == []
+
+
+def test_the_pipeline_never_imports_tensorflow():
+    offending = sorted(f"{module} -> {name}" for module in SOURCES if module.startswith("pipeline")
+                       for name in _imports(module) if name.split(".")[0] in TENSORFLOW)
+    assert offending == []
+
+
+@pytest.mark.parametrize("constant, owner", [("SPLITS", "pipeline.splits"), ("TRIPLET_DATASETS", "pipeline.records"),
+                                             ("SENTENCE_DATASETS", "pipeline.records"),
+                                             ("TITLES_DATASET", "pipeline.records"),
+                                             ("PAPER_DATASET", "pipeline.records"),
+                                             ("BYTES_FEATURES", "pipeline.records"),
+                                             ("INT64_FEATURES", "pipeline.records"), ("MANIFEST", "pipeline.records")])
+def test_each_contract_is_defined_once_by_its_producer(constant, owner):
+    definers = sorted(module for module, tree in TREES.items() for node in ast.walk(tree)
+                      if isinstance(node, (ast.Assign, ast.AnnAssign))
+                      for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(target, ast.Name) and target.id == constant)
+    assert definers == [owner]
+
+
+@pytest.mark.parametrize("name", ["triplets-sen", "triplets-titles"])
+def test_dataset_names_are_spelt_out_only_where_they_are_defined(name):
+    spelt = sorted(module for module, tree in TREES.items() for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and node.value == name)
+    assert spelt == ["pipeline.records"]
