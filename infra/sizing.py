@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pipeline import run as pipeline_run
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.dumps import embedded_dump_path
-from pipeline.multistream import dump_parts, renumber_page, write_multistream_dump
+from pipeline.dump_writers import dump_parts, renumber_page, write_multistream_dump
 
 ID_STRIDE = 10_000_000  # page ids of copy N: id + N * ID_STRIDE (the excerpt's ids are below 31,000)
 

@@ -10,7 +10,6 @@ a malformed project, bucket, job name or accelerator fails here, naming the flag
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shlex
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cli import run_cli
+from pipeline.cli import UsageError, build_config, config_parser, flag, run_cli
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 INFRA_DIR = Path(__file__).resolve().parent
@@ -32,6 +31,8 @@ VERTEX_SPECS = {
     "multi-gpu": INFRA_DIR / "vertex" / "multi_gpu.yaml",
     "tpu": INFRA_DIR / "vertex" / "tpu.yaml",
 }
+ACCELERATORS = tuple(VERTEX_SPECS)
+STAGES = ("layout", "pipeline", "scb", "train", "image", "flex")
 FLEX_METADATA = INFRA_DIR / "flex_template.json"
 CLOUD_BUILD = INFRA_DIR / "cloudbuild.yaml"
 GPU_EXTRA_PIP = "tensorflow[and-cuda]"
@@ -42,21 +43,29 @@ TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct6e-")
 class CloudConfig:
     """The variables every submission is filled from; the CLI flags mirror these fields."""
 
-    project: str
-    region: str
-    bucket: str
-    run: str = "enwiki-latest"  # this run's folder: gs://BUCKET/wikisim/RUN/
-    dump: str | None = None  # None: gs://BUCKET/dumps/enwiki-latest-pages-articles-multistream.xml.bz2
-    index: str | None = None  # None: the pipeline looks for the multistream index beside the dump
-    image: str | None = None  # None: REGION-docker.pkg.dev/PROJECT/wikisim/wikisim[-gpu|-tpu]:latest
-    container: bool = False  # Dataflow workers run the image instead of installing setup.py
-    machine_type: str = "n2-standard-4"  # Dataflow worker machine type
-    max_num_workers: int = 32  # Dataflow autoscaling ceiling
-    accelerator: str = "gpu"  # Vertex AI spec: gpu | multi-gpu | tpu
-    variant: str = "cpu"  # image to build: cpu (Dataflow, Flex Template) | gpu (Vertex GPU)
-    dataset: str = PAPER_DATASET  # which triplet dataset model.train reads
-    embeddings: str | None = None  # None: gs://BUCKET/vectors/glove.840B.300d.txt
-    spec_dir: str = "build/vertex"  # where the filled Vertex AI spec is written
+    project: str = flag(help="Google Cloud project id")
+    region: str = flag(help="e.g. us-central1")
+    bucket: str = flag(help="bucket name, without gs://")
+    run: str = flag("enwiki-latest", help="this run's folder: gs://BUCKET/wikisim/RUN/")
+    dump: str | None = flag(None, help="dump path; none = gs://BUCKET/dumps/enwiki-latest-pages-articles-"
+                                       "multistream.xml.bz2")
+    index: str | None = flag(None, help="multistream index; none = the pipeline looks for it beside the dump")
+    image: str | None = flag(None, help="container image; none = REGION-docker.pkg.dev/PROJECT/wikisim/"
+                                        "wikisim[-gpu|-tpu]:latest")
+    container: bool = flag(False, help="Dataflow workers run the image instead of installing setup.py")
+    machine_type: str = flag("n2-standard-4", help="Dataflow worker machine type")
+    max_num_workers: int = flag(32, help="Dataflow autoscaling ceiling")
+    accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu or tpu")
+    variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template) or gpu (Vertex GPU)")
+    dataset: str = flag(PAPER_DATASET, help=f"triplet dataset model.train reads: one of {', '.join(TRIPLET_DATASETS)}")
+    embeddings: str | None = flag(None, help="GloVe text file; none = gs://BUCKET/vectors/glove.840B.300d.txt")
+    spec_dir: str = flag("build/vertex", help="where the filled Vertex AI spec is written")
+
+    def __post_init__(self):
+        for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu")),
+                              ("dataset", TRIPLET_DATASETS)):
+            if getattr(self, name) not in allowed:
+                raise UsageError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -374,28 +383,12 @@ def execute(commands: list[list[str]], dry_run: bool) -> None:
 
 
 def parse_args(argv: list[str] | None) -> tuple[str, CloudConfig, bool]:
-    defaults = CloudConfig(project="", region="", bucket="")
-    parser = argparse.ArgumentParser(prog="python -m infra.submit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["layout", "pipeline", "scb", "train", "image", "flex"])
-    parser.add_argument("--project", required=True, help="Google Cloud project id")
-    parser.add_argument("--region", required=True, help="e.g. us-central1")
-    parser.add_argument("--bucket", required=True, help="bucket name, without gs://")
-    parser.add_argument("--run", default=defaults.run, help="folder of this run under gs://BUCKET/wikisim/")
-    parser.add_argument("--dump", help="dump path (default gs://BUCKET/dumps/enwiki-latest-...-multistream.xml.bz2)")
-    parser.add_argument("--index", help="multistream index, when not beside the dump")
-    parser.add_argument("--image", help="container image (default REGION-docker.pkg.dev/PROJECT/wikisim/...)")
-    parser.add_argument("--container", action="store_true", help="Dataflow workers run --image, not setup.py")
-    parser.add_argument("--machine-type", default=defaults.machine_type, help="Dataflow worker machine type")
-    parser.add_argument("--max-num-workers", type=int, default=defaults.max_num_workers)
-    parser.add_argument("--accelerator", choices=sorted(VERTEX_SPECS), default=defaults.accelerator)
-    parser.add_argument("--variant", choices=["cpu", "gpu"], default=defaults.variant, help="image to build")
-    parser.add_argument("--dataset", default=defaults.dataset, choices=TRIPLET_DATASETS)
-    parser.add_argument("--embeddings", help="GloVe text file (default gs://BUCKET/vectors/glove.840B.300d.txt)")
-    parser.add_argument("--spec-dir", default=defaults.spec_dir, help="where the filled Vertex AI spec goes")
+    """(stage, config, dry run): the config's flags plus the stage and `--dry-run`."""
+    parser = config_parser(CloudConfig, "python -m infra.submit", __doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=STAGES, help="what to submit (layout only prints the bucket layout)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands without submitting")
-    args = parser.parse_args(argv)
-    config = CloudConfig(**{field.name: getattr(args, field.name) for field in fields(CloudConfig)})
-    return args.stage, config, args.dry_run
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return args.stage, build_config(CloudConfig, vars(args)), args.dry_run
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,6 @@ numbers depend on the machine and its load.
 """
 from __future__ import annotations
 
-import argparse
 import cProfile
 import dataclasses
 import json
@@ -38,7 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import multistream
+from pipeline import dump_writers, multistream
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.dumps import embedded_dump_path, page_id_and_title
 from pipeline.transforms import DATASET_OF_STRATEGY
 
@@ -47,12 +47,15 @@ GOALS = {"pipeline_vs_segment_wiki": ("<=", 1.0), "pipeline_vs_bzcat": ("<=", 10
 ALL_NEGATIVES = ["--negatives", ",".join(DATASET_OF_STRATEGY)]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class BenchmarkConfig:
-    workdir: str = ""  # empty: a fresh temporary folder
-    scale: int = 16
-    pages_per_stream: int = 100
-    profile_top: int = 25
+    """Flags of `python -m pipeline.benchmark`."""
+
+    workdir: str = flag("", help="folder for the dumps, outputs and benchmark.md; empty = a fresh temporary one")
+    scale: int = flag(16, help="the larger input is this many copies of the excerpt")
+    pages_per_stream: int = flag(100, help="pages per bz2 stream of the multistream copies")
+    profile_top: int = flag(25, help="functions listed from the profile of one run")
+    read_only: str | None = flag(None, help="internal: run only the reader on this dump (other flags go to Beam)")
 
 
 @dataclasses.dataclass
@@ -95,12 +98,12 @@ def measure(name: str, command: list[str]) -> Measurement:
 def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
     """The 1x excerpt and, built from it, the scaled plain and multistream dumps."""
     source = embedded_dump_path()
-    header, pages = multistream.dump_parts(source)
+    header, pages = dump_writers.dump_parts(source)
     pages = list(pages)
     id_stride = max(page_id_and_title(page)[0] for page in pages) + 1
 
     def scaled():
-        return (multistream.renumber_page(page, copy, id_stride)
+        return (dump_writers.renumber_page(page, copy, id_stride)
                 for copy in range(config.scale) for page in pages)
 
     paths = {
@@ -109,11 +112,11 @@ def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
         "scaled": str(workdir / f"excerpt{config.scale}x-pages-articles.xml.bz2"),
         "scaled_multistream": str(workdir / f"excerpt{config.scale}x-pages-articles-multistream.xml.bz2"),
     }
-    multistream.write_multistream_dump(header, pages, paths["1x_multistream"],
+    dump_writers.write_multistream_dump(header, pages, paths["1x_multistream"],
                                        multistream.index_path_for(paths["1x_multistream"]),
                                        config.pages_per_stream)
-    multistream.write_plain_dump(header, scaled(), paths["scaled"])
-    streams = multistream.write_multistream_dump(
+    dump_writers.write_plain_dump(header, scaled(), paths["scaled"])
+    streams = dump_writers.write_multistream_dump(
         header, scaled(), paths["scaled_multistream"],
         multistream.index_path_for(paths["scaled_multistream"]), config.pages_per_stream)
     print(f"[benchmark] built {config.scale * len(pages)} pages ({config.scale}x {len(pages)}), "
@@ -332,21 +335,15 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for field in dataclasses.fields(BenchmarkConfig):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
-                            default=field.default)
-    parser.add_argument("--read-only", metavar="DUMP",
-                        help="internal: run only the reader on DUMP (remaining args go to Beam)")
-    args, beam_args = parser.parse_known_args(argv)
-    if args.read_only:
-        run_read_only(args.read_only, beam_args)
+    config, beam_args = parse_config(BenchmarkConfig, argv, "python -m pipeline.benchmark",
+                                     __doc__.split("\n\n")[0], passthrough=True)
+    if config.read_only:
+        run_read_only(config.read_only, beam_args)
         return
     if beam_args:
-        parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
-    config = BenchmarkConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchmarkConfig)})
+        raise UsageError(f"unrecognized arguments: {' '.join(beam_args)}")
     run_benchmark(config)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

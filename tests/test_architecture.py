@@ -82,3 +82,14 @@ def test_dataset_names_are_spelt_out_only_where_they_are_defined(name):
     spelt = sorted(module for module, tree in TREES.items() for node in ast.walk(tree)
                    if isinstance(node, ast.Constant) and node.value == name)
     assert spelt == ["pipeline.records"]
+
+
+def test_the_job_does_not_load_the_dump_writers():
+    """What `python -m pipeline.run` loads (and so every Beam worker) excludes the writers of test dumps."""
+    loaded, todo = set(), ["pipeline.run"]
+    while todo:
+        module = todo.pop()
+        if module not in loaded:
+            loaded.add(module)
+            todo += GRAPH[module]
+    assert "pipeline.read" in loaded and "pipeline.dump_writers" not in loaded

@@ -7,7 +7,7 @@ import itertools
 import pytest
 from dump_support import as_tuples, run_read
 
-from pipeline import multistream
+from pipeline import dump_writers
 from pipeline.dumps import Page, decode_pages, embedded_dump_path, page_id_and_title
 
 PAGES_PER_STREAM = 20
@@ -17,7 +17,7 @@ TRUNCATED_STREAM = 5  # pages 100..119
 
 @pytest.fixture(scope="module")
 def excerpt():
-    header, pages = multistream.dump_parts(embedded_dump_path())
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
     return header, list(pages)
 
 
@@ -56,7 +56,7 @@ def test_multistream_faults_are_dead_lettered_and_reconcile(tmp_path, excerpt):
     header, pages = excerpt
     dump = tmp_path / "faulty-multistream.xml.bz2"
     index = tmp_path / "faulty-multistream-index.txt.bz2"
-    multistream.write_multistream_dump(header, plant_page_faults(pages), str(dump), str(index),
+    dump_writers.write_multistream_dump(header, plant_page_faults(pages), str(dump), str(index),
                                        PAGES_PER_STREAM)
     truncate_stream(dump, index, TRUNCATED_STREAM)
 
@@ -87,7 +87,7 @@ def test_sequential_file_isolates_bad_pages(tmp_path, excerpt):
     faulty = plant_page_faults(pages)
     garbage_at = 150
     faulty[garbage_at] = faulty[garbage_at] + b"\n  <junk>left by a broken export</junk>"
-    multistream.write_plain_dump(header, faulty, str(dump))
+    dump_writers.write_plain_dump(header, faulty, str(dump))
 
     read, dead, counters = run_read(str(dump), str(tmp_path / "out"))
 
@@ -107,7 +107,7 @@ def test_page_shards_of_a_faulty_plain_file_add_up_to_one_read(tmp_path, excerpt
     faulty = plant_page_faults(pages)
     faulty[150] = faulty[150] + b"\n  <junk>left by a broken export</junk>"
     dump = tmp_path / "faulty.xml.bz2"
-    multistream.write_plain_dump(header, faulty, str(dump))
+    dump_writers.write_plain_dump(header, faulty, str(dump))
     data = dump.read_bytes()
     dump.write_bytes(data[: len(data) * 9 // 10])  # and the stream ends early
 
@@ -125,7 +125,7 @@ def test_page_shards_of_a_faulty_plain_file_add_up_to_one_read(tmp_path, excerpt
 def test_truncated_single_stream_file_keeps_what_it_read(tmp_path, excerpt):
     header, pages = excerpt
     whole = tmp_path / "whole.xml.bz2"
-    multistream.write_plain_dump(header, pages, str(whole))
+    dump_writers.write_plain_dump(header, pages, str(whole))
     data = whole.read_bytes()
     truncated = tmp_path / "truncated.xml.bz2"
     truncated.write_bytes(data[: len(data) * 6 // 10])
@@ -146,7 +146,7 @@ def test_truncated_single_stream_file_keeps_what_it_read(tmp_path, excerpt):
 def test_undecodable_bytes_after_the_last_stream_are_reported(tmp_path, excerpt):
     header, pages = excerpt
     dump = tmp_path / "garbage-tail.xml.bz2"
-    multistream.write_plain_dump(header, pages, str(dump))
+    dump_writers.write_plain_dump(header, pages, str(dump))
     with open(dump, "ab") as out:
         out.write(b"BZh9 this is not bz2 data")  # Python's bz2.open would stop here silently
 

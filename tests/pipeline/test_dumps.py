@@ -6,7 +6,7 @@ import mwxml
 import pytest
 from dump_support import as_tuples, run_read
 
-from pipeline import multistream
+from pipeline import dump_writers
 from pipeline.dumps import (DumpInputError, Page, check_input, decode_pages, decompressed_chunks,
                             embedded_dump_path, split_pages)
 from pipeline.read import ReadDumpPages
@@ -44,10 +44,10 @@ def test_read_dump_pages_transform_yields_every_page_and_counts_them(tmp_path, e
 
 
 def test_glob_of_plain_xml_and_bz2_parts(tmp_path, embedded_reference):
-    header, page_iter = multistream.dump_parts(embedded_dump_path())
+    header, page_iter = dump_writers.dump_parts(embedded_dump_path())
     page_bytes = list(page_iter)
-    multistream.write_plain_dump(header, page_bytes[:80], str(tmp_path / "part1.xml"))
-    multistream.write_plain_dump(header, page_bytes[80:], str(tmp_path / "part2.xml.bz2"))
+    dump_writers.write_plain_dump(header, page_bytes[:80], str(tmp_path / "part1.xml"))
+    dump_writers.write_plain_dump(header, page_bytes[80:], str(tmp_path / "part2.xml.bz2"))
     pages, dead, counters = run_read(str(tmp_path / "part*"), str(tmp_path / "out"))
     assert as_tuples(pages) == sorted(embedded_reference)
     assert {p.source for p in pages} == {str(tmp_path / "part1.xml"), str(tmp_path / "part2.xml.bz2")}
@@ -90,9 +90,9 @@ def test_not_a_mediawiki_dump_names_the_file(tmp_path):
 
 
 def test_empty_dump_names_the_file(tmp_path):
-    header, _ = multistream.dump_parts(embedded_dump_path())
+    header, _ = dump_writers.dump_parts(embedded_dump_path())
     empty = tmp_path / "empty.xml.bz2"
-    multistream.write_plain_dump(header, [], str(empty))
+    dump_writers.write_plain_dump(header, [], str(empty))
     with pytest.raises(DumpInputError, match="empty.xml.bz2.*empty"):
         check_input(str(empty))
     zero_bytes = tmp_path / "zero.xml"
@@ -121,7 +121,7 @@ def test_reading_holds_one_page_not_the_dump(tmp_path):
     """Python-heap peak while streaming a plain dump 8x the excerpt stays near the 1x peak."""
     import tracemalloc
 
-    header, pages = multistream.dump_parts(embedded_dump_path())
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
     pages = list(pages)
     id_stride = 10 ** 6
 
@@ -134,9 +134,9 @@ def test_reading_holds_one_page_not_the_dump(tmp_path):
             tracemalloc.stop()
 
     small, large = tmp_path / "x1.xml", tmp_path / "x8.xml"
-    multistream.write_plain_dump(header, pages, str(small))
-    multistream.write_plain_dump(
-        header, (multistream.renumber_page(p, copy, id_stride) for copy in range(8) for p in pages),
+    dump_writers.write_plain_dump(header, pages, str(small))
+    dump_writers.write_plain_dump(
+        header, (dump_writers.renumber_page(p, copy, id_stride) for copy in range(8) for p in pages),
         str(large))
     small_peak, large_peak = peak_bytes(str(small)), peak_bytes(str(large))
     assert large.stat().st_size > 7 * small.stat().st_size

@@ -7,7 +7,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from dump_support import ALL_NEGATIVES, as_tuples, run_read
 
-from pipeline import multistream
+from pipeline import dump_writers, multistream
 from pipeline.dumps import decode_pages, embedded_dump_path
 
 PAGES_PER_STREAM = 20
@@ -15,7 +15,7 @@ PAGES_PER_STREAM = 20
 
 @pytest.fixture(scope="module")
 def excerpt_parts():
-    header, pages = multistream.dump_parts(embedded_dump_path())
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
     return header, list(pages)
 
 
@@ -30,7 +30,7 @@ def multistream_dump(tmp_path, excerpt_parts):
     dump = tmp_path / "dump" / "enwiki-test-pages-articles-multistream.xml.bz2"
     index = tmp_path / "dump" / "enwiki-test-pages-articles-multistream-index.txt.bz2"
     dump.parent.mkdir()
-    streams = multistream.write_multistream_dump(header, pages, str(dump), str(index), PAGES_PER_STREAM)
+    streams = dump_writers.write_multistream_dump(header, pages, str(dump), str(index), PAGES_PER_STREAM)
     return dump, index, streams
 
 
@@ -102,7 +102,7 @@ def test_gcs_multistream_read(gcs_emulator, tmp_path, excerpt_parts, sequential_
     prefix = gcs_emulator()
     header, pages = excerpt_parts
     dump = f"{prefix}/enwiki-test-pages-articles-multistream.xml.bz2"
-    streams = multistream.write_multistream_dump(
+    streams = dump_writers.write_multistream_dump(
         header, pages, dump, f"{prefix}/enwiki-test-pages-articles-multistream-index.txt.bz2",
         PAGES_PER_STREAM)
     assert FileSystems.exists(dump)
@@ -186,7 +186,7 @@ def test_pipeline_gcs_in_and_out_with_2_workers_equals_sequential(
     prefix = gcs_emulator()
     header, pages = excerpt_parts
     dump = f"{prefix}/in/enwiki-test-pages-articles-multistream.xml.bz2"
-    streams = multistream.write_multistream_dump(
+    streams = dump_writers.write_multistream_dump(
         header, pages, dump, multistream.index_path_for(dump), PAGES_PER_STREAM)
     run.main(["--output", f"{prefix}/out", "--input", dump, "--runner", "DirectRunner", *ALL_NEGATIVES,
               "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"])

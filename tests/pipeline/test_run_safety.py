@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import multistream, outputs, records, run
+from pipeline import dump_writers, outputs, records, run
 from pipeline.dumps import embedded_dump_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,10 +20,10 @@ FAST = ["--spacy-model", "blank:en"]
 @pytest.fixture(scope="module")
 def small_multistream(tmp_path_factory):
     """The excerpt's first 40 pages as a 4-stream multistream dump with its index."""
-    header, pages = multistream.dump_parts(embedded_dump_path())
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
     folder = tmp_path_factory.mktemp("dump")
     dump, index = folder / "small-multistream.xml.bz2", folder / "small-multistream-index.txt.bz2"
-    multistream.write_multistream_dump(header, [next(pages) for _ in range(PAGES)], str(dump), str(index), PER_STREAM)
+    dump_writers.write_multistream_dump(header, [next(pages) for _ in range(PAGES)], str(dump), str(index), PER_STREAM)
     return dump, index
 
 
