@@ -30,7 +30,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.cli import UsageError
 
-NAMESPACE = "wikisim"
 READ_CHUNK_BYTES = 1 << 20
 # Content between pages is buffered up to this size before it is handed on (a dump header is a
 # few KiB; anything larger between two pages is garbage and is dead-lettered in pieces).

@@ -12,7 +12,8 @@ from typing import Iterator
 import apache_beam as beam
 
 from pipeline import multistream
-from pipeline.dumps import NAMESPACE, STREAM_FAULTS, Page, check_input, dead_letter, decode_pages, range_source
+from pipeline import counters
+from pipeline.dumps import STREAM_FAULTS, Page, check_input, dead_letter, decode_pages, range_source
 
 
 def decode_read_unit(read_unit) -> Iterator[Page | dict]:
@@ -52,12 +53,12 @@ class _DecodeReadUnitsFn(beam.DoFn):
 
     def __init__(self):
         counter = beam.metrics.Metrics.counter
-        self.pages_read = counter(NAMESPACE, "pages_read")
-        self.pages_dead_lettered = counter(NAMESPACE, "read_pages_dead_lettered")
-        self.fragments_dead_lettered = counter(NAMESPACE, "read_fragments_dead_lettered")
-        self.units_read = counter(NAMESPACE, "read_ranges")
-        self.index_pages = counter(NAMESPACE, "index_pages")
-        self.streams_lost = counter(NAMESPACE, "read_streams_lost_unindexed")
+        self.pages_read = counter(counters.NAMESPACE, counters.PAGES_READ)
+        self.pages_dead_lettered = counter(counters.NAMESPACE, counters.READ_PAGES_DEAD_LETTERED)
+        self.fragments_dead_lettered = counter(counters.NAMESPACE, counters.READ_FRAGMENTS_DEAD_LETTERED)
+        self.units_read = counter(counters.NAMESPACE, counters.READ_RANGES)
+        self.index_pages = counter(counters.NAMESPACE, counters.INDEX_PAGES)
+        self.streams_lost = counter(counters.NAMESPACE, counters.READ_STREAMS_LOST)
 
     def process(self, read_unit):
         self.units_read.inc()
@@ -73,7 +74,7 @@ class _DecodeReadUnitsFn(beam.DoFn):
                 self.fragments_dead_lettered.inc()
                 if item["reason"] in STREAM_FAULTS and not read_unit.expected:   # pages lost, how many unknown
                     self.streams_lost.inc()
-            beam.metrics.Metrics.counter(NAMESPACE, f"read_{item['reason']}").inc()
+            beam.metrics.Metrics.counter(counters.NAMESPACE, counters.READ_REASON_PREFIX + item["reason"]).inc()
             yield beam.pvalue.TaggedOutput("dead_letters", item)
 
 

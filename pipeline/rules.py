@@ -24,6 +24,7 @@ import collections
 import dataclasses
 from typing import NamedTuple, Sequence
 
+from pipeline import counters
 from pipeline.cli import flag
 from pipeline.sentences import SentenceSplitter
 from pipeline.wikitext import Paragraph, ParsedPage
@@ -160,12 +161,12 @@ def build_article(
         else:
             counts["sections_without_sentences"] += 1
     if not enough_sections(len(kept_sections), config):
-        counts["articles_too_few_sections"] += 1
+        counts[counters.ARTICLES_TOO_FEW_SECTIONS] += 1
         return None, counts
-    counts["articles_used"] += 1
+    counts[counters.ARTICLES_USED] += 1
     counts["sections_kept"] += len(kept_sections)
     counts["sentences_kept"] += sum(len(section.sentences) for section in kept_sections)
-    counts["triplet_slots"] += triplet_slots(kept_sections, config)
+    counts[counters.TRIPLET_SLOTS] += triplet_slots(kept_sections, config)
     article = Article(
         article_id=article_id,
         title=title,

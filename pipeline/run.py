@@ -21,6 +21,7 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from pipeline import counters as counter_names
 from pipeline import outputs, records, transforms
 from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
 from pipeline.dumps import embedded_dump_path
@@ -29,14 +30,6 @@ from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
 
-# Every page that was read ends in exactly one of these counters.
-PAGE_OUTCOMES = (
-    "articles_used",
-    "articles_too_few_sections",
-    "pages_non_article",
-    "pages_redirect",
-    "parse_errors",
-)
 
 
 class ConfigError(UsageError):
@@ -151,17 +144,17 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -
     (
         articles
         | "Scb" >> transforms.ScbRecords(config.rules)
-        | "WriteScb" >> transforms.WriteJsonLines(f"{out}/scb/part", "scb_articles")
+        | "WriteScb" >> transforms.WriteJsonLines(f"{out}/scb/part", counter_names.SCB_ARTICLES)
     )
     (
         articles
         | "Passages" >> beam.Map(records.passages_record)
-        | "WritePassages" >> transforms.WriteJsonLines(f"{out}/passages/part", "passages_articles")
+        | "WritePassages" >> transforms.WriteJsonLines(f"{out}/passages/part", counter_names.PASSAGES_ARTICLES)
     )
     (
         (read["dead_letters"], built["dead_letters"])
         | "AllDeadLetters" >> beam.Flatten()
-        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part", "dead_letters_written")
+        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part", counter_names.DEAD_LETTERS_WRITTEN)
     )
 
 
@@ -169,24 +162,24 @@ def expected_counters(config: PipelineConfig) -> list[str]:
     """Counters stats.json always lists, at 0 when nothing incremented them."""
     datasets = config.triplet_datasets()
     return [
-        "pages_read",
-        "index_pages",
-        "read_pages_dead_lettered",
-        "read_streams_lost_unindexed",
-        *PAGE_OUTCOMES,
-        *(f"{dataset}/{split}" for dataset in datasets for split in SPLITS),
-        "triplet_slots",
+        counter_names.PAGES_READ,
+        counter_names.INDEX_PAGES,
+        counter_names.READ_PAGES_DEAD_LETTERED,
+        counter_names.READ_STREAMS_LOST,
+        *counter_names.PAGE_OUTCOMES,
+        *(counter_names.split_counter(dataset, split) for dataset in datasets for split in SPLITS),
+        counter_names.TRIPLET_SLOTS,
         *(transforms.unfilled_slots_counter(strategy) for strategy in config.negative_strategies()),
-        "scb_articles",
-        "passages_articles",
-        "dead_letters_written",
+        counter_names.SCB_ARTICLES,
+        counter_names.PASSAGES_ARTICLES,
+        counter_names.DEAD_LETTERS_WRITTEN,
     ]
 
 
 def counters_of(result, config: PipelineConfig) -> dict[str, int]:
     """Every "wikisim" counter of the finished run, summed over the steps that use it."""
     totals: dict[str, int] = dict.fromkeys(expected_counters(config), 0)
-    query = result.metrics().query(MetricsFilter().with_namespace(transforms.COUNTER_NAMESPACE))
+    query = result.metrics().query(MetricsFilter().with_namespace(counter_names.NAMESPACE))
     for metric in query["counters"]:
         value = metric.committed if metric.committed is not None else metric.attempted
         totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + (value or 0)
@@ -196,7 +189,7 @@ def counters_of(result, config: PipelineConfig) -> dict[str, int]:
 def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
     dataset = transforms.DATASET_OF_STRATEGY[strategy]
-    written = sum(counters.get(f"{dataset}/{split}", 0) for split in SPLITS)
+    written = sum(counters.get(counter_names.split_counter(dataset, split), 0) for split in SPLITS)
     return written + counters.get(transforms.unfilled_slots_counter(strategy), 0)
 
 
@@ -206,21 +199,21 @@ def reconciliation(counters: dict[str, int], strategies: tuple[str, ...]) -> dic
     number of pages), pages_read against the page outcomes (articles used + each reason to
     skip), and for each negative strategy, `triplet_slots` against triplets written + slots
     left unfilled."""
-    outcomes = {name: counters.get(name, 0) for name in PAGE_OUTCOMES}
-    pages_read = counters.get("pages_read", 0)
-    index_pages, lost = counters.get("index_pages", 0), counters.get("read_pages_dead_lettered", 0)
+    outcomes = {name: counters.get(name, 0) for name in counter_names.PAGE_OUTCOMES}
+    pages_read = counters.get(counter_names.PAGES_READ, 0)
+    index_pages, lost = counters.get(counter_names.INDEX_PAGES, 0), counters.get(counter_names.READ_PAGES_DEAD_LETTERED, 0)
     read_balanced = not index_pages or index_pages == pages_read + lost
     slots = {strategy: triplet_slots_filled(counters, strategy) for strategy in strategies}
     balanced = read_balanced and pages_read == sum(outcomes.values()) and all(
-        n == counters.get("triplet_slots", 0) for n in slots.values())
+        n == counters.get(counter_names.TRIPLET_SLOTS, 0) for n in slots.values())
     return {
         "index_pages": index_pages,
         "pages_lost_by_read": lost,
         "lost_fraction": lost / index_pages if index_pages else (0.0 if pages_read else None),
-        "streams_lost_unknown_pages": counters.get("read_streams_lost_unindexed", 0),
+        "streams_lost_unknown_pages": counters.get(counter_names.READ_STREAMS_LOST, 0),
         "pages_read": pages_read,
         "outcomes": outcomes,
-        "triplet_slots": counters.get("triplet_slots", 0),
+        "triplet_slots": counters.get(counter_names.TRIPLET_SLOTS, 0),
         "triplet_slots_by_strategy": slots,
         "balanced": balanced,
     }
@@ -230,8 +223,9 @@ def input_loss(stats: dict, max_lost_fraction: float) -> str | None:
     """Why the run lost too much of its input, naming the likely cause; None when it did not."""
     read = stats["reconciliation"]
     counters = stats["counters"]
-    reasons = sorted(((n, name[len("read_"):]) for name, n in counters.items()
-                      if name.startswith("read_") and name[len("read_"):] in LOSS_CAUSES and n), reverse=True)
+    prefix = counter_names.READ_REASON_PREFIX
+    reasons = sorted(((n, name.removeprefix(prefix)) for name, n in counters.items()
+                      if name.startswith(prefix) and name.removeprefix(prefix) in LOSS_CAUSES and n), reverse=True)
     cause = LOSS_CAUSES[reasons[0][1]] if reasons else "unknown"
     if read["index_pages"] and read["lost_fraction"] > max_lost_fraction:
         return (f"{stats['input']}: the read lost {read['pages_lost_by_read']:,} of the {read['index_pages']:,} "
@@ -264,10 +258,10 @@ def summary_table(counters: dict[str, int]) -> str:
 
 def output_records(counters: dict[str, int], config: PipelineConfig) -> dict[str, int]:
     """Records per output folder, for the manifest."""
-    counts = {f"{dataset}/{split}": counters[f"{dataset}/{split}"]
+    counts = {f"{dataset}/{split}": counters[counter_names.split_counter(dataset, split)]
               for dataset in config.triplet_datasets() for split in SPLITS}
-    counts.update({"scb": counters["scb_articles"], "passages": counters["passages_articles"],
-                   "dead_letters": counters["dead_letters_written"]})
+    counts.update({"scb": counters[counter_names.SCB_ARTICLES], "passages": counters[counter_names.PASSAGES_ARTICLES],
+                   "dead_letters": counters[counter_names.DEAD_LETTERS_WRITTEN]})
     return counts
 
 
@@ -281,7 +275,7 @@ def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(SPLITS)
     for offset, split in enumerate(SPLITS):
-        values = [counters.get(f"{dataset}/{split}", 0) for dataset in datasets]
+        values = [counters.get(counter_names.split_counter(dataset, split), 0) for dataset in datasets]
         ax.bar([i + offset * width for i in range(len(datasets))], values, width, label=split)
     ax.set_xticks([i + width for i in range(len(datasets))], datasets, fontsize=8)
     ax.set_ylabel("triplets")

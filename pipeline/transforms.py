@@ -1,7 +1,7 @@
 """Thin Beam compositions of the pure functions in `wikitext`, `rules`, `triplets`, `records`.
 
 Every record that does not go on is counted under a named counter in the "wikisim"
-namespace (`COUNTER_NAMESPACE`); `pipeline.run` writes them all to stats.json.
+namespace (`counters.NAMESPACE`, names in `pipeline.counters`); `pipeline.run` writes them all to stats.json.
 """
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.metrics import Metrics
 
-from pipeline import records, triplets
-from pipeline.dumps import NAMESPACE as COUNTER_NAMESPACE
+from pipeline import counters, records, triplets
 from pipeline.dumps import Page, dead_letter
 from pipeline.records import SENTENCE_DATASETS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
@@ -26,7 +25,7 @@ DATASET_OF_STRATEGY = {strategy: dataset for dataset, strategy in SENTENCE_DATAS
 
 
 def count(name: str, value: int = 1) -> None:
-    Metrics.counter(COUNTER_NAMESPACE, name).inc(value)
+    Metrics.counter(counters.NAMESPACE, name).inc(value)
 
 
 def increment_all(counts: collections.Counter) -> None:
@@ -49,15 +48,15 @@ class _BuildArticlesFn(beam.DoFn):
 
     def process(self, page: Page):
         if page.namespace != ARTICLE_NAMESPACE:
-            count("pages_non_article")
+            count(counters.PAGES_NON_ARTICLE)
             return
         if page.redirect:
-            count("pages_redirect")
+            count(counters.PAGES_REDIRECT)
             return
         try:
             parsed = parse_wikitext(page.text)
         except Exception as err:  # one malformed page must not stop the run: count, set aside
-            count("parse_errors")
+            count(counters.PARSE_ERRORS)
             letter = dead_letter(page.source, page.page_id, page.title, "parse_error", f"{type(err).__name__}: {err}")
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="parse"))  # the shared shape
             return
@@ -80,23 +79,15 @@ class BuildArticles(beam.PTransform):
         return {"articles": outputs.articles, DEAD_LETTERS: outputs[DEAD_LETTERS]}
 
 
-def no_opener_counter(strategy: str) -> str:
-    """Slots of `strategy` left without a triplet because the chosen section has no opener."""
-    return f"triplets_{strategy}_no_opener_negative"
-
-
-NO_DONOR_COUNTER = "triplets_other_article_no_donor"
-
-
 def unfilled_slots_counter(strategy: str) -> str:
     """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
-    return NO_DONOR_COUNTER if strategy == "other_article" else no_opener_counter(strategy)
+    return counters.NO_DONOR if strategy == "other_article" else counters.no_opener_counter(strategy)
 
 
 class _SentenceTripletsFn(beam.DoFn):
     def __init__(self, strategy: str, seed: int, rules: RuleConfig):
         self.make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
-        self.no_opener_counter = no_opener_counter(strategy)
+        self.no_opener_counter = counters.no_opener_counter(strategy)
         self.seed = seed
         self.rules = rules
 
@@ -116,7 +107,7 @@ class _OtherArticleTripletsFn(beam.DoFn):
         bucket = list(bucket)
         for article in bucket:
             made, missing = triplets.other_article_triplets(article, bucket, self.seed, self.rules)
-            count(NO_DONOR_COUNTER, missing)
+            count(counters.NO_DONOR, missing)
             yield from made
 
 
@@ -160,7 +151,7 @@ class TitleTriplets(beam.PTransform):
 
 class _SerializeTripletFn(beam.DoFn):
     def __init__(self, dataset: str, split: str):
-        self.counter_name = f"{dataset}/{split}"
+        self.counter_name = counters.split_counter(dataset, split)
 
     def process(self, triplet: triplets.Triplet):
         count(self.counter_name)
@@ -230,10 +221,10 @@ class ScbRecords(beam.PTransform):
 
         def record(article: Article):
             if not scb_eligible(article.split, len(article.sections), rules):
-                count("scb_articles_not_eligible")
+                count(counters.SCB_ARTICLES_NOT_ELIGIBLE)
                 return
             scb = records.scb_record(article)
-            count("scb_sentences", len(scb["sentences"]))
+            count(counters.SCB_SENTENCES, len(scb["sentences"]))
             yield scb
 
         return articles | beam.FlatMap(record)

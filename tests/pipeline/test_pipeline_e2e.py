@@ -23,6 +23,7 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOpt
 from pipeline import run
 from pipeline.dumps import DumpInputError, embedded_dump_path
 from model.data import triplet_feature_spec
+from pipeline.counters import PAGE_OUTCOMES
 from pipeline.rules import is_removed_section
 from pipeline.sentences import SentenceSplitter
 from pipeline.splits import SPLITS, split_of
@@ -68,8 +69,8 @@ def test_counters_reconcile_with_the_dump_and_the_outputs(outputs):
     assert counters["pages_non_article"] == sum(1 for ns, _ in pages if ns != 0)
     assert counters["pages_redirect"] == sum(1 for ns, redirect in pages if ns == 0 and redirect)
     outcomes = outputs["stats"]["reconciliation"]["outcomes"]
-    assert set(outcomes) == set(run.PAGE_OUTCOMES)
-    assert counters["pages_read"] == sum(counters[name] for name in run.PAGE_OUTCOMES)
+    assert set(outcomes) == set(PAGE_OUTCOMES)
+    assert counters["pages_read"] == sum(counters[name] for name in PAGE_OUTCOMES)
     assert outputs["stats"]["reconciliation"]["balanced"] is True
     assert counters["articles_used"] == counters["passages_articles"] == len(outputs["passages"]) > 20
     for (dataset, split), records in outputs["triplets"].items():
