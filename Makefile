@@ -47,7 +47,7 @@ endif
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[gcp,demo,dev]'
+	$(PY) -m pip install -q -e '.[model,eval,gcp,demo,dev]'
 	touch $@
 
 setup: $(VENV)/.installed

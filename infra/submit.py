@@ -52,7 +52,8 @@ class CloudConfig:
     index: str | None = flag(None, help="multistream index; none = the pipeline looks for it beside the dump")
     image: str | None = flag(None, help="container image; none = REGION-docker.pkg.dev/PROJECT/wikisim/"
                                         "wikisim[-gpu|-tpu]:latest")
-    container: bool = flag(False, help="Dataflow workers run the image instead of installing setup.py")
+    container: bool = flag(False, help="pipeline workers run the image instead of installing setup.py "
+                                       "(other Dataflow stages always run it: they need TensorFlow)")
     machine_type: str = flag("n2-standard-4", help="Dataflow worker machine type")
     max_num_workers: int = flag(32, help="Dataflow autoscaling ceiling")
     accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu or tpu")
@@ -121,7 +122,9 @@ def job_name(*parts: str) -> str:
 
 
 def dataflow_options(cfg: CloudConfig, stage: str) -> list[str]:
-    """Beam options that submit one stage to Dataflow: workers get the code from setup.py or the image."""
+    """Beam options that submit one stage to Dataflow. Workers install what they run: the pipeline's
+    get the code from setup.py (no TensorFlow) unless `--container`; every other stage encodes
+    sentences with TensorFlow, which only the project's image holds."""
     layout = gcs_layout(cfg)
     options = [
         "--runner=DataflowRunner",
@@ -133,7 +136,7 @@ def dataflow_options(cfg: CloudConfig, stage: str) -> list[str]:
         f"--machine_type={cfg.machine_type}",
         f"--max_num_workers={cfg.max_num_workers}",
     ]
-    if cfg.container:
+    if cfg.container or stage != "pipeline":
         options.append(f"--sdk_container_image={image_uri(cfg, 'cpu')}")
     else:
         options.append("--setup_file=./setup.py")

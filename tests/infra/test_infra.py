@@ -92,6 +92,9 @@ def test_scb_dry_run_submits_eval_scb_to_dataflow(capsys):
     options, errors = beam_errors(beam_args)
     assert errors == []
     assert options.view_as(GoogleCloudOptions).job_name == "wikisim-scb-enwiki-latest"
+    # Scoring encodes with TensorFlow, which setup.py's install_requires leaves out: the image runs it.
+    assert options.view_as(WorkerOptions).sdk_container_image.endswith("/wikisim/wikisim:latest")
+    assert options.view_as(SetupOptions).setup_file is None
 
 
 @pytest.mark.parametrize(
