@@ -9,7 +9,7 @@ from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, mutual_info_score, rand_score
 from sklearn.preprocessing import normalize
 
-from eval.iclust import iclust
+from eval.iclust import IclustConfig, iclust
 
 ALGORITHMS = ("kmeans", "iclust", "average-link")
 METRICS = ("MI", "AMI", "RI", "ARI")
@@ -28,7 +28,7 @@ def cluster_embeddings(embeddings: np.ndarray, n_clusters: int, seed: int = 0) -
     np.fill_diagonal(distance, 0.0)
     return {
         "kmeans": KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(unit),
-        "iclust": iclust(similarity, n_clusters),
+        "iclust": iclust(similarity, n_clusters, IclustConfig(seed=seed)),   # 10 restarts, like k-means
         "average-link": AgglomerativeClustering(
             n_clusters=n_clusters, metric="precomputed", linkage="average"
         ).fit_predict(distance),

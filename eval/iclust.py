@@ -24,7 +24,7 @@ The similarity matrix is used as given (its diagonal included), as in the paper'
 <s> over all pairs. Temperatures are given relative to the spread (standard deviation) of the
 off-diagonal similarities, so the schedule means the same for cosine, dot-product or any other scale.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -43,6 +43,8 @@ class IclustConfig:
     max_iter: fixed-point iterations per temperature at most.
     tol: convergence threshold on the largest change of any P(c|i).
     seed: seed of the perturbation noise (the result is deterministic given the seed).
+    n_init: annealing runs, with seeds seed, seed + 1, ...; the hard clustering with the highest
+        objective <s> is kept (k-means' `n_init`: annealing can settle in a local optimum).
     """
 
     t_start: float = 1.0
@@ -52,6 +54,7 @@ class IclustConfig:
     max_iter: int = 200
     tol: float = 1e-5
     seed: int = 0
+    n_init: int = 10
 
 
 def _cluster_similarities(similarity: np.ndarray, assignment: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -143,10 +146,22 @@ def iclust(similarity: np.ndarray, n_clusters: int, config: IclustConfig = Iclus
         raise ValueError(f"iclust needs 1 <= n_clusters <= number of items ({n_items}), got {n_clusters}")
     if n_clusters == 1:
         return np.zeros(n_items, dtype=np.int64)
+    best_labels, best_objective = None, -np.inf
     # One BLAS thread: on these small matrices threads cost more than they give (and Beam runs
     # several clusterings side by side).
     with threadpool_limits(limits=1, user_api="blas"):
-        assignment = _anneal(similarity, n_clusters, config)
-        labels = _refine_hard(similarity, assignment.argmax(axis=1), n_clusters, config)
-    _, compact = np.unique(labels, return_inverse=True)
+        for restart in range(config.n_init):
+            run = replace(config, seed=config.seed + restart)
+            labels = _refine_hard(similarity, _anneal(similarity, n_clusters, run).argmax(axis=1), n_clusters, run)
+            objective = hard_objective(similarity, labels, n_clusters)
+            if objective > best_objective:
+                best_labels, best_objective = labels, objective
+    _, compact = np.unique(best_labels, return_inverse=True)
     return compact.astype(np.int64)
+
+
+def hard_objective(similarity: np.ndarray, labels: np.ndarray, n_clusters: int) -> float:
+    """<s> = sum_c P(c) s(c) of a hard clustering: Iclust's objective at T -> 0."""
+    p_cluster, _, within_cluster = _cluster_similarities(np.asarray(similarity, dtype=np.float64),
+                                                         np.eye(n_clusters)[labels])
+    return float(p_cluster @ within_cluster)

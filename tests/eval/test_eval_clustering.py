@@ -6,7 +6,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
-from eval.iclust import IclustConfig, iclust
+from eval.iclust import IclustConfig, hard_objective, iclust
 
 
 def test_metrics_of_a_perfect_clustering_with_renamed_labels():
@@ -81,6 +81,21 @@ def test_iclust_is_deterministic_for_a_seed():
     _, similarity = planted([6, 7, 8], within=0.6, between=0.3, noise=0.2, seed=5)
     config = IclustConfig(seed=11)
     assert np.array_equal(iclust(similarity, 3, config), iclust(similarity, 3, config))
+
+
+def test_iclust_restarts_keep_the_run_with_the_best_objective():
+    """n_init runs with seeds seed..seed+n_init-1; the result is the best of them by <s>."""
+    for data_seed in range(30):   # data on which single runs disagree, so the restarts matter
+        _, similarity = planted([12, 9, 15, 7, 11], within=0.45, between=0.3, noise=0.35, seed=data_seed)
+        single = [iclust(similarity, 5, IclustConfig(seed=seed, n_init=1)) for seed in range(4)]
+        objectives = [hard_objective(similarity, labels, 5) for labels in single]
+        if len(set(np.round(objectives, 12))) > 1:
+            break
+    else:
+        pytest.fail("no test matrix on which annealing runs disagree")
+    best = iclust(similarity, 5, IclustConfig(seed=0, n_init=4))
+    assert hard_objective(similarity, best, 5) == pytest.approx(max(objectives))
+    assert hard_objective(similarity, best, 5) > min(objectives)
 
 
 def test_iclust_rejects_bad_arguments():
