@@ -102,8 +102,11 @@ def pair_features(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return np.hstack([np.abs(left - right), left * right]).astype(np.float32)
 
 
-def fit_soft_logistic(features: np.ndarray, target: np.ndarray, c: float):
-    """Multinomial logistic regression fitted to soft targets via per-class sample weights.
+def soft_logistic_path(features: np.ndarray, target: np.ndarray, c_grid):
+    """Multinomial logistic regressions fitted to soft targets (per-class sample weights), one per
+    C of `c_grid` in ascending order, each started from the previous solution (warm start: the
+    same optima, several times fewer lbfgs steps). Yields (C, model); the model is reused, so
+    use it before the next one is yielded.
 
     Features are standardised first (dense, centred: lbfgs converges in ~10x fewer steps than on
     uncentred features)."""
@@ -112,9 +115,11 @@ def fit_soft_logistic(features: np.ndarray, target: np.ndarray, c: float):
     labels = np.repeat(CLASSES, n_pairs)
     weights = target.T.reshape(-1)
     keep = weights > 0
-    model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=1000))
-    model.fit(stacked[keep], labels[keep], logisticregression__sample_weight=weights[keep])
-    return model
+    model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000, warm_start=True))
+    for c in sorted(c_grid):
+        model.set_params(logisticregression__C=c)
+        model.fit(stacked[keep], labels[keep], logisticregression__sample_weight=weights[keep])
+        yield c, model
 
 
 def expected_score(model, features: np.ndarray) -> np.ndarray:
@@ -142,14 +147,13 @@ def score_encoder(encoder, splits: dict, c_grid) -> dict:
     train, trial, test = (features(split) for split in SICK_SPLITS)
     target = score_distribution(splits["TRAIN"]["score"])
     best = None
-    for c in c_grid:
-        model = fit_soft_logistic(train, target, c)
+    for c, model in soft_logistic_path(train, target, c_grid):
         trial_r = relatedness_metrics(expected_score(model, trial), splits["TRIAL"]["score"])["pearson"]
         if best is None or trial_r > best[0]:
-            best = (trial_r, c, model)
-    trial_r, c, model = best
+            best = (trial_r, c, expected_score(model, test))
+    trial_r, c, test_scores = best
     return {"method": encoder.name, "C": c, "trial_pearson": trial_r,
-            **relatedness_metrics(expected_score(model, test), splits["TEST"]["score"])}
+            **relatedness_metrics(test_scores, splits["TEST"]["score"])}
 
 
 def run(config: SickConfig) -> dict:

@@ -301,14 +301,15 @@ def scb_commands(cfg: CloudConfig) -> list[list[str]]:
 
 
 def train_commands(cfg: CloudConfig) -> tuple[list[list[str]], dict[Path, str]]:
-    """`gcloud ai custom-jobs create` with the filled spec (returned as a file to write)."""
+    """`gcloud ai custom-jobs create` with the filled spec (returned as a file to write); one spec
+    and job name per run, dataset and accelerator, so training titles never overwrites sen's."""
     spec = vertex_spec(cfg)
-    spec_path = Path(cfg.spec_dir) / f"{job_name(cfg.run, cfg.accelerator)}.yaml"
+    spec_path = Path(cfg.spec_dir) / f"{job_name(cfg.run, cfg.dataset, cfg.accelerator)}.yaml"
     command = [
         "gcloud", "ai", "custom-jobs", "create",
         f"--project={cfg.project}",
         f"--region={cfg.region}",
-        f"--display-name={job_name('wikisim', 'train', cfg.run, cfg.accelerator)}",
+        f"--display-name={job_name('wikisim', 'train', cfg.run, cfg.dataset, cfg.accelerator)}",
         f"--config={spec_path}",
     ]
     return [command], {spec_path: yaml.safe_dump(spec, sort_keys=False)}

@@ -51,15 +51,28 @@ def test_soft_logistic_regression_learns_the_expected_score():
     rng = np.random.default_rng(0)
     scores = rng.uniform(1, 5, 300)
     features = np.column_stack([scores + rng.normal(0, 0.1, 300), rng.normal(size=300)])
-    model = sick.fit_soft_logistic(features, sick.score_distribution(scores), c=10.0)
+    [(c, model)] = sick.soft_logistic_path(features, sick.score_distribution(scores), [10.0])
     predicted = sick.expected_score(model, features)
-    assert sick.relatedness_metrics(predicted, scores)["pearson"] > 0.95
+    assert c == 10.0 and sick.relatedness_metrics(predicted, scores)["pearson"] > 0.95
+
+
+def test_the_warm_started_path_finds_the_same_optima_as_separate_fits():
+    """Warm starts change where lbfgs begins, not the (convex) optimum it reaches."""
+    rng = np.random.default_rng(1)
+    scores = rng.uniform(1, 5, 400)
+    features = np.column_stack([scores + rng.normal(0, 0.8, 400), rng.normal(size=(400, 6))])
+    target = sick.score_distribution(scores)
+    path = {c: sick.expected_score(model, features)
+            for c, model in sick.soft_logistic_path(features, target, [1e-2, 1e-1, 1.0, 10.0])}
+    for c, warm in path.items():
+        [(_, alone)] = sick.soft_logistic_path(features, target, [c])
+        np.testing.assert_allclose(warm, sick.expected_score(alone, features), atol=2e-3)
 
 
 def test_sick_job_on_a_fixture(tmp_path):
     path = write_sick_fixture(tmp_path / "SICK.txt")
     result = sick.main(["--sick", str(path), "--output", str(tmp_path / "out"),
-                        "--encoder", "mean-vectors", "--encoder", "tfidf", "--c-grid", "0.1", "1"])
+                        "--encoder", "mean-vectors", "--encoder", "tfidf", "--c-grid", "0.1,1"])
     assert result["pairs"] == {"TRAIN": 48, "TRIAL": 16, "TEST": 24}
     methods = {entry["method"]: entry for entry in result["methods"]}
     assert set(methods) == {"mean-vectors", "tfidf"}

@@ -240,7 +240,8 @@ def test_dockerfile_follows_the_beam_custom_container_convention():
                           dockerfile, re.M)
     assert beam_copy and beam_copy.group(1) == apache_beam.__version__
     assert dockerfile.rstrip().splitlines()[-1] == 'ENTRYPOINT ["/opt/apache/beam/boot"]'
-    assert '".[gcp]"' in dockerfile
+    # The image runs every stage, so it holds the extras that encode and score (TensorFlow).
+    assert '".[gcp,model,eval]"' in dockerfile
     # Every local COPY source exists, and the Flex Template entry file is one of them.
     sources = re.findall(r"^COPY (?!--from)(\S+) ", dockerfile, re.M)
     assert sources and all((REPO / source).exists() for source in sources)
@@ -331,3 +332,16 @@ def test_chain_model_dir_on_gcs(pipeline_on_gcs, chain_layout, monkeypatch):
     train(["--data", chain_layout.data, "--model-dir", chain_layout.model_dir, *TINY_TRAINING])
     encoder = SavedModelEncoder(chain_layout.model_dir)
     assert encoder.encode(["The striker scored a late goal."]).shape == (1, encoder.dim)
+
+
+def test_each_dataset_gets_its_own_training_spec_and_job(capsys, tmp_path):
+    specs = {}
+    for dataset in ("triplets-sen", "triplets-titles"):
+        [command] = printed_commands(capsys, ["train", "--dataset", dataset, "--spec-dir", str(tmp_path)])
+        config = Path(next(arg for arg in command if arg.startswith("--config=")).split("=", 1)[1])
+        name = next(arg for arg in command if arg.startswith("--display-name="))
+        specs[dataset] = (config, name, config.read_text())
+    (sen_path, sen_name, sen_text), (titles_path, titles_name, titles_text) = specs.values()
+    assert sen_path != titles_path and sen_name != titles_name
+    assert sen_path.read_text() == sen_text                      # the second did not overwrite the first
+    assert "--dataset=triplets-titles" in titles_text and "--dataset=triplets-titles" not in sen_text
