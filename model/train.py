@@ -320,7 +320,7 @@ def restored_step(model, backup_dir: str) -> int:
         return 0
     model.optimizer.build(model.trainable_variables)
     model.load_weights(backup)
-    return int(model.optimizer.iterations)
+    return int(model.optimizer.iterations.numpy())
 
 
 def best_checkpoint(directory: str):
@@ -362,7 +362,7 @@ def learning_curve(global_batch: int):
 
         def on_epoch_end(self, epoch, logs=None):   # the optimizer's step counts a resumed run's earlier steps too
             self.points.append({
-                "epoch": epoch + 1, "triplets_seen": int(self.model.optimizer.iterations) * global_batch,
+                "epoch": epoch + 1, "triplets_seen": int(self.model.optimizer.iterations.numpy()) * global_batch,
                 "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
                 "wall_seconds": round(time.monotonic() - self.wall_start, 1),
                 "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
