@@ -6,7 +6,8 @@ package (importable on workers) rather than in `__main__`.
 """
 import sys
 
-from pipeline.run import cli
+from pipeline.cli import run_cli
+from pipeline.run import main
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_cli(main))

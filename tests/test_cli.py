@@ -42,3 +42,16 @@ def test_an_old_underscore_spelling_and_a_bad_value():
         parse_config(TripletsConfig, ["--data", "d", "--output", "o", "--split", "dev"], "p", "")
     with pytest.raises(UsageError, match="--max-triplets"):
         parse_config(TripletsConfig, ["--data", "d", "--output", "o", "--max-triplets", "seven"], "p", "")
+
+
+def test_the_flex_template_entry_file_hands_its_flags_to_pipeline_run(tmp_path):
+    """What Dataflow's launcher runs: `python flex_launcher.py --name=value ...`."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(repo / "infra" / "flex_launcher.py"), "--output", str(tmp_path / "o"),
+                           "--page-shards=0"], capture_output=True, text=True, cwd=repo, timeout=300,
+                          env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: --page-shards")
