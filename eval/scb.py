@@ -47,9 +47,6 @@ class ScbConfig:
     seed: int = flag(0, help="seed of the clustering and of the article sample")
     max_articles: int | None = flag(None, help="score a seeded sample of this many articles; none = all")
 
-    def encoder_specs(self) -> list[str]:
-        return self.methods.specs()
-
 
 def parse_scb_record(line: str) -> dict:
     """One SCB JSON line -> the article dict, checked against the data contract (`pipeline.records.scb_record`)."""
@@ -186,7 +183,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
                                                                                         record["article_id"]))
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
     (articles
-     | "Score" >> beam.ParDo(ScoreArticleFn(config.encoder_specs(), config.seed))
+     | "Score" >> beam.ParDo(ScoreArticleFn(config.methods.specs(), config.seed))
      | "RowsToJson" >> beam.Map(json.dumps)
      | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
                                           file_name_suffix=".jsonl"))
@@ -222,7 +219,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
     check_scb_input(config.data)
-    check_encoder_specs(config.encoder_specs())
+    check_encoder_specs(config.methods.specs())
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
     build_pipeline(pipeline, config)

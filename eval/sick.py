@@ -49,9 +49,6 @@ class SickConfig:
     methods: Methods = Methods()
     c_grid: tuple[float, ...] = flag(DEFAULT_C_GRID, help="inverse regularisation strengths tried, chosen on TRIAL")
 
-    def encoder_specs(self) -> list[str]:
-        return self.methods.specs()
-
 
 def read_sick(path: str) -> dict[str, dict[str, list]]:
     """{split: {"a": [...], "b": [...], "score": [...]}} for TRAIN, TRIAL and TEST.
@@ -158,7 +155,7 @@ def score_encoder(encoder, splits: dict, c_grid) -> dict:
 
 def run(config: SickConfig) -> dict:
     splits = read_sick(config.sick)
-    encoders = load_encoders(config.encoder_specs())
+    encoders = load_encoders(config.methods.specs())
     methods = [score_encoder(encoder, splits, config.c_grid)
                for encoder in tqdm(encoders, desc="SICK relatedness", unit="method")]
     result = {"sick": config.sick, "pairs": {split: len(splits[split]["score"]) for split in SICK_SPLITS},

@@ -43,9 +43,6 @@ class TripletsConfig:
         if self.split not in SPLITS:
             raise UsageError(f"--split must be one of {SPLITS}, got {self.split!r}")
 
-    def encoder_specs(self) -> list[str]:
-        return self.methods.specs()
-
 
 def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None = None,
                   seed: int = 0) -> dict[str, list[str]]:
@@ -90,7 +87,7 @@ def run(config: TripletsConfig) -> dict:
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
         raise ValueError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")
-    encoders = load_encoders(config.encoder_specs())
+    encoders = load_encoders(config.methods.specs())
     methods = [score_encoder(encoder, triplets) for encoder in tqdm(encoders, desc="triplet accuracy", unit="method")]
     result = {"dataset": config.dataset, "split": config.split, "triplets": len(triplets["anchor"]),
               "methods": methods}
@@ -104,7 +101,7 @@ def parse_args(argv: list[str] | None) -> TripletsConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
-    check_encoder_specs(config.encoder_specs())
+    check_encoder_specs(config.methods.specs())
     return run(config)
 
 

@@ -203,9 +203,6 @@ class Methods:
                                        help="trained model dir (DIR or NAME=DIR); triplets-sen + triplets-titles "
                                             "also give triplets-sen-titles")
 
-    def baseline_specs(self) -> list[str]:
-        return list(self.encoders or default_encoder_specs())
-
     def specs(self) -> list[str]:
-        """Every method's encoder spec: the baselines, then the trained models."""
-        return self.baseline_specs() + model_dir_specs(list(self.model_dirs))
+        """Every method's encoder spec: the baselines (default: those installed), then the trained models."""
+        return list(self.encoders or default_encoder_specs()) + model_dir_specs(list(self.model_dirs))
