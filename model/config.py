@@ -25,6 +25,8 @@ class TrainConfig:
                                       "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
     batch_size: int = flag(128, help="triplets per replica per step; global batch = batch size x replicas")
     learning_rate: float = flag(1e-3, help="Adam learning rate")
+    learning_rate_half_life: int | None = flag(None, help="training triplets over which the learning rate "
+                                                         "halves (exponential decay); none = constant")
     article_chunk: int = flag(16, help="triplets of one article kept together in a batch, their shared sentences "
                                        "encoded once; 0 = triplets shuffled one by one")
     group_by_length: bool = flag(True, help="with --article-chunk 0: batches of similar-length triplets")
@@ -49,6 +51,8 @@ class TrainConfig:
     checkpoint_every: int = flag(50, help="steps between BackupAndRestore backups (and TensorBoard scalars)")
     distribution_strategy: str = flag("auto", help="tf.distribute strategy: one of "
                                                    f"{', '.join(DISTRIBUTION_STRATEGIES)}")
+    serving_version: int | None = flag(None, help="also export the encoder to <model-dir>/serving/N, the "
+                                                  "numbered version folder TensorFlow Serving loads")
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
     progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
 
@@ -66,7 +70,7 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.article_chunk < 0:
             raise ValueError(f"--article-chunk must be >= 0, got {self.article_chunk}")
-        for name in ("steps", "evaluation_triplets"):
+        for name in ("steps", "evaluation_triplets", "learning_rate_half_life", "serving_version"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(self, name)}")
         if self.budget_minutes is not None and self.budget_minutes <= 0:

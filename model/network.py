@@ -145,7 +145,12 @@ def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLIC
     return keras.Model(inputs, distances, name="triplet_network")
 
 
-def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_compile: bool = False) -> None:
+def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_compile: bool = False,
+                          half_life_steps: float | None = None) -> None:
+    """Adam at `learning_rate`, halved every `half_life_steps` optimizer steps when given: a
+    function of the step alone, so a run resumed from its backup continues the same schedule."""
+    if half_life_steps:
+        learning_rate = keras.optimizers.schedules.ExponentialDecay(learning_rate, half_life_steps, 0.5)
     model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=triplet_loss,
                   metrics=[triplet_accuracy], jit_compile=jit_compile)
 

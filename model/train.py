@@ -187,14 +187,16 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: 
     return batches if repeat else with_known_length(batches)
 
 
-def build_models(config: TrainConfig, matrix: np.ndarray):
+def build_models(config: TrainConfig, matrix: np.ndarray, global_batch: int):
     """(sentence encoder, compiled triplet model); call inside the strategy's scope."""
     from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
 
     encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
                                      dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
     model = build_triplet_model(encoder)
-    compile_triplet_model(model, config.learning_rate, jit_compile=config.jit_compile)
+    half_life = config.learning_rate_half_life
+    compile_triplet_model(model, config.learning_rate, jit_compile=config.jit_compile,
+                          half_life_steps=half_life / global_batch if half_life else None)
     return encoder, model
 
 
@@ -366,6 +368,7 @@ def learning_curve(global_batch: int):
                 "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
                 "wall_seconds": round(time.monotonic() - self.wall_start, 1),
                 "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
+                "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
             })
 
     return LearningCurve()
@@ -406,7 +409,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     record_counts = {split: counting.submit(count_records, config.data, config.dataset, split) for split in SPLITS}
     with strategy.scope():
-        encoder, model = build_models(config, matrix)
+        encoder, model = build_models(config, matrix, global_batch)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
     step = restored_step(model, f"{model_dir}/backup")
     train_batches = split_batches(config, "train", word_ids, strategy.num_replicas_in_sync, resume_at_step=step)
@@ -461,7 +464,10 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "config": dataclasses.asdict(config),
     }
     if chief:
-        ExportableEncoder(word_ids, encoder).export(f"{model_dir}/encoder")
+        exportable = ExportableEncoder(word_ids, encoder)
+        exportable.export(f"{model_dir}/encoder")
+        if config.serving_version is not None:
+            exportable.export(f"{model_dir}/serving/{config.serving_version}")
         with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
             json.dump(summary, handle, indent=2)
         plot_history(summary, f"{model_dir}/training_curve.png")

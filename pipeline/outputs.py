@@ -27,8 +27,9 @@ from pipeline.cli import UsageError
 LOCK = "_RUNNING"
 STATS = "stats.json"
 TRIPLETS_PLOT = "triplets.png"
+LOG = "pipeline.log"   # Beam's log of a local run (`pipeline.progress`)
 # Top-level files and folders a run writes, besides its `triplets-*` dataset folders.
-RUN_FILES = (records.MANIFEST, STATS, TRIPLETS_PLOT, LOCK)
+RUN_FILES = (records.MANIFEST, STATS, TRIPLETS_PLOT, LOG, LOCK)
 RUN_FOLDERS = ("scb", "passages", "dead_letters")
 
 

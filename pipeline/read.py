@@ -11,8 +11,7 @@ from typing import Iterator
 
 import apache_beam as beam
 
-from pipeline import multistream
-from pipeline import counters
+from pipeline import counters, multistream, progress
 from pipeline.dumps import STREAM_FAULTS, Page, check_input, dead_letter, decode_pages, range_source
 
 
@@ -51,7 +50,9 @@ def decode_read_unit(read_unit) -> Iterator[Page | dict]:
 class _DecodeReadUnitsFn(beam.DoFn):
     """Thin wrapper over `decode_read_unit`: counts each outcome and routes dead letters."""
 
-    def __init__(self):
+    def __init__(self, progress_folder: str | None = None):
+        self.progress_folder = progress_folder
+        self.progress = None
         counter = beam.metrics.Metrics.counter
         self.pages_read = counter(counters.NAMESPACE, counters.PAGES_READ)
         self.pages_dead_lettered = counter(counters.NAMESPACE, counters.READ_PAGES_DEAD_LETTERED)
@@ -60,16 +61,24 @@ class _DecodeReadUnitsFn(beam.DoFn):
         self.index_pages = counter(counters.NAMESPACE, counters.INDEX_PAGES)
         self.streams_lost = counter(counters.NAMESPACE, counters.READ_STREAMS_LOST)
 
+    def setup(self):
+        if self.progress_folder:
+            self.progress = progress.PageCounts(self.progress_folder)
+
     def process(self, read_unit):
         self.units_read.inc()
         self.index_pages.inc(len(read_unit.expected))
         for item in decode_read_unit(read_unit):
             if isinstance(item, Page):
                 self.pages_read.inc()
+                if self.progress:
+                    self.progress.add(pages=1)
                 yield item
                 continue
             if item["page_id"] is not None:
                 self.pages_dead_lettered.inc()
+                if self.progress:
+                    self.progress.add(dead_letters=1)
             else:
                 self.fragments_dead_lettered.inc()
                 if item["reason"] in STREAM_FAULTS and not read_unit.expected:   # pages lost, how many unknown
@@ -77,33 +86,44 @@ class _DecodeReadUnitsFn(beam.DoFn):
             beam.metrics.Metrics.counter(counters.NAMESPACE, counters.READ_REASON_PREFIX + item["reason"]).inc()
             yield beam.pvalue.TaggedOutput("dead_letters", item)
 
+    def finish_bundle(self):
+        if self.progress:
+            self.progress.flush()
+
 
 class ReadDumpPages(beam.PTransform):
     """Dump file(s) -> {"pages": PCollection[Page], "dead_letters": PCollection[dict]}.
 
-    Files are listed and checked when the pipeline is built (a bad `--input` fails at once with
-    its path). Each file becomes read units: one per bz2 stream range when a multistream index
+    Files are listed and checked when the transform is constructed (a bad `--input` fails at once
+    with its path). Each file becomes read units: one per bz2 stream range when a multistream index
     is given or lies beside it, else one per page shard of the whole file (`page_shards`);
     units are reshuffled so that workers decode them in parallel, and each unit is read and
     decoded by one worker, fused with whatever consumes the pages (no dump-sized buffer
     between read and parse).
     """
 
-    def __init__(self, file_pattern: str, index: str | None = None, page_shards: int = 1):
+    def __init__(self, file_pattern: str, index: str | None = None, page_shards: int = 1,
+                 progress_folder: str | None = None):
         super().__init__()
         self.file_pattern = file_pattern
         self.index = index
         self.page_shards = page_shards
+        self.progress_folder = progress_folder
+        paths = check_input(file_pattern, index)
+        self.files = [(path, index if index is not None else multistream.find_index(path)) for path in paths]
+
+    def indexes(self) -> list[str]:
+        """The multistream index of every input file, or [] when one has none (no known total)."""
+        found = [index for _, index in self.files]
+        return found if all(found) else []
 
     def expand(self, pbegin):
-        paths = check_input(self.file_pattern, self.index)
-        files = [(path, self.index if self.index is not None else multistream.find_index(path))
-                 for path in paths]
+        files = self.files
         decoded = (
             pbegin
             | "ListDumpFiles" >> beam.Create(files)
             | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units, self.page_shards)
             | "SpreadReadUnits" >> beam.Reshuffle()
-            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn()).with_outputs("dead_letters", main="pages")
+            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn(self.progress_folder)).with_outputs("dead_letters", main="pages")
         )
         return {"pages": decoded.pages, "dead_letters": decoded.dead_letters}

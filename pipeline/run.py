@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shutil
 import sys
 import time
 
@@ -22,7 +23,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipeline import counters as counter_names
-from pipeline import outputs, records, transforms
+from pipeline import outputs, progress, records, transforms
 from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
 from pipeline.dumps import embedded_dump_path
 from pipeline.read import ReadDumpPages
@@ -121,10 +122,13 @@ def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
     return config, beam_args
 
 
-def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -> None:
-    """Adds every stage and output of the job to `pipeline`."""
+def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
+          progress_folder: str | None = None) -> list[str]:
+    """Adds every stage and output of the job to `pipeline`; returns the inputs' multistream
+    indexes ([] when one has none), which give the number of pages to read."""
     out = config.output.rstrip("/")
-    read = pipeline | "ReadDump" >> ReadDumpPages(input_pattern, config.index, config.page_shards)
+    reader = ReadDumpPages(input_pattern, config.index, config.page_shards, progress_folder)
+    read = pipeline | "ReadDump" >> reader
     built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
     articles = built["articles"]
 
@@ -156,6 +160,7 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str) -
         | "AllDeadLetters" >> beam.Flatten()
         | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part", counter_names.DEAD_LETTERS_WRITTEN)
     )
+    return reader.indexes()
 
 
 def expected_counters(config: PipelineConfig) -> list[str]:
@@ -295,19 +300,32 @@ def main(argv: list[str] | None = None) -> dict:
     check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
     out = config.output.rstrip("/")
+    runner = options.view_as(StandardOptions).runner
     started = time.perf_counter()
     pipeline = beam.Pipeline(options=options)
-    build(pipeline, config, input_pattern)       # checks the input (ReadDumpPages), writes nothing
+    folder = progress.progress_folder() if progress.is_local(runner) else None
+    indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
     outputs.claim_output(out, config.overwrite)  # before anything is written, after every check
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        if folder:   # Beam's logs to a file, a progress bar on the terminal
+            log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
+            print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
+            with progress.show_progress(folder, indexes, log_path):
+                result = pipeline.run()
+                result.wait_until_finish()
+        else:
+            result = pipeline.run()
+            result.wait_until_finish()
+    finally:
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
     counters = counters_of(result, config)
     stats = {
         "counters": counters,
         "reconciliation": reconciliation(counters, config.negative_strategies()),
         "input": input_pattern,
         "config": dataclasses.asdict(config),
-        "runner": options.view_as(StandardOptions).runner or "DirectRunner",
+        "runner": runner or "DirectRunner",
         "wall_seconds": round(time.perf_counter() - started, 2),
     }
     outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))

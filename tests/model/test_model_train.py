@@ -116,7 +116,7 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     from model.train import train
 
     model_dir = tmp_path / "model"
-    summary = train(TrainConfig(data=shards, model_dir=str(model_dir), **TINY))
+    summary = train(TrainConfig(data=shards, model_dir=str(model_dir), serving_version=3, **TINY))
     assert summary["epochs_run"] == 2 and len(summary["val_triplet_accuracy"]) == 2
     assert summary["skipped_records"] == {"train": 1, "validation": 0, "test": 0}   # the planted corrupt record
     assert summary["record_counts"]["train"] == {"expected": 257, "read": 257, "lost": 0, "unparseable": 1}
@@ -128,6 +128,8 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     assert any((model_dir / "logs").rglob("events.out.tfevents.*"))
     embeddings = SavedModelEncoder(str(model_dir)).encode(["The striker scored a goal.", "Bake the flour."])
     assert embeddings.shape == (2, 16) and np.isfinite(embeddings).all()
+    served = SavedModelEncoder(str(model_dir / "serving" / "3")).encode(["The striker scored a goal.", "Bake the flour."])
+    np.testing.assert_array_equal(served, embeddings)     # TF Serving's version folder: the same encoder
 
 
 def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
@@ -235,7 +237,8 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     from apache_beam.io.filesystems import FileSystems
 
     model_dir = request.getfixturevalue("gcs_emulator")() + "/m" if where == "gcs" else str(tmp_path / "m")
-    config = {**TINY, "data": shards, "model_dir": model_dir, "epochs": 3, "steps": 4, "checkpoint_every": 2}
+    config = {**TINY, "data": shards, "model_dir": model_dir, "epochs": 3, "steps": 4, "checkpoint_every": 2,
+              "learning_rate_half_life": 8 * TINY["batch_size"]}   # halves every 8 steps
     killed = _train_in_subprocess(config, tmp_path / "first.json", kill_at=6)   # mid-epoch 2, backup at step 6
     assert killed.returncode == 17, killed.stderr[-3000:]
     assert json.loads((tmp_path / "first.json").read_text()) == {"iterations": 0, "epoch": 0}
@@ -254,6 +257,9 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     assert summary["epochs_run"] == 2                      # only the remaining epochs 2 and 3
     batch = TINY["batch_size"]                             # the stream went on from step 6, 4 steps per epoch
     assert [point["triplets_seen"] for point in summary["learning_curve"]] == [10 * batch, 14 * batch]
+    # the decay is a function of the restored step, so it goes on where the killed run left it
+    assert [point["learning_rate"] for point in summary["learning_curve"]] == pytest.approx(
+        [1e-3 * 0.5 ** (10 / 8), 1e-3 * 0.5 ** (14 / 8)], rel=1e-5)
     assert summary["best_val_triplet_accuracy"] == 1.0     # the killed run's best epoch is what was exported
     with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
         assert handle.read() == best_weights

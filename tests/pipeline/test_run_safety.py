@@ -148,3 +148,16 @@ def test_a_second_run_into_a_folder_being_written_refuses_and_the_first_complete
     assert first.returncode == 0, stderr[-2000:]
     stats = json.loads((out / "stats.json").read_text())
     assert stats["config"]["seed"] == 0 and (out / records.MANIFEST).exists()
+
+
+def test_a_local_run_shows_pages_read_of_the_index_total_and_keeps_beam_logs_in_a_file(small_multistream, tmp_path):
+    dump, _ = small_multistream
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(dump), *FAST,
+                  "--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    bar = result.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert bar.startswith("read: 100%") and f" {PAGES}/{PAGES} " in bar   # the total from the index
+    assert "apache_beam" not in result.stderr                                # worker logs are not on the terminal
+    assert "Worker:" in (out / outputs.LOG).read_text()                      # but in the run's log file
+    assert json.loads((out / outputs.STATS).read_text())["counters"]["pages_read"] == PAGES

@@ -1,0 +1,122 @@
+"""Progress of a local run: pages read so far, pages/s and the total the index lists.
+
+Beam's local runners give the launching process no counters until the pipeline ends (and the
+multi-process DirectRunner's workers are other processes), so each reading DoFn instance
+reports its own running counts into a small file of a shared local folder (`PageCounts`),
+and the launching process sums them into a tqdm bar (`show_progress`). Only for runners whose
+workers share this machine's disk (DirectRunner, PrismRunner); on Dataflow the job's page
+shows the counters.
+
+While the job runs, the process's stderr (file descriptor 2, which worker processes inherit)
+goes to a log file: Beam's worker logs stay there and the terminal shows the bar.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Iterator
+
+LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner", "PrismRunner")
+REPORT_EVERY_S = 1.0
+
+
+class PageCounts:
+    """One reading DoFn instance's running counts, rewritten (atomically) at most once a second."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, f"{uuid.uuid4().hex}.json")
+        self.pages = self.dead_letters = 0
+        self.reported_at = 0.0
+
+    def add(self, pages: int = 0, dead_letters: int = 0) -> None:
+        self.pages += pages
+        self.dead_letters += dead_letters
+        if time.monotonic() - self.reported_at >= REPORT_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        partial = self.path + ".partial"
+        with open(partial, "w") as handle:
+            json.dump({"pages": self.pages, "dead_letters": self.dead_letters}, handle)
+        os.replace(partial, self.path)
+        self.reported_at = time.monotonic()
+
+
+def total_counts(folder: str) -> tuple[int, int]:
+    """(pages, dead letters) summed over every reader's file."""
+    pages = dead = 0
+    for name in os.listdir(folder):
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as handle:
+                    counts = json.load(handle)
+            except (OSError, ValueError):   # replaced while being read: counted at the next poll
+                continue
+            pages += counts["pages"]
+            dead += counts["dead_letters"]
+    return pages, dead
+
+
+def is_local(runner: str | None) -> bool:
+    return runner is None or runner.split(".")[-1] in LOCAL_RUNNERS
+
+
+@contextlib.contextmanager
+def show_progress(folder: str, indexes: list[str], log_path: str, interval_s: float = 2.0) -> Iterator[None]:
+    """While the block runs: a bar of pages read (of the total that `indexes` list, counted in a
+    background thread, when every input has one) on the terminal's stderr, and everything else
+    written to fd 2 (Beam's logs, worker processes' output) appended to `log_path`."""
+    from tqdm import tqdm
+
+    from pipeline.multistream import read_index
+
+    terminal = os.fdopen(os.dup(2), "w")
+    if not terminal.isatty():   # a log file gets a line every 30 s, not a redrawn bar
+        interval_s = max(interval_s, 30.0)
+    bar = tqdm(desc="read", unit=" pages", file=terminal, mininterval=interval_s, dynamic_ncols=True)
+    done = threading.Event()
+
+    def count_total():
+        total = sum(1 for index in indexes for _ in read_index(index))
+        if not done.is_set():
+            bar.total = total
+            bar.refresh()
+
+    def poll():
+        while not done.wait(interval_s):
+            pages, dead = total_counts(folder)
+            bar.set_postfix_str(f"dead letters {dead:,}", refresh=False)
+            bar.update(pages - bar.n)
+
+    threads = [threading.Thread(target=poll, daemon=True)]
+    if indexes:
+        threads.append(threading.Thread(target=count_total, daemon=True))
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with open(log_path, "ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        for thread in threads:
+            thread.start()
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+        done.set()
+        threads[0].join()
+        pages, dead = total_counts(folder)
+        bar.set_postfix_str(f"dead letters {dead:,}", refresh=False)
+        bar.update(pages - bar.n)
+        bar.close()
+        terminal.close()
+
+
+def progress_folder() -> str:
+    return tempfile.mkdtemp(prefix="wikisim-progress-")
