@@ -4,8 +4,10 @@
 
 reads `<data>/scb/*.jsonl.gz` (local or gs://), and per article and method: encodes the sentences
 once, clusters them with k-means, Iclust and average-link (k = the article's number of sections)
-and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Encoders are
-built once per worker in `DoFn.setup` from their spec strings. Per-article rows go to
+and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Each method
+embeds the articles through Beam's RunInference with the project's handler
+(`model.embed.EncoderModelHandler`: the encoder built once per worker from its spec string, an
+article's sentences encoded together). Per-article rows go to
 `<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
 driver then macro-averages per method x algorithm x variant and writes the report files.
 """
@@ -18,12 +20,14 @@ from dataclasses import dataclass
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
-from model.encoders import Methods, check_encoder_specs, load_encoders
+from model.embed import EncoderModelHandler
+from model.encoders import Methods, check_encoder_specs, method_names
 from eval.report import read_jsonl, write_scb_report
 from pipeline import records
 from pipeline.cli import flag, parse_config, run_cli
@@ -126,32 +130,33 @@ class ParseScbFn(beam.DoFn):
 
 
 class ScoreArticleFn(beam.DoFn):
-    """Encodes one article with every method (encoders built once per worker) and scores it."""
+    """(article, its embeddings by one method) -> that method's score rows of the article."""
 
-    def __init__(self, encoder_specs: list[str], seed: int):
-        self.encoder_specs = encoder_specs
+    def __init__(self, method: str, seed: int):
+        self.method = method
         self.seed = seed
-        self.scored = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_scored")
         self.sentences = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_sentences_encoded")
         self.skipped = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_variants_skipped")
 
     def setup(self):
-        self.encoders = load_encoders(self.encoder_specs)
-        self.progress = tqdm(desc="scb articles", unit="article")
+        self.progress = tqdm(desc=f"scb articles [{self.method}]", unit="article")
 
-    def process(self, record: dict):
-        for encoder in self.encoders:
-            embeddings = encoder.encode(record["sentences"])
-            self.sentences.inc(len(record["sentences"]))
-            for row in score_article(record, encoder.name, embeddings, self.seed):
-                if "skipped" in row:
-                    self.skipped.inc()
-                yield row
-        self.scored.inc()
+    def process(self, keyed: tuple[dict, PredictionResult]):
+        record, embedded = keyed
+        self.sentences.inc(len(record["sentences"]))
+        for row in score_article(record, self.method, embedded.inference, self.seed):
+            if "skipped" in row:
+                self.skipped.inc()
+            yield row
         self.progress.update()
 
     def teardown(self):
         self.progress.close()
+
+
+def count_articles_scored(record: dict) -> dict:
+    beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_scored").inc()
+    return record
 
 
 def scb_files(data: str) -> list[str]:
@@ -182,8 +187,17 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
                                                         key=lambda record: -stable_hash("scb-sample", seed,
                                                                                         record["article_id"]))
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
-    (articles
-     | "Score" >> beam.ParDo(ScoreArticleFn(config.methods.specs(), config.seed))
+    # Each method embeds every article with RunInference (one element = one article's sentences,
+    # encoded together), keyed by the article record, then scores it.
+    articles = articles | "CountArticles" >> beam.Map(count_articles_scored)
+    specs = config.methods.specs()
+    rows = [(articles
+             | f"Sentences[{method}]" >> beam.Map(lambda record: (record, tuple(record["sentences"])))
+             | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
+             | f"Score[{method}]" >> beam.ParDo(ScoreArticleFn(method, config.seed)))
+            for spec, method in zip(specs, method_names(specs))]
+    (rows
+     | "AllRows" >> beam.Flatten()
      | "RowsToJson" >> beam.Map(json.dumps)
      | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
                                           file_name_suffix=".jsonl"))
@@ -240,9 +254,13 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
 
 
 def job_counters(pipeline_result) -> dict[str, int]:
-    """The job's committed counters in the "wikisim" namespace, by name."""
+    """The job's committed counters in the "wikisim" namespace, by name, summed over the steps
+    that use one (each method's scoring step counts its sentences)."""
     query = pipeline_result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
-    return {counter.key.metric.name: int(counter.committed or 0) for counter in query["counters"]}
+    totals: dict[str, int] = {}
+    for counter in query["counters"]:
+        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + int(counter.committed or 0)
+    return totals
 
 
 def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:

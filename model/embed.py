@@ -11,10 +11,11 @@ Beam reads a file in parallel ranges without line numbers), JSON lines (`--text-
 (string), `text` (string) and `embedding` (fixed-size list of float32, the encoder's width),
 written by Beam's `WriteToParquet` (pyarrow).
 
-`EncoderModelHandler` is the project's RunInference handler: Beam batches sentences
-(`BatchElements`, `--min-batch`/`--max-batch`), loads the encoder once per worker process and
-shares it across threads, and calls `encode` on each batch. It is keyed (`KeyedModelHandler`)
-so ids travel with their sentences.
+`EncoderModelHandler` is the project's RunInference handler, for any method's encoder (`eval.scb`
+embeds its articles with it too): Beam batches sentences (`BatchElements`,
+`--min-batch`/`--max-batch`), loads the encoder once per worker process and shares it across
+threads, and calls `encode` on each batch. It is keyed (`KeyedModelHandler`) so ids travel with
+their sentences.
 """
 from __future__ import annotations
 
@@ -37,23 +38,31 @@ from pipeline.splits import stable_hash
 SOURCES = ("scb", "passages")
 
 
-class EncoderModelHandler(ModelHandler[str, PredictionResult, Any]):
-    """RunInference over a trained encoder (`model.encoder.load_encoder`): str -> its embedding."""
+class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
+    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`, e.g.
+    `saved:NAME=MODEL_DIR`, `mean-vectors`, `tfidf`).
 
-    def __init__(self, model_dir: str, min_batch_size: int = 32, max_batch_size: int = 512):
+    An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
+    or a tuple of sentences that are encoded together into one [n, d] array (an SCB article: a
+    method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
+
+    def __init__(self, spec: str, min_batch_size: int = 32, max_batch_size: int = 512):
         super().__init__()
-        self.model_dir = model_dir
+        self.spec = spec
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size
 
     def load_model(self):
-        from model.encoder import load_encoder
+        from model.encoders import load_encoder
 
-        return load_encoder(self.model_dir, batch_size=self.max_batch_size)
+        return load_encoder(self.spec)
 
-    def run_inference(self, batch: Sequence[str], model, inference_args=None) -> Iterable[PredictionResult]:
-        embeddings = model.encode(list(batch))
-        return [PredictionResult(sentence, embedding) for sentence, embedding in zip(batch, embeddings)]
+    def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable[PredictionResult]:
+        if batch and isinstance(batch[0], str):
+            embeddings = model.encode(list(batch))
+        else:
+            embeddings = [model.encode(list(sentences)) for sentences in batch]
+        return [PredictionResult(example, embedding) for example, embedding in zip(batch, embeddings)]
 
     def batch_elements_kwargs(self):
         return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
@@ -124,7 +133,7 @@ def to_row(keyed: tuple[str, PredictionResult]) -> dict:
 
 
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
-    handler = KeyedModelHandler(EncoderModelHandler(args.model_dir, args.min_batch, args.max_batch))
+    handler = KeyedModelHandler(EncoderModelHandler(f"saved:embed={args.model_dir}", args.min_batch, args.max_batch))
     (read_inputs(pipeline, args)
      | "Embed" >> RunInference(handler)
      | "ToRows" >> beam.Map(to_row)

@@ -121,26 +121,42 @@ def _named_value(spec: str, kind: str) -> tuple[str, str]:
     return name, value
 
 
-def load_encoder(spec: str) -> SentenceEncoder:
-    """One encoder from its spec (see the module docstring)."""
-    if spec == "mean-vectors":
-        return MeanVectorsEncoder()
-    if spec.startswith("mean-vectors:"):
-        return MeanVectorsEncoder(spec[len("mean-vectors:"):])
-    if spec == "tfidf":
-        return TfidfEncoder()
-    if spec == "minilm":
-        return MiniLMEncoder()
-    if spec.startswith("saved:"):
-        name, path = _named_value(spec, "saved")
-        return SavedModelEncoder(path, name=name)
-    if spec.startswith("concat:"):
-        name, paths = _named_value(spec, "concat")
-        return ConcatEncoder(name, [SavedModelEncoder(path) for path in paths.split("+")])
+def method_name(spec: str) -> str:
+    """The name that labels a spec's rows in the result tables, known without loading it."""
+    if spec == "mean-vectors" or spec.startswith("mean-vectors:"):
+        return "mean-vectors"
+    if spec in ("tfidf", "minilm"):
+        return spec
+    for kind in ("saved", "concat"):
+        if spec.startswith(f"{kind}:"):
+            return _named_value(spec, kind)[0]
     raise EncoderSpecError(
         f"unknown encoder spec {spec!r}; expected mean-vectors[:PATH], tfidf, minilm, "
         "saved:NAME=DIR or concat:NAME=DIR1+DIR2"
     )
+
+
+def load_encoder(spec: str) -> SentenceEncoder:
+    """One encoder from its spec (see the module docstring)."""
+    name = method_name(spec)
+    if spec.startswith("mean-vectors"):
+        return MeanVectorsEncoder(spec[len("mean-vectors:"):] or None, name=name)
+    if spec == "tfidf":
+        return TfidfEncoder(name)
+    if spec == "minilm":
+        return MiniLMEncoder(name)
+    if spec.startswith("saved:"):
+        return SavedModelEncoder(_named_value(spec, "saved")[1], name=name)
+    return ConcatEncoder(name, [SavedModelEncoder(path) for path in _named_value(spec, "concat")[1].split("+")])
+
+
+def method_names(specs: list[str]) -> list[str]:
+    """The methods' names, in order; unique, because they label the result tables."""
+    names = [method_name(spec) for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise EncoderSpecError(f"encoder names must be unique, repeated: {duplicates} (specs {specs})")
+    return names
 
 
 def check_encoder_specs(specs: list[str]) -> None:
@@ -157,13 +173,9 @@ def check_encoder_specs(specs: list[str]) -> None:
 
 
 def load_encoders(specs: list[str]) -> list[SentenceEncoder]:
-    """Encoders for `specs`, in order; names must be unique because they label the result tables."""
-    encoders = [load_encoder(spec) for spec in specs]
-    names = [encoder.name for encoder in encoders]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise EncoderSpecError(f"encoder names must be unique, repeated: {duplicates} (specs {specs})")
-    return encoders
+    """Encoders for `specs`, in order (their names checked unique first)."""
+    method_names(specs)
+    return [load_encoder(spec) for spec in specs]
 
 
 def default_encoder_specs() -> list[str]:
