@@ -24,6 +24,11 @@ BUDGET_MIN ?= 75
 TITLES_BUDGET_MIN ?= 15
 EVAL_TRIPLETS ?= 20000
 EVAL_SCB_ARTICLES ?= 300
+# QS3M (second seed) on the run's passages: seeded article samples, with mean-vectors and with the
+# trained triplets-sen encoder as the fixed passage embedding.
+QS3M_TRAIN_QUERIES ?= 600
+QS3M_TEST_QUERIES ?= 300
+QS3M_ENCODERS = mean-vectors triplets-sen
 ifeq ($(SCALE),scale)
 PIPELINE_FLAGS = --input $(DUMP) --direct_running_mode=multi_processing --direct_num_workers=2
 # The shuffle buffer holds a whole training split (about 1 M sentence triplets, ~1 GB): the shards
@@ -44,7 +49,7 @@ else
 TITLES_FLAGS = --steps none
 endif
 
-.PHONY: demo demo-build scale test setup clean
+.PHONY: demo demo-build scale qs3m-build test setup clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -70,9 +75,12 @@ scale: $(VENV)/.installed
 	$(if $(FRESH),rm -rf $(OUT))
 	@$(MAKE) --no-print-directory demo-build SCALE=scale OUT=$(OUT) DUMP=$(DUMP) BUDGET_MIN=$(BUDGET_MIN) \
 	  TITLES_BUDGET_MIN=$(TITLES_BUDGET_MIN)
+	@$(MAKE) --no-print-directory qs3m-build SCALE=scale OUT=$(OUT) DUMP=$(DUMP) BUDGET_MIN=$(BUDGET_MIN)
 	@cat $(REPORT)/report.md
+	@for encoder in $(QS3M_ENCODERS); do echo; echo "## QS3M, $$encoder passage embeddings"; \
+	  cat $(REPORT)/qs3m-$$encoder/qs3m.md; done
 	@echo
-	@echo "report:   $(REPORT)/report.md (+ PNG plots beside it)"
+	@echo "report:   $(REPORT)/report.md, $(REPORT)/qs3m-*/qs3m.md (+ PNG plots beside them)"
 	@echo "curves:   $(MODELS)/triplets-sen/learning_curve.png $(MODELS)/triplets-titles/learning_curve.png"
 	@echo "data:     $(DATA) (counters in $(DATA)/stats.json, shards in $(DATA)/manifest.json)"
 
@@ -90,6 +98,17 @@ $(REPORT)/report.md: $(SEN_ENCODER) $(TITLES_ENCODER)
 	  --model-dir triplets-sen=$(MODELS)/triplets-sen \
 	  --model-dir triplets-titles=$(MODELS)/triplets-titles \
 	  $(if $(SICK),--sick $(SICK)) $(EVAL_FLAGS)
+
+qs3m-build: $(foreach encoder,$(QS3M_ENCODERS),$(REPORT)/qs3m-$(encoder)/qs3m.md)
+
+$(REPORT)/qs3m-mean-vectors/qs3m.md: QS3M_ENCODER = mean-vectors
+$(REPORT)/qs3m-triplets-sen/qs3m.md: QS3M_ENCODER = saved:triplets-sen=$(MODELS)/triplets-sen
+$(REPORT)/qs3m-triplets-sen/qs3m.md: $(SEN_ENCODER)
+$(REPORT)/qs3m-%/qs3m.md: $(DATA)/manifest.json
+	$(PY) -m model.qs3m --passages $(DATA) --output $(MODELS)/qs3m-$* --encoder $(QS3M_ENCODER) \
+	  --max-train-queries $(QS3M_TRAIN_QUERIES) --max-validation-queries $(QS3M_TEST_QUERIES)
+	$(PY) -m eval.qs3m --passages $(DATA) --model-dir $(MODELS)/qs3m-$* --output $(REPORT)/qs3m-$* \
+	  --max-queries $(QS3M_TEST_QUERIES)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests

@@ -3,6 +3,7 @@ with a fixed encoder, and the (query, passage, passage, same-cluster) pair datas
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 from typing import Sequence
 
@@ -14,35 +15,69 @@ from tqdm import tqdm
 from model.encoder import SentenceEncoder
 from model.qs3m.network import model_inputs
 from model.qs3m.pairs import Pair, PassageRecordError, Query, query_from_record
+from pipeline import records
+from pipeline.splits import stable_hash
 
 QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of passages"}
 
 
 # ---------------------------------------------------------------- reading and writing files
 
-def read_queries(pattern: str) -> tuple[list[Query], list[dict]]:
-    """Every article of the passages files matching `pattern`, plus dead letters for bad lines.
-
-    A line that is not JSON or breaks the contract is set aside as a dead-letter record naming
-    file and line, never silently dropped; a pattern that matches nothing is an error.
-    """
-    paths = sorted(m.path for result in FileSystems.match([pattern]) for m in result.metadata_list)
+def passages_files(source: str) -> list[str]:
+    """The passages files of `source`: a pipeline run folder (listed from its manifest, so only a
+    published run is read) or a glob of JSON-lines files."""
+    if FileSystems.exists(f"{source.rstrip('/')}/{records.MANIFEST}"):
+        return records.manifest_output(source, "passages")[0]
+    paths = sorted(m.path for result in FileSystems.match([source]) for m in result.metadata_list)
     if not paths:
-        raise FileNotFoundError(f"--passages {pattern!r} matches no file")
-    queries, dead_letters = [], []
-    for path in paths:
+        raise FileNotFoundError(f"--passages {source!r} is neither a run folder with {records.MANIFEST} "
+                                "nor a glob that matches a file")
+    return paths
+
+
+def read_queries(source: str, splits: Sequence[str] | None = None, max_queries: int | None = None,
+                 seed: int = 0, articles_per_split: dict[str, int] | None = None) -> tuple[list[Query], list[dict]]:
+    """The articles of `source` (see `passages_files`) in `splits` (default: all), plus dead
+    letters for bad lines.
+
+    Streamed: only the queries kept are held. With `max_queries`, a seeded sample of that many
+    (the smallest `stable_hash(seed, article_id)`, the same in every run whatever the file order).
+    A line that is not JSON or breaks the contract is set aside as a dead-letter record naming
+    file and line, never silently dropped. `articles_per_split`, when given, receives the count of
+    every valid article read, per split (kept or not).
+    """
+    kept: list[tuple[int, int, Query]] = []   # a max-heap on the hash (negated) when sampling
+    dead_letters = []
+    progress = tqdm(desc="read passages", unit=" articles", leave=False)
+    for path in passages_files(source):
         with FileSystems.open(path) as handle:
             for line_number, line in enumerate(iter(handle.readline, b""), start=1):
                 if not line.strip():
                     continue
+                progress.update()
                 try:
-                    queries.append(query_from_record(json.loads(line)))
+                    query = query_from_record(json.loads(line))
                 except (json.JSONDecodeError, PassageRecordError) as error:
                     dead_letters.append({
                         "stage": "qs3m-read", "source": f"{path}:{line_number}", "page_id": None,
                         "title": None, "reason": type(error).__name__, "detail": str(error),
                     })
-    return queries, dead_letters
+                    continue
+                if articles_per_split is not None:
+                    articles_per_split[query.split] = articles_per_split.get(query.split, 0) + 1
+                if splits is not None and query.split not in splits:
+                    continue
+                entry = (-stable_hash("qs3m-sample", seed, query.article_id), progress.n, query)
+                if max_queries is None:
+                    kept.append(entry)
+                elif len(kept) < max_queries:
+                    heapq.heappush(kept, entry)
+                elif entry[0] > kept[0][0]:
+                    heapq.heapreplace(kept, entry)
+    progress.close()
+    if max_queries is not None:   # in file order, like the whole set
+        kept.sort(key=lambda entry: entry[1])
+    return [query for _, _, query in kept], dead_letters
 
 
 # ---------------------------------------------------------------- fixed embeddings

@@ -1,7 +1,7 @@
 """Trains the QS3M models on train-split pairs: `python -m model.qs3m` (or `model.qs3m.train`).
 
-    python -m model.qs3m --passages 'OUT/passages/*.jsonl.gz' --output MODEL_DIR \
-        [--encoder mean-vectors] [--models qs3m,qss,qs3m-noq] [--queries T,D,P] [--epochs 10]
+    python -m model.qs3m --passages OUT|'GLOB' --output MODEL_DIR [--encoder mean-vectors] \
+        [--models qs3m,qss,qs3m-noq] [--queries T,D,P] [--epochs 10] [--max-train-queries N]
 
 The model dir (local or gs://) receives one `<kind>-<query>.keras` per trained model,
 `config.json` (the config, encoder spec, pair counts and training history) and `training.png`.
@@ -31,7 +31,8 @@ from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
 class Qs3mConfig:
     """Every flag of `python -m model.qs3m`."""
 
-    passages: str = flag(help="passages files, e.g. 'OUT/passages/*.jsonl.gz' (local or gs://)")
+    passages: str = flag(help="a pipeline run folder (its manifest lists passages/) or a glob of passages files, "
+                              "local or gs://")
     output: str = flag(help="model dir for the .keras models, config.json and training.png (local or gs://)")
     encoder: str = flag("mean-vectors", help="the fixed passage encoder (a model.encoders spec; never fine-tuned)")
     models: tuple[str, ...] = flag(MODEL_KINDS, help="models to train: any of qs3m, qss, qs3m-noq")
@@ -45,7 +46,11 @@ class Qs3mConfig:
     learning_rate: float = flag(1e-3, help="Adam learning rate")
     max_pairs_per_query: int = flag(200, help="pairs per article, half same-section, half different-section")
     patience: int = flag(3, help="early stopping: epochs without a better validation MSE")
-    seed: int = flag(0, help="seed of the pair sample and of each model's initialisation")
+    max_train_queries: int | None = flag(None, help="train on a seeded sample of this many train-split articles; "
+                                                    "none = all")
+    max_validation_queries: int | None = flag(None, help="early-stop on a seeded sample of this many validation "
+                                                         "articles; none = all")
+    seed: int = flag(0, help="seed of the pair sample, the article samples and each model's initialisation")
 
     def __post_init__(self):
         unknown = [kind for kind in self.models if kind not in MODEL_KINDS]
@@ -56,6 +61,9 @@ class Qs3mConfig:
             raise ValueError(f"--queries: expected some of T, D, P, got {self.queries}")
         if self.labeling not in LABELINGS:
             raise ValueError(f"--labeling must be one of {LABELINGS}, got {self.labeling!r}")
+        for name in ("max_train_queries", "max_validation_queries"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(self, name)}")
         for name in ("epochs", "batch_size", "max_pairs_per_query", "patience"):
             if getattr(self, name) < (2 if name == "max_pairs_per_query" else 1):
                 raise ValueError(f"--{name.replace('_', '-')} is too small: {getattr(self, name)}")
@@ -66,8 +74,10 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
 
     Returns and writes `config.json`; models go to `<output>/<name>.keras`.
     """
-    queries, dead_letters = read_queries(config.passages)
-    by_split = {split: [query for query in queries if query.split == split] for split in ("train", "validation")}
+    by_split, dead_letters = {}, []
+    for split, limit in (("train", config.max_train_queries), ("validation", config.max_validation_queries)):
+        by_split[split], dead = read_queries(config.passages, (split,), limit, config.seed)
+        dead_letters += dead if split == "train" else []   # each read sees every line: count bad ones once
     if not by_split["train"]:
         raise ValueError(f"--passages {config.passages!r} has no train-split article to train on")
     embeddings = {split: embed_queries(chosen, encoder) for split, chosen in by_split.items() if chosen}
@@ -105,7 +115,6 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
         "embedding_dim": int(dim),
         "models": trained,
         "counts": {
-            "articles": len(queries),
             "dead_letters": len(dead_letters),
             **{f"articles_{split}": len(chosen) for split, chosen in by_split.items()},
             **{f"pairs_{split}": len(chosen) for split, chosen in pairs.items()},

@@ -122,6 +122,28 @@ def test_read_queries_sets_bad_lines_aside(passages_file, tmp_path):
         qs3m_data.read_queries(str(tmp_path / "nothing-here*.jsonl.gz"))
 
 
+def test_read_queries_from_a_run_folder_streams_a_seeded_sample_of_a_split(passages_file, tmp_path):
+    from pipeline.outputs import write_manifest
+
+    run = tmp_path / "run"
+    (run / "passages").mkdir(parents=True)
+    (run / "passages" / "part-00000-of-00001.jsonl.gz").write_bytes(passages_file.read_bytes())
+    passages_file.rename(tmp_path / "stray.jsonl.gz.bak")            # only what the manifest lists is read
+    write_manifest(str(run), {"passages": 16})
+    every, _ = qs3m_data.read_queries(str(run))
+    per_split = {}
+    train, dead_letters = qs3m_data.read_queries(str(run), ("train",), articles_per_split=per_split)
+    assert len(every) == 14 and per_split == {"train": 8, "validation": 2, "test": 4} and len(dead_letters) == 2
+    assert [q.article_id for q in train] == [q.article_id for q in every if q.split == "train"]
+    samples = [[q.article_id for q in qs3m_data.read_queries(str(run), ("train",), 3, seed)[0]] for seed in (0, 0, 1, 2)]
+    assert samples[0] == samples[1] and len(samples[0]) == 3                  # same seed, same sample
+    assert set(samples[0]) <= {q.article_id for q in train}
+    assert len({tuple(sample) for sample in samples}) > 1                     # the seed chooses it
+    assert all(sample == sorted(sample, key=[q.article_id for q in train].index) for sample in samples)  # file order
+    with pytest.raises(FileNotFoundError, match="neither a run folder"):
+        qs3m_data.read_queries(str(tmp_path / "no-run"))
+
+
 # ---------------------------------------------------------------- models
 
 def test_model_shapes_query_use_and_mse_loss():
