@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.lines import Line2D  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
@@ -99,12 +100,18 @@ def scb_ari_figure(result: dict):
                       for method in methods]
             if any(values):
                 axis.boxplot(values, tick_labels=methods, showmeans=True)
-            axis.set_title(f"{algorithm}, {variant} sentences")
+            axis.set_title(f"{algorithm}, {'all sentences' if variant == 'all' else 'paragraph openers'}")
             axis.axhline(0.0, color="grey", linewidth=0.5)
             axis.tick_params(axis="x", rotation=30)
             plt.setp(axis.get_xticklabels(), horizontalalignment="right")
         axes[row_index][0].set_ylabel("per-article ARI")
-    figure.suptitle("SCB: adjusted Rand index per article")
+    legend = [Line2D([], [], color="tab:orange", label="median"),
+              Line2D([], [], color="tab:green", marker="^", linestyle="none", label="mean"),
+              Line2D([], [], color="black", marker="o", markerfacecolor="none", linestyle="none",
+                     label="outlier (beyond 1.5 IQR)")]
+    axes[0][-1].legend(handles=legend, fontsize=8, loc="upper right")
+    figure.suptitle(f"SCB: adjusted Rand index per article ({len({row['article_id'] for row in result['rows']})} "
+                    "articles; box = quartiles, whiskers = 1.5 IQR)")
     return figure
 
 

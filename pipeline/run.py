@@ -281,9 +281,11 @@ def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
     width = 0.8 / len(SPLITS)
     for offset, split in enumerate(SPLITS):
         values = [counters.get(counter_names.split_counter(dataset, split), 0) for dataset in datasets]
-        ax.bar([i + offset * width for i in range(len(datasets))], values, width, label=split)
+        bars = ax.bar([i + offset * width for i in range(len(datasets))], values, width, label=split)
+        ax.bar_label(bars, labels=[f"{value:,}" for value in values], fontsize=7)
     ax.set_xticks([i + width for i in range(len(datasets))], datasets, fontsize=8)
-    ax.set_ylabel("triplets")
+    ax.set_yscale("log")   # the titles dataset has about a tenth of the sentence triplets
+    ax.set_ylabel("triplets (log scale)")
     ax.set_title("Triplets per dataset and split")
     ax.legend()
     fig.tight_layout()
