@@ -16,6 +16,7 @@ import shlex
 import string
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -331,12 +332,32 @@ def image_commands(cfg: CloudConfig) -> list[list[str]]:
     ]]
 
 
-def flex_commands(cfg: CloudConfig) -> list[list[str]]:
-    """Builds the Flex Template spec from the cpu image and launches the pipeline from it."""
+def flex_metadata() -> dict:
+    """The Flex Template metadata: `flex_template.json` (name, description and the hand-labelled
+    Cloud Storage parameters) plus an optional parameter for every other flag of `pipeline.run`,
+    its help text taken from `PipelineConfig`, so the template exposes all of the pipeline's flags.
+    Dataflow passes each as `--name=value`, which the pipeline's parser takes (underscore spelling)."""
+    from pipeline.run import PipelineConfig
+
     metadata = json.loads(FLEX_METADATA.read_text())
+    named = {parameter["name"] for parameter in metadata["parameters"]}
+    for action in config_parser(PipelineConfig, "pipeline.run", "")._actions:
+        if action.option_strings and action.dest not in named | {"help"}:
+            metadata["parameters"].append({
+                "name": action.dest, "label": action.dest.replace("_", " ").capitalize(),
+                "helpText": f"{action.help} (default: {action.default})", "isOptional": True})
+    return metadata
+
+
+def flex_commands(cfg: CloudConfig) -> list[list[str]]:
+    """Builds the Flex Template spec from the cpu image and launches the pipeline from it; the
+    metadata (`flex_metadata`) is written to a temp file for `gcloud`."""
+    metadata = flex_metadata()
     errors = flex_metadata_errors(metadata)
     if errors:
         raise ValueError(f"{FLEX_METADATA.relative_to(REPO_ROOT)}: " + "; ".join(errors))
+    metadata_file = Path(tempfile.gettempdir()) / "wikisim-flex-template.json"
+    metadata_file.write_text(json.dumps(metadata, indent=2))
     checked_dataflow_options(cfg, "pipeline")  # the same project/region/bucket checks as a direct run
     layout = gcs_layout(cfg)
     image = image_uri(cfg, "cpu")
@@ -345,7 +366,7 @@ def flex_commands(cfg: CloudConfig) -> list[list[str]]:
         f"--project={cfg.project}",
         f"--image={image}",
         "--sdk-language=PYTHON",
-        f"--metadata-file={FLEX_METADATA.relative_to(REPO_ROOT)}",
+        f"--metadata-file={metadata_file}",
     ]
     parameters = {"input": layout.dump, "output": layout.data}
     if layout.index:

@@ -197,11 +197,15 @@ def test_spec_checker_names_what_vertex_would_reject(break_spec, expected):
 
 
 def test_flex_template_metadata_is_dataflow_template_metadata():
-    metadata = json.loads(submit.FLEX_METADATA.read_text())
+    metadata = submit.flex_metadata()
     message = json_format.ParseDict(metadata, TemplateMetadata.pb(TemplateMetadata()))
     assert message.name
     names = {parameter.name for parameter in message.parameters}
-    assert {"input", "output"} <= names
+    from pipeline.cli import config_parser
+    from pipeline.run import PipelineConfig
+
+    flags = {action.dest for action in config_parser(PipelineConfig, "", "")._actions if action.option_strings}
+    assert names == flags - {"help"}                 # the template exposes every flag of the pipeline
     for parameter in message.parameters:
         assert parameter.label and parameter.help_text
         for regex in parameter.regexes:
@@ -212,17 +216,20 @@ def test_flex_template_metadata_is_dataflow_template_metadata():
     # Each parameter reaches pipeline.run as --name=value: its parser must take them all.
     from pipeline.run import parse_args as pipeline_args
 
-    values = {name: ("7" if name == "seed" else f"gs://wikisim-data/{name}") for name in names}
+    values = {name: ("7" if name == "seed" else f"gs://wikisim-data/{name}") for name in ("input", "index", "output", "seed")}
+    values.update({"page_shards": "4", "min_tokens": "6", "negatives": "adjacent,same_article", "overwrite": "True"})
     config, leftover = pipeline_args([f"--{name}={value}" for name, value in values.items()])
     assert leftover == []
-    assert {name: str(getattr(config, name)) for name in names} == values
+    flat = {**vars(config), **vars(config.rules)}
+    assert {name: str(flat[name]) for name in values} == values
     assert submit.flex_metadata_errors({"name": "x", "parameters": [{"name": "p"}]}) != []
 
 
 def test_flex_dry_run_builds_from_the_metadata_and_runs_with_the_image(capsys):
     build, run = printed_commands(capsys, ["flex"])
     assert build[:4] == ["gcloud", "dataflow", "flex-template", "build"]
-    assert "--metadata-file=infra/flex_template.json" in build
+    metadata_file = next(arg for arg in build if arg.startswith("--metadata-file=")).split("=", 1)[1]
+    assert json.loads(Path(metadata_file).read_text()) == submit.flex_metadata()
     image = next(arg for arg in build if arg.startswith("--image=")).split("=", 1)[1]
     assert run[:4] == ["gcloud", "dataflow", "flex-template", "run"]
     parameters = dict(arg.split("=", 2)[1:] for arg in run if arg.startswith("--parameters="))
