@@ -8,10 +8,12 @@ container image, `infra/Dockerfile`); cloud clients, demo data and test tools ar
 """
 import setuptools
 
+# TensorFlow 2.21 everywhere except the TPU image, which pins the 2.20 line (the newest
+# tensorflow-tpu build): infra/tpu-constraints.txt.
 MODEL = [
-    "tensorflow>=2.21,<2.22",
-    "tensorflow-text>=2.21,<2.22",
-    "tensorboard>=2.21",
+    "tensorflow>=2.20,<2.22",
+    "tensorflow-text>=2.20,<2.22",
+    "tensorboard>=2.20",
     "pyarrow>=14",
     "scikit-learn>=1.5",
 ]

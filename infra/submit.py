@@ -37,6 +37,8 @@ STAGES = ("layout", "pipeline", "scb", "train", "image", "flex")
 FLEX_METADATA = INFRA_DIR / "flex_template.json"
 CLOUD_BUILD = INFRA_DIR / "cloudbuild.yaml"
 GPU_EXTRA_PIP = "tensorflow[and-cuda]"
+TPU_BUILD = "tensorflow-tpu==2.20.0"   # the newest TPU build of TensorFlow on PyPI
+TPU_CONSTRAINTS = INFRA_DIR / "tpu-constraints.txt"
 TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct6e-")
 
 
@@ -58,13 +60,13 @@ class CloudConfig:
     machine_type: str = flag("n2-standard-4", help="Dataflow worker machine type")
     max_num_workers: int = flag(32, help="Dataflow autoscaling ceiling")
     accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu or tpu")
-    variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template) or gpu (Vertex GPU)")
+    variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template), gpu or tpu (Vertex)")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset model.train reads: one of {', '.join(TRIPLET_DATASETS)}")
     embeddings: str | None = flag(None, help="GloVe text file; none = gs://BUCKET/vectors/glove.840B.300d.txt")
     spec_dir: str = flag("build/vertex", help="where the filled Vertex AI spec is written")
 
     def __post_init__(self):
-        for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu")),
+        for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu", "tpu")),
                               ("dataset", TRIPLET_DATASETS)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -317,18 +319,19 @@ def train_commands(cfg: CloudConfig) -> tuple[list[list[str]], dict[Path, str]]:
 
 
 def image_commands(cfg: CloudConfig) -> list[list[str]]:
-    """Cloud Build of infra/Dockerfile: `cpu` for Dataflow workers and the Flex Template, `gpu` for Vertex."""
-    if cfg.variant not in ("cpu", "gpu"):
-        raise ValueError(
-            f"--variant {cfg.variant!r}: this repository builds cpu and gpu images; "
-            "the TPU image needs a TPU build of TensorFlow (see infra/README.md)"
-        )
-    extra_pip = GPU_EXTRA_PIP if cfg.variant == "gpu" else ""
+    """Cloud Build of infra/Dockerfile: `cpu` for Dataflow workers and the Flex Template, `gpu` and
+    `tpu` for Vertex (the TPU image on TensorFlow's 2.20 line, `TPU_CONSTRAINTS`)."""
+    extra_pip, constraints, tpu_build = {
+        "cpu": ("", "", ""),
+        "gpu": (GPU_EXTRA_PIP, "", ""),
+        "tpu": (TPU_BUILD, TPU_CONSTRAINTS.relative_to(REPO_ROOT).as_posix(), TPU_BUILD),
+    }[cfg.variant]
     return [[
         "gcloud", "builds", "submit", ".",
         f"--project={cfg.project}",
         f"--config={CLOUD_BUILD.relative_to(REPO_ROOT)}",
-        f"--substitutions=_IMAGE={image_uri(cfg, cfg.variant)},_EXTRA_PIP={extra_pip}",
+        f"--substitutions=_IMAGE={image_uri(cfg, cfg.variant)},_EXTRA_PIP={extra_pip},"
+        f"_CONSTRAINTS={constraints},_TPU_BUILD={tpu_build}",
     ]]
 
 

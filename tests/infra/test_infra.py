@@ -268,6 +268,24 @@ def test_cloud_build_builds_the_dockerfile_from_the_repository_root(capsys):
     assert "wikisim-gpu" in substitutions
 
 
+def test_the_tpu_image_pins_one_tensorflow_line_that_setup_py_admits(capsys):
+    from packaging.requirements import Requirement
+
+    [command] = printed_commands(capsys, ["image", "--variant", "tpu"])
+    substitutions = dict(pair.split("=", 1) for pair in
+                         next(arg for arg in command if arg.startswith("--substitutions=")).split("=", 1)[1].split(","))
+    assert "wikisim-tpu" in substitutions["_IMAGE"]
+    pins = {Requirement(line).name: Requirement(line).specifier
+            for line in (REPO / substitutions["_CONSTRAINTS"]).read_text().splitlines() if line and line[0] != "#"}
+    tpu_version = Requirement(substitutions["_TPU_BUILD"]).specifier
+    assert str(tpu_version) == str(pins["tensorflow"])             # the TPU build replaces the same version
+    model_extra = {Requirement(r).name: Requirement(r).specifier
+                   for r in re.findall(r'"([a-z-]+[<>=][^"]*)"', (REPO / "setup.py").read_text())}
+    for name, pin in pins.items():                                 # pip can satisfy setup.py with the pins
+        version = str(pin).removeprefix("==")
+        assert version in model_extra[name], (name, version, model_extra[name])
+
+
 # The local chain on gs:// paths: pipeline -> training -> SCB scoring, every path laid out as the
 # wrapper lays out a cloud run, served by gcp-storage-emulator (the `gcs_emulator` fixture).
 TINY_TRAINING = ["--epochs", "1", "--steps", "3", "--batch-size", "16", "--lstm-units", "8",
