@@ -79,11 +79,16 @@ class SavedModelEncoder:
         if not len(sentences):
             return np.zeros((0, self.dim), np.float32)
         batch_size = batch_size or self.batch_size
+        sentences = list(sentences)
+        # Batches of similar length: each is padded to its longest sentence, so a random mix would
+        # spend most LSTM steps on padding. The order is undone below; each row is the same.
+        order = np.argsort([len(sentence) for sentence in sentences], kind="stable")
         chunks = []
         for start in range(0, len(sentences), batch_size):
-            batch = tf.constant(list(sentences[start:start + batch_size]), dtype=tf.string)
+            batch = tf.constant([sentences[i] for i in order[start:start + batch_size]], dtype=tf.string)
             chunks.append(self._serve(**{INPUT_KEY: batch})[OUTPUT_KEY].numpy())
-        embeddings = np.concatenate(chunks).astype(np.float32, copy=False)
+        embeddings = np.empty((len(sentences), self.dim), np.float32)
+        embeddings[order] = np.concatenate(chunks)
         if normalize:
             norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
             embeddings = embeddings / np.where(norms > 0, norms, 1.0)

@@ -35,3 +35,13 @@ def test_embeds_json_lines_with_their_ids(tiny_model, tmp_path):
     embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(tmp_path / "out")])
     rows, _ = _rows(tmp_path / "out")
     assert sorted(rows) == ["s0", "s1", "s2"] and rows["s1"]["text"] == "Bake the bread."
+
+
+def test_encode_batches_by_length_and_returns_rows_in_the_input_order(tiny_model):
+    encoder = load_encoder(tiny_model, batch_size=2)      # several length-sorted batches
+    sentences = ["A much longer sentence about the striker who scored twice in the cup final.", "Short one.",
+                 "Bake the flour.", "The oven was hot and the bread rose well before noon today.", "Goal!"]
+    together = encoder.encode(sentences)
+    one_by_one = np.concatenate([encoder.encode([sentence]) for sentence in sentences])
+    np.testing.assert_allclose(together, one_by_one, atol=1e-5)
+    assert not np.allclose(together[0], together[1])
