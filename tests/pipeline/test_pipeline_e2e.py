@@ -334,3 +334,41 @@ def test_dataflow_options_pass_through_unchanged():
     cloud = options.view_as(GoogleCloudOptions)
     assert (cloud.project, cloud.region, cloud.temp_location) == ("my-project", "europe-west4", "gs://bucket/tmp")
     assert options.view_as(SetupOptions).setup_file == "./setup.py"
+
+
+# SHA-256 of each output's records (sorted, so shard boundaries do not matter) on the embedded
+# excerpt with every negative strategy and the default seed. A change to what the pipeline emits
+# fails here; update the digests in the same commit and say why there.
+OUTPUT_DIGESTS = {
+    "triplets-sen/train": "272dd09a4936155d", "triplets-sen/validation": "9bc6ee0b2a783291",
+    "triplets-sen/test": "46265ab8449554e1",
+    "triplets-sen-same_article/train": "09f849e08796147a", "triplets-sen-same_article/validation": "218090071db2036f",
+    "triplets-sen-same_article/test": "8ebd0472024ca613",
+    "triplets-sen-other_article/train": "69c291831e6d035b", "triplets-sen-other_article/validation": "bf4cfe0cb34170fd",
+    "triplets-sen-other_article/test": "e5fc759069d75b74",
+    "triplets-titles/train": "0ffe490ce8e12a1a", "triplets-titles/validation": "14f056b532204e16",
+    "triplets-titles/test": "f6041b408d427572",
+    "scb": "dd5bbb8a1662ceae", "passages": "875f2be640a69222",
+}
+
+
+def _output_digests(out: Path) -> dict[str, str]:
+    records = _shard_records(out)
+    digests = {f"{dataset}/{split}": _digest(records[(dataset, split)]) for dataset in DATASETS for split in SPLITS}
+    for folder in ("scb", "passages"):
+        lines = sorted(line for path in glob.glob(str(out / folder / "*.jsonl.gz")) for line in gzip.open(path))
+        digests[folder] = _digest(lines)
+    return digests
+
+
+def _digest(records: list[bytes]) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(len(record).to_bytes(8, "big") + record)
+    return digest.hexdigest()[:16]
+
+
+def test_the_excerpts_outputs_are_pinned_byte_for_byte(embedded_pipeline_output):
+    assert _output_digests(embedded_pipeline_output) == OUTPUT_DIGESTS
