@@ -45,3 +45,22 @@ def test_encode_batches_by_length_and_returns_rows_in_the_input_order(tiny_model
     one_by_one = np.concatenate([encoder.encode([sentence]) for sentence in sentences])
     np.testing.assert_allclose(together, one_by_one, atol=1e-5)
     assert not np.allclose(together[0], together[1])
+
+
+def test_embeds_from_and_to_gcs_with_a_model_on_gcs(tiny_model, gcs_emulator):
+    import io
+
+    from model.storage import upload_tree
+    from pipeline.outputs import read_bytes, write_bytes
+
+    root = gcs_emulator()
+    upload_tree(tiny_model, f"{root}/model")
+    sentences = ["The striker scored.", "Bake the bread.", "A star."]
+    write_bytes(f"{root}/in/sentences.jsonl",
+                "".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(sentences)).encode())
+    result = embed.main(["--model-dir", f"{root}/model", "--input", f"{root}/in/*.jsonl", "--output", f"{root}/out"])
+    assert result["files"] and all(path.startswith(f"{root}/out/embeddings-") for path in result["files"])
+    rows = {row["id"]: row for path in result["files"] for row in pq.read_table(io.BytesIO(read_bytes(path))).to_pylist()}
+    assert sorted(rows) == ["s0", "s1", "s2"]
+    np.testing.assert_allclose(np.array([rows[f"s{i}"]["embedding"] for i in range(3)]),
+                               load_encoder(tiny_model).encode(sentences), rtol=1e-4, atol=1e-5)
