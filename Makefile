@@ -22,8 +22,8 @@ TITLES_ENCODER := $(MODELS)/triplets-titles/encoder/saved_model.pb
 DUMP ?= $(wildcard ../shared/data/enwiki-2019/enwiki-20190720-pages-articles-multistream.xml.bz2)
 BUDGET_MIN ?= 75
 TITLES_BUDGET_MIN ?= 15
-EVAL_TRIPLETS ?= 20000
-EVAL_SCB_ARTICLES ?= 300
+EVAL_TRIPLETS ?= 10000
+EVAL_SCB_ARTICLES ?= 60
 # QS3M (second seed) on the run's passages: seeded article samples, with mean-vectors and with the
 # trained triplets-sen encoder as the fixed passage embedding.
 QS3M_TRAIN_QUERIES ?= 600
