@@ -21,7 +21,6 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
@@ -30,10 +29,10 @@ from model.embed import EncoderModelHandler
 from model.encoders import Methods, check_encoder_specs, method_names
 from eval.report import read_jsonl, write_scb_report
 from pipeline import records
+from pipeline.counters import NAMESPACE, job_totals
 from pipeline.cli import flag, parse_config, run_cli
 from pipeline.splits import stable_hash
 
-NAMESPACE = "wikisim"
 VARIANTS = ("all", "openers")
 
 
@@ -242,7 +241,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
-        "counters": job_counters(pipeline_result),
+        "counters": job_totals(pipeline_result),   # summed over the methods' scoring steps
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],
@@ -251,16 +250,6 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     }
     write_scb_report(result, config.output)
     return result
-
-
-def job_counters(pipeline_result) -> dict[str, int]:
-    """The job's committed counters in the "wikisim" namespace, by name, summed over the steps
-    that use one (each method's scoring step counts its sentences)."""
-    query = pipeline_result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))
-    totals: dict[str, int] = {}
-    for counter in query["counters"]:
-        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + int(counter.committed or 0)
-    return totals
 
 
 def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:

@@ -3,7 +3,10 @@
 one module names are defined here (those named after an outcome are built by the functions
 below or from `READ_REASON_PREFIX`); the rules' own per-section and per-sentence counts
 (`sentences_too_short`, ...) are named where `pipeline.rules` counts them, the only place.
+`job_totals` reads the namespace back from a finished job (pipeline.run, eval.scb).
 """
+from apache_beam.metrics.metric import MetricsFilter
+
 NAMESPACE = "wikisim"   # the Beam metrics namespace of every counter below
 
 # The read stage.
@@ -43,3 +46,13 @@ def no_opener_counter(rule: str) -> str:
 def split_counter(dataset: str, split: str) -> str:
     """Triplets written to one split of one dataset."""
     return f"{dataset}/{split}"
+
+
+def job_totals(result) -> dict[str, int]:
+    """Every counter of this namespace in a finished Beam job, by name, summed over the steps that
+    increment it (committed values; attempted where a runner commits none)."""
+    totals: dict[str, int] = {}
+    for metric in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
+        value = metric.committed if metric.committed is not None else metric.attempted
+        totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + int(value or 0)
+    return totals

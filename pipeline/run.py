@@ -11,6 +11,7 @@ downloaded) or Dataflow (`--runner DataflowRunner --project ... --region ...
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -19,7 +20,6 @@ import sys
 import time
 
 import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipeline import counters as counter_names
@@ -183,11 +183,7 @@ def expected_counters(config: PipelineConfig) -> list[str]:
 
 def counters_of(result, config: PipelineConfig) -> dict[str, int]:
     """Every "wikisim" counter of the finished run, summed over the steps that use it."""
-    totals: dict[str, int] = dict.fromkeys(expected_counters(config), 0)
-    query = result.metrics().query(MetricsFilter().with_namespace(counter_names.NAMESPACE))
-    for metric in query["counters"]:
-        value = metric.committed if metric.committed is not None else metric.attempted
-        totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + (value or 0)
+    totals = {**dict.fromkeys(expected_counters(config), 0), **counter_names.job_totals(result)}
     return dict(sorted(totals.items()))
 
 
@@ -308,14 +304,13 @@ def main(argv: list[str] | None = None) -> dict:
     folder = progress.progress_folder() if progress.is_local(runner) else None
     indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
     outputs.claim_output(out, config.overwrite)  # before anything is written, after every check
+    shown = contextlib.nullcontext()
+    if folder:   # Beam's logs to a file, a progress bar on the terminal
+        log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
+        print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
+        shown = progress.show_progress(folder, indexes, log_path)
     try:
-        if folder:   # Beam's logs to a file, a progress bar on the terminal
-            log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
-            print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
-            with progress.show_progress(folder, indexes, log_path):
-                result = pipeline.run()
-                result.wait_until_finish()
-        else:
+        with shown:
             result = pipeline.run()
             result.wait_until_finish()
     finally:
