@@ -1,7 +1,9 @@
 """Wikitext -> lead + top-level sections -> paragraphs of plain prose, with mwparserfromhell.
 
-The parse walks mwparserfromhell's node tree (Heading, Text, Tag, Wikilink, ExternalLink,
-Template, Comment, HTMLEntity, ...) and keeps only the text a reader sees as running prose:
+The parse walks the constructs mwparserfromhell's tokenizer finds (Heading, Text, Tag, Wikilink,
+ExternalLink, Template, Comment, HTMLEntity, ...) and keeps only the text a reader sees as
+running prose (it renders from the token stream, see `_TokenRenderer`, with the same result
+as walking mwparserfromhell's node tree, at a third of the cost):
 
 * Templates (infoboxes, citations, navboxes, hatnotes), comments and template arguments
   render as nothing.
@@ -32,20 +34,16 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-import mwparserfromhell
 from mwparserfromhell.definitions import is_visible
-from mwparserfromhell.nodes import (
-    Argument,
-    Comment,
-    ExternalLink,
-    Heading,
-    HTMLEntity,
-    Tag,
-    Template,
-    Text,
-    Wikilink,
-)
-from mwparserfromhell.wikicode import Wikicode
+from mwparserfromhell.nodes import HTMLEntity
+from mwparserfromhell.parser import ParserError
+from mwparserfromhell.parser import tokens as T
+from mwparserfromhell.parser.builder import Builder
+
+try:  # the C tokenizer, as mwparserfromhell.parse uses it when it is built
+    from mwparserfromhell.parser._tokenizer import CTokenizer as _Tokenizer
+except ImportError:  # pragma: no cover - a wheel without the extension
+    from mwparserfromhell.parser.tokenizer import Tokenizer as _Tokenizer
 
 # Link namespaces whose target is media or metadata, not prose.
 NON_PROSE_LINK_NAMESPACES = frozenset({"file", "image", "media", "category"})
@@ -65,6 +63,20 @@ _HAS_WORD = re.compile(r"\w")
 _MARKUP_RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|\|-|^\||''|</?[A-Za-z][A-Za-z0-9]*[ />]")
 
 _BREAK = "\n\n"
+# mwparserfromhell's recursive tree builder gave up (RecursionError) a few hundred levels deep;
+# the renderer keeps that limit so that such a page is still dead-lettered.
+MAX_NESTING = 300
+
+_TOKENIZER = _Tokenizer()
+# Every construct is one span of tokens from its opener to its closer.
+_OPENERS = frozenset({T.TemplateOpen, T.ArgumentOpen, T.WikilinkOpen, T.ExternalLinkOpen, T.HTMLEntityStart,
+                      T.HeadingStart, T.CommentStart, T.TagOpenOpen})
+_CLOSERS = frozenset({T.TemplateClose, T.ArgumentClose, T.WikilinkClose, T.ExternalLinkClose, T.HTMLEntityEnd,
+                      T.HeadingEnd, T.CommentEnd, T.TagCloseClose, T.TagCloseSelfclose})
+_SILENT_OPENERS = frozenset({T.TemplateOpen, T.ArgumentOpen, T.CommentStart})  # render as nothing
+_TAG_NAME_ENDS = frozenset({T.TagAttrStart, T.TagCloseOpen, T.TagCloseSelfclose})
+# Kinds of the top-level items `_TokenRenderer.prose_items` yields.
+_HEADING, _TEXT, _LIST_LINE, _RENDERED = "heading", "text", "list line", "rendered"
 
 
 class Paragraph(NamedTuple):
@@ -90,10 +102,10 @@ class ParsedPage(NamedTuple):
 def parse_wikitext(text: str) -> ParsedPage:
     """Parses one page's wikitext into its lead and top-level sections of prose paragraphs.
 
-    Lets whatever mwparserfromhell raises on wikitext it cannot parse through (its ParserError,
-    or RecursionError on thousands of nested templates); the caller dead-letters the page.
+    Raises what mwparserfromhell raises on wikitext it cannot tokenize, and RecursionError on
+    constructs nested deeper than `MAX_NESTING`; the caller dead-letters the page.
     """
-    wikicode = mwparserfromhell.parse(text)
+    page = _TokenRenderer(_TOKENIZER.tokenize(text, 0, False))
     lead: list[Paragraph] = []
     sections: list[tuple[str, list[Paragraph]]] = []
     path: tuple[str, ...] = ()
@@ -110,30 +122,31 @@ def parse_wikitext(text: str) -> ParsedPage:
         block.clear()
 
     in_list_line = False
-    for node in prose_nodes(wikicode):
-        if isinstance(node, Heading):
+    for kind, value in page.prose_items(0, len(page.tokens)):
+        if kind is _HEADING:
             flush()
             in_list_line = False
-            title = normalise_whitespace(render_inline(node.title))
-            if node.level <= 2 or not sections:
+            level, title = value
+            title = normalise_whitespace(title)
+            if level <= 2 or not sections:
                 sections.append((title, []))
-                path, heading_levels = (title,), (node.level,)
+                path, heading_levels = (title,), (level,)
             else:
                 # Keep ancestors with a lower level; this heading replaces same/deeper ones.
-                keep = [i for i, level in enumerate(heading_levels) if level < node.level] or [0]
+                keep = [i for i, heading_level in enumerate(heading_levels) if heading_level < level] or [0]
                 path = tuple(path[i] for i in keep) + (title,)
-                heading_levels = tuple(heading_levels[i] for i in keep) + (node.level,)
+                heading_levels = tuple(heading_levels[i] for i in keep) + (level,)
             continue
         if in_list_line:
-            if isinstance(node, Text) and "\n" in node.value:
+            if kind is _TEXT and "\n" in value:
                 in_list_line = False
-                block.append(_BREAK + node.value.split("\n", 1)[1])
+                block.append(_BREAK + value.split("\n", 1)[1])
             continue
-        if isinstance(node, Tag) and tag_name(node) in LIST_TAGS and node.wiki_markup:
+        if kind is _LIST_LINE:
             in_list_line = True
             block.append(_BREAK)
             continue
-        block.append(render_node(node))
+        block.append(value)
     flush()
     return ParsedPage(
         lead=tuple(lead),
@@ -142,65 +155,168 @@ def parse_wikitext(text: str) -> ParsedPage:
     )
 
 
-def prose_nodes(wikicode: Wikicode):
-    """Top-level nodes, with formatting tags that swallowed headings opened up.
+class _TokenRenderer:
+    """Renders mwparserfromhell's token stream of one page straight to prose.
 
-    An unclosed `''` can make mwparserfromhell nest the following headings inside an italic
-    tag (seen in "Anarchism"); such a tag's contents are walked as if they were top-level.
+    mwparserfromhell's own tree builder (pure Python, one object per node, recursive) cost twice
+    its C tokenizer on real pages; the rendering needs no tree: every construct is a span from an
+    opening to its closing token, found once (`close`), and a template, comment or argument is
+    skipped by jumping over its span. What each construct renders as is described in the
+    module docstring; tag names, link targets and bare URLs are read as the wikitext they were
+    written as (`source`), like `str()` of the builder's nodes.
     """
-    for node in wikicode.nodes:
-        if isinstance(node, Tag) and node.contents is not None and node.contents.filter_headings():
-            yield from prose_nodes(node.contents)
-        else:
-            yield node
 
+    def __init__(self, token_list: list):
+        self.tokens = token_list
+        self.close = _matching_closes(token_list)
 
-def render_inline(wikicode: Wikicode) -> str:
-    return "".join(render_node(node) for node in wikicode.nodes)
+    def prose_items(self, start: int, stop: int):
+        """(kind, value) per top-level construct in [start, stop): headings as (level, title), text
+        as its string, a wiki-markup list item as `_LIST_LINE`, anything else rendered. A tag whose
+        contents hold a heading (an unclosed `''` swallows the headings after it, seen in
+        "Anarchism") is opened up and its contents walked as top-level."""
+        tokens, close = self.tokens, self.close
+        i = start
+        while i < stop:
+            token = tokens[i]
+            kind = type(token)
+            if kind is T.Text:
+                yield _TEXT, token.text
+                i += 1
+            elif kind is T.HeadingStart:
+                yield _HEADING, (token.level, self.render(i + 1, close[i]))
+                i = close[i] + 1
+            elif kind is T.TagOpenOpen:
+                name, contents = self.tag_parts(i)
+                if contents is not None and any(type(tokens[j]) is T.HeadingStart for j in range(*contents)):
+                    yield from self.prose_items(*contents)
+                elif name in LIST_TAGS and token.wiki_markup:
+                    yield _LIST_LINE, None
+                else:
+                    yield _RENDERED, self.render_tag(name, contents)
+                i = close[i] + 1
+            else:
+                end = close[i] + 1 if kind in _OPENERS else i + 1
+                yield _RENDERED, self.render(i, end)
+                i = end
 
+    def render(self, start: int, stop: int) -> str:
+        """The visible prose of the constructs in [start, stop)."""
+        tokens, close = self.tokens, self.close
+        parts = []
+        i = start
+        while i < stop:
+            token = tokens[i]
+            kind = type(token)
+            if kind is T.Text:
+                parts.append(token.text)
+                i += 1
+                continue
+            end = close[i] if kind in _OPENERS else i
+            if kind is T.WikilinkOpen:
+                parts.append(self.render_wikilink(i + 1, end))
+            elif kind is T.ExternalLinkOpen:
+                parts.append(self.render_external_link(token.brackets, i + 1, end))
+            elif kind is T.TagOpenOpen:
+                parts.append(self.render_tag(*self.tag_parts(i)))
+            elif kind is T.HTMLEntityStart:
+                parts.append(_entity(tokens[i + 1 : end]))
+            elif kind is T.HeadingStart:  # a heading nested inside a tag: keep its words
+                parts.append(self.render(i + 1, end))
+            elif kind not in _SILENT_OPENERS:
+                raise ParserError(f"unexpected {kind.__name__} token")
+            i = end + 1
+        return "".join(parts)
 
-def render_node(node) -> str:
-    """The visible prose of one node; `_BREAK` for block elements that end a paragraph."""
-    if isinstance(node, Text):
-        return node.value
-    if isinstance(node, HTMLEntity):
-        return node.normalize()
-    if isinstance(node, (Template, Comment, Argument)):
-        return ""
-    if isinstance(node, Wikilink):
-        return render_wikilink(node)
-    if isinstance(node, ExternalLink):
-        if not node.brackets:
-            return str(node.url)
-        return render_inline(node.title) if node.title is not None else ""
-    if isinstance(node, Tag):
-        tag = tag_name(node)
-        if tag in BLOCK_TAGS:
+    def split_at(self, start: int, stop: int, separator) -> int | None:
+        """The first `separator` token at this level of [start, stop), or None."""
+        tokens, close = self.tokens, self.close
+        i = start
+        while i < stop:
+            kind = type(tokens[i])
+            if kind is separator:
+                return i
+            i = close[i] + 1 if kind in _OPENERS else i + 1
+        return None
+
+    def source(self, start: int, stop: int) -> str:
+        """The wikitext of [start, stop), as `str()` of its nodes gives it."""
+        if all(type(token) is T.Text for token in self.tokens[start:stop]):
+            return "".join(token.text for token in self.tokens[start:stop])
+        return str(Builder().build(list(self.tokens[start:stop])))
+
+    def render_wikilink(self, start: int, stop: int) -> str:
+        separator = self.split_at(start, stop, T.WikilinkSeparator)
+        title_end = stop if separator is None else separator
+        title = self.source(start, title_end).strip()
+        if title.startswith(":"):  # [[:Category:X]] is a visible link to the category page
+            return title[1:] if separator is None else self.render(separator + 1, stop)
+        if ":" in title:
+            prefix = title.split(":", 1)[0].strip().lower()
+            if prefix in NON_PROSE_LINK_NAMESPACES or _INTERLANGUAGE_PREFIX.match(prefix):
+                return ""
+        return self.render(start, title_end) if separator is None else self.render(separator + 1, stop)
+
+    def render_external_link(self, brackets: bool, start: int, stop: int) -> str:
+        separator = self.split_at(start, stop, T.ExternalLinkSeparator)
+        if not brackets:
+            return self.source(start, stop if separator is None else separator)
+        return "" if separator is None else self.render(separator + 1, stop)
+
+    def tag_parts(self, start: int) -> tuple[str, tuple[int, int] | None]:
+        """A tag's lower-cased name and the span of its contents (None when self-closing)."""
+        tokens, close = self.tokens, self.close
+        end = close[start]
+        i = start + 1
+        while type(tokens[i]) not in _TAG_NAME_ENDS:
+            i = close[i] + 1 if type(tokens[i]) in _OPENERS else i + 1
+        name = self.source(start + 1, i).strip().lower()
+        if type(tokens[end]) is T.TagCloseSelfclose:
+            return name, None
+        while type(tokens[i]) is not T.TagCloseOpen:  # attributes
+            i = close[i] + 1 if type(tokens[i]) in _OPENERS else i + 1
+        contents_end = self.split_at(i + 1, end, T.TagOpenClose)
+        if contents_end is None:
+            raise ParserError("tag without its closing tag")
+        return name, (i + 1, contents_end)
+
+    def render_tag(self, name: str, contents: tuple[int, int] | None) -> str:
+        """`_BREAK` for block elements that end a paragraph; the contents of formatting tags."""
+        if name in BLOCK_TAGS:
             return _BREAK
-        if tag == "br":
+        if name == "br":
             return " "
-        if tag in DROPPED_INLINE_TAGS or not is_visible(tag) or tag in LIST_TAGS:
+        if name in DROPPED_INLINE_TAGS or not is_visible(name) or name in LIST_TAGS or contents is None:
             return ""
-        return render_inline(node.contents) if node.contents is not None else ""
-    if isinstance(node, Heading):  # a heading nested inside a tag: keep its words
-        return render_inline(node.title)
-    stripped = node.__strip__(normalize=True, collapse=True, keep_template_params=False)
-    return str(stripped) if stripped else ""
+        return self.render(*contents)
 
 
-def tag_name(tag: Tag) -> str:
-    return str(tag.tag).strip().lower()
+def _matching_closes(token_list: list) -> list[int]:
+    """For each opening token the index of its closing token (every construct is one span)."""
+    close = [0] * len(token_list)
+    open_at: list[int] = []
+    for index, token in enumerate(token_list):
+        kind = type(token)
+        if kind in _OPENERS:
+            open_at.append(index)
+            if len(open_at) > MAX_NESTING:
+                raise RecursionError(f"wikitext nested deeper than {MAX_NESTING} levels")
+        elif kind in _CLOSERS:
+            if not open_at:
+                raise ParserError(f"unmatched {kind.__name__} token")
+            close[open_at.pop()] = index
+    if open_at:
+        raise ParserError(f"unclosed {type(token_list[open_at[-1]]).__name__} token")
+    return close
 
 
-def render_wikilink(link: Wikilink) -> str:
-    title = str(link.title).strip()
-    if title.startswith(":"):  # [[:Category:X]] is a visible link to the category page
-        return render_inline(link.text) if link.text is not None else title[1:]
-    if ":" in title:
-        prefix = title.split(":", 1)[0].strip().lower()
-        if prefix in NON_PROSE_LINK_NAMESPACES or _INTERLANGUAGE_PREFIX.match(prefix):
-            return ""
-    return render_inline(link.text if link.text is not None else link.title)
+def _entity(entity_tokens: list) -> str:
+    """An HTML entity's character, from the tokens between its `&` and `;`."""
+    if type(entity_tokens[0]) is not T.HTMLEntityNumeric:
+        return HTMLEntity(entity_tokens[0].text, named=True).normalize()
+    if type(entity_tokens[1]) is T.HTMLEntityHex:
+        return HTMLEntity(entity_tokens[2].text, named=False, hexadecimal=True).normalize()
+    return HTMLEntity(entity_tokens[1].text, named=False, hexadecimal=False).normalize()
 
 
 def split_paragraphs(rendered: str) -> list[str]:
