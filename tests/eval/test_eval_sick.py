@@ -69,6 +69,56 @@ def test_the_warm_started_path_finds_the_same_optima_as_separate_fits():
         np.testing.assert_allclose(warm, sick.expected_score(alone, features), atol=2e-3)
 
 
+def test_the_soft_target_fit_is_scikit_learns_weighted_fit():
+    """The direct cross-entropy with the target distribution has the optimum of scikit-learn's
+    LogisticRegression fitted on every (pair, class) row weighted by its target probability."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(2)
+    scores = rng.uniform(1, 5, 300)
+    features = np.column_stack([scores + rng.normal(0, 0.8, 300), rng.normal(size=(300, 4))])
+    target = sick.score_distribution(scores)
+    [(_, model)] = sick.soft_logistic_path(features, target, [0.5])
+    standardised = (features - model.mean) / model.scale
+    rows, classes = np.nonzero(target)
+    reference = LogisticRegression(C=0.5, max_iter=1000, tol=1e-8).fit(
+        standardised[rows], sick.CLASSES[classes], sample_weight=target[rows, classes])
+    np.testing.assert_allclose(model.predict_proba(features), reference.predict_proba(standardised), atol=1e-3)
+
+
+class FixedVectors:
+    """An encoder with given vectors (the SICK job needs only `encode` and `name`)."""
+
+    name = "fixed"
+
+    def __init__(self, vectors):
+        self.vectors = vectors
+
+    def encode(self, sentences):
+        return self.vectors[: len(sentences)]
+
+
+def test_the_c_path_stops_where_trial_r_falls_and_chooses_what_the_full_grid_chooses(tmp_path, monkeypatch):
+    splits = sick.read_sick(str(write_sick_fixture(tmp_path / "SICK.txt")))
+    n_sentences = len({s for split in sick.SICK_SPLITS for key in ("a", "b") for s in splits[split][key]})
+    vectors = np.random.default_rng(3).normal(size=(n_sentences, 8))
+    grid = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)
+    fitted = []
+    path = sick.soft_logistic_path
+
+    def counting_path(features, target, c_grid):
+        for c, model in path(features, target, c_grid):
+            fitted.append(c)
+            yield c, model
+
+    monkeypatch.setattr(sick, "soft_logistic_path", counting_path)
+    stopped = sick.score_encoder(FixedVectors(vectors), splits, grid)
+    n_stopped = len(fitted)
+    full = sick.score_encoder(FixedVectors(vectors), splits, grid, full_c_grid=True)
+    assert len(fitted) - n_stopped == len(grid) and n_stopped < len(grid)
+    assert stopped == full
+
+
 def test_sick_job_on_a_fixture(tmp_path):
     path = write_sick_fixture(tmp_path / "SICK.txt")
     result = sick.main(["--sick", str(path), "--output", str(tmp_path / "out"),
