@@ -114,6 +114,19 @@ def test_build_article_rejects_an_article_with_four_remaining_sections(splitter)
     assert counts["articles_too_few_sections"] == 1 and counts["articles_used"] == 0
 
 
+def test_an_article_without_enough_sections_with_paragraphs_is_rejected_before_sentence_splitting():
+    class NoSplitting:
+        def split(self, paragraphs):
+            raise AssertionError("sentences were split for an article that cannot be used")
+
+    four = "The lead.\n\n" + "".join(
+        _section(title, f"{title} is a section with a paragraph of prose.") for title in ("Alpha", "Beta", "Gamma", "Delta")
+    ) + _section("Epsilon", "* a list, which is not a paragraph")
+    article, counts = build_article(7, "Test page", "train", parse_wikitext(four), NoSplitting())
+    assert article is None
+    assert counts["articles_too_few_sections"] == 1 and counts["sentences_kept"] == 0
+
+
 def test_the_sentence_splitter_bounds_its_vocabulary_without_changing_sentences():
     paragraphs = [f"Word{i}a word{i}b appear here. Then word{i}c and word{i}d end it." for i in range(300)]
     unbounded = SentenceSplitter()
