@@ -136,8 +136,10 @@ def method_name(spec: str) -> str:
     )
 
 
-def load_encoder(spec: str) -> SentenceEncoder:
-    """One encoder from its spec (see the module docstring)."""
+def load_encoder(spec: str, exports: dict[str, SavedModelEncoder] | None = None) -> SentenceEncoder:
+    """One encoder from its spec (see the module docstring). A concatenation takes its parts from
+    `exports` (model dir -> encoder) where they are already loaded."""
+    exports = exports or {}
     name = method_name(spec)
     if spec.startswith("mean-vectors"):
         return MeanVectorsEncoder(spec[len("mean-vectors:"):] or None, name=name)
@@ -147,7 +149,8 @@ def load_encoder(spec: str) -> SentenceEncoder:
         return MiniLMEncoder(name)
     if spec.startswith("saved:"):
         return SavedModelEncoder(_named_value(spec, "saved")[1], name=name)
-    return ConcatEncoder(name, [SavedModelEncoder(path) for path in _named_value(spec, "concat")[1].split("+")])
+    return ConcatEncoder(name, [exports.get(path) or SavedModelEncoder(path)
+                                for path in _named_value(spec, "concat")[1].split("+")])
 
 
 def method_names(specs: list[str]) -> list[str]:
@@ -173,9 +176,17 @@ def check_encoder_specs(specs: list[str]) -> None:
 
 
 def load_encoders(specs: list[str]) -> list[SentenceEncoder]:
-    """Encoders for `specs`, in order (their names checked unique first)."""
+    """Encoders for `specs`, in order (their names checked unique first). A concatenation shares
+    the loaded exports of the `saved:` specs of the same model dirs (one load, one copy in memory)."""
     method_names(specs)
-    return [load_encoder(spec) for spec in specs]
+    exports: dict[str, SavedModelEncoder] = {}
+    encoders = []
+    for spec in specs:
+        encoder = load_encoder(spec, exports)
+        if spec.startswith("saved:"):
+            exports[_named_value(spec, "saved")[1]] = encoder
+        encoders.append(encoder)
+    return encoders
 
 
 def default_encoder_specs() -> list[str]:

@@ -1,4 +1,6 @@
 """Baseline encoders behind the one SentenceEncoder interface, and encoder spec parsing."""
+import shutil
+
 import numpy as np
 import pytest
 
@@ -55,6 +57,15 @@ def test_load_encoders_parses_specs_and_rejects_bad_ones():
         load_encoders(["tfidf", "tfidf"])
     with pytest.raises(FileNotFoundError, match="/no/such/model"):
         load_encoders(["saved:m=/no/such/model"])
+
+
+def test_a_concatenation_shares_the_loaded_exports_of_its_parts(tiny_model, tmp_path):
+    titles_dir = shutil.copytree(tiny_model, tmp_path / "titles")
+    sen, titles, sen_titles = load_encoders(model_dir_specs([f"triplets-sen={tiny_model}",
+                                                             f"triplets-titles={titles_dir}"]))
+    assert sen_titles.encoders[0] is sen and sen_titles.encoders[1] is titles
+    embedding = sen_titles.encode(["A dog barks."])
+    np.testing.assert_array_equal(embedding, np.hstack([sen.encode(["A dog barks."])] * 2))
 
 
 def test_model_dir_specs_names_dirs_and_adds_the_sen_titles_concatenation():
