@@ -61,8 +61,10 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _methods_in_order(entries: list[dict]) -> list[str]:
-    return list(dict.fromkeys(entry["method"] for entry in entries))
+def _methods_in_order(result: dict, entries: list[dict]) -> list[str]:
+    """The methods of `entries` in the job's order (its specs'), not the order its workers finished in."""
+    present = {entry["method"] for entry in entries}
+    return [method for method in result["methods"] if method in present]
 
 
 def scb_markdown(result: dict) -> str:
@@ -76,7 +78,7 @@ def scb_markdown(result: dict) -> str:
         by_key = {(entry["method"], entry["algorithm"]): entry for entry in entries}
         header = ["method", "articles"] + [f"{algorithm} {metric}" for algorithm in ALGORITHMS for metric in METRICS]
         rows = []
-        for method in _methods_in_order(entries):
+        for method in _methods_in_order(result, entries):
             scored = [by_key[(method, algorithm)] for algorithm in ALGORITHMS if (method, algorithm) in by_key]
             rows.append([method, scored[0]["articles"]] + [
                 by_key[(method, algorithm)][metric] if (method, algorithm) in by_key else "-"
@@ -91,7 +93,7 @@ def scb_ari_figure(result: dict):
     variants = [v for v in ("all", "openers") if any(row["variant"] == v for row in result["rows"])] or ["all"]
     figure, axes = plt.subplots(len(variants), len(ALGORITHMS), figsize=(4.2 * len(ALGORITHMS), 4.2 * len(variants)),
                                 squeeze=False, sharey=True, constrained_layout=True)
-    methods = _methods_in_order(result["rows"])
+    methods = _methods_in_order(result, result["rows"])
     for row_index, variant in enumerate(variants):
         for column, algorithm in enumerate(ALGORITHMS):
             axis = axes[row_index][column]

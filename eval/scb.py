@@ -241,6 +241,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
+        "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
         "counters": job_totals(pipeline_result),   # summed over the methods' scoring steps
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),

@@ -38,7 +38,7 @@ def test_score_article_skips_a_variant_without_two_sections():
 def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     articles = write_scb(tmp_path / "data", extra_lines=("not json", json.dumps({"article_id": 99})))
     result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"),
-                       "--encoder", "mean-vectors", "--encoder", "tfidf", "--runner", "DirectRunner"])
+                       "--encoder", "tfidf", "--encoder", "mean-vectors", "--runner", "DirectRunner"])
     assert result["articles"] == len(articles)
     assert result["dead_letters"] == 2
     counters = result["counters"]
@@ -73,6 +73,8 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
         assert (tmp_path / "out" / name).stat().st_size > 0
     markdown = (tmp_path / "out" / "scb.md").read_text()
     assert "paragraph openers only" in markdown and "| mean-vectors |" in markdown
+    assert result["methods"] == ["tfidf", "mean-vectors"]   # rows in the order the methods were given
+    assert markdown.index("| tfidf |") < markdown.index("| mean-vectors |")
 
 
 def test_scb_job_rerun_ignores_a_previous_runs_shards(tmp_path):
