@@ -196,7 +196,7 @@ class _TokenRenderer:
                     yield _RENDERED, self.render_tag(name, contents)
                 i = close[i] + 1
             else:
-                end = close[i] + 1 if kind in _OPENERS else i + 1
+                end = self.after(i)
                 yield _RENDERED, self.render(i, end)
                 i = end
 
@@ -228,15 +228,17 @@ class _TokenRenderer:
             i = end + 1
         return "".join(parts)
 
+    def after(self, index: int) -> int:
+        """The index just past the construct (or lone token) that starts at `index`."""
+        return self.close[index] + 1 if type(self.tokens[index]) in _OPENERS else index + 1
+
     def split_at(self, start: int, stop: int, separator) -> int | None:
         """The first `separator` token at this level of [start, stop), or None."""
-        tokens, close = self.tokens, self.close
         i = start
         while i < stop:
-            kind = type(tokens[i])
-            if kind is separator:
+            if type(self.tokens[i]) is separator:
                 return i
-            i = close[i] + 1 if kind in _OPENERS else i + 1
+            i = self.after(i)
         return None
 
     def source(self, start: int, stop: int) -> str:
@@ -269,12 +271,12 @@ class _TokenRenderer:
         end = close[start]
         i = start + 1
         while type(tokens[i]) not in _TAG_NAME_ENDS:
-            i = close[i] + 1 if type(tokens[i]) in _OPENERS else i + 1
+            i = self.after(i)
         name = self.source(start + 1, i).strip().lower()
         if type(tokens[end]) is T.TagCloseSelfclose:
             return name, None
         while type(tokens[i]) is not T.TagCloseOpen:  # attributes
-            i = close[i] + 1 if type(tokens[i]) in _OPENERS else i + 1
+            i = self.after(i)
         contents_end = self.split_at(i + 1, end, T.TagOpenClose)
         if contents_end is None:
             raise ParserError("tag without its closing tag")
