@@ -140,3 +140,22 @@ def test_the_sentence_splitter_bounds_its_vocabulary_without_changing_sentences(
     assert len(unbounded.nlp.vocab) > fresh + 1200
     assert split_bounded == split_unbounded
     assert [len(sentences) for sentences in split_bounded] == [2] * 300
+
+
+def test_the_tokenizer_cache_changes_no_sentence_of_real_paragraphs():
+    from itertools import islice
+
+    from pipeline.dumps import Page, decode_pages, embedded_dump_path
+
+    pages = (page for page in decode_pages(embedded_dump_path())
+             if isinstance(page, Page) and page.namespace == 0 and not page.redirect)
+    paragraphs = [paragraph.text for page in islice(pages, 12) for section in parse_wikitext(page.text).sections
+                  for paragraph in section.paragraphs]
+    cached = SentenceSplitter()
+    uncached = SentenceSplitter()
+    uncached.nlp.tokenizer.max_cache_size = 0  # every chunk tokenized afresh
+    assert cached.nlp.tokenizer.max_cache_size > 10_000  # spaCy's default keeps only the first 10,000 chunks
+    reference = uncached.split(paragraphs)
+    assert len(paragraphs) > 300 and sum(map(len, reference)) > 1000
+    assert cached.split(paragraphs) == reference  # first sight: chunks go into the cache
+    assert cached.split(paragraphs) == reference  # every chunk now comes from the cache
