@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import bz2
 import os
+import queue
 import re
-from typing import Iterable, Iterator, NamedTuple
+import threading
+from typing import Generator, Iterable, Iterator, NamedTuple
 
 import mwxml
 from apache_beam.io.filesystem import CompressionTypes
@@ -31,6 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.cli import UsageError
 
 READ_CHUNK_BYTES = 1 << 20
+READ_AHEAD_CHUNKS = 4  # decompressed chunks a reader holds ahead of the parser
 # Content between pages is buffered up to this size before it is handed on (a dump header is a
 # few KiB; anything larger between two pages is garbage and is dead-lettered in pieces).
 MAX_OUTSIDE_BYTES = 4 << 20
@@ -148,9 +151,59 @@ def bz2_chunks(compressed_chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def decompressed_chunks(path: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-    """The decompressed bytes of `path[start:end]`: bz2 by extension, else plain XML."""
+    """The decompressed bytes of `path[start:end]`: bz2 by extension, else plain XML. bz2 is
+    decompressed ahead in a thread (`read_ahead`), beside the parsing of the pages before."""
     chunks = raw_chunks(path, start, end)
-    return bz2_chunks(chunks) if path.endswith(".bz2") else chunks
+    return read_ahead(bz2_chunks(chunks)) if path.endswith(".bz2") else chunks
+
+
+def read_ahead(chunks: Generator[bytes, None, None], depth: int = READ_AHEAD_CHUNKS) -> Iterator[bytes]:
+    """The same chunks, produced up to `depth` ahead by a background thread.
+
+    bz2 releases the GIL while it decompresses, so a worker's parsing and its decompression run
+    on two cores, as gensim's segment_wiki reads in one process and parses in others. An error
+    of the producer is raised here, where the chunk it would have been was expected; a consumer
+    that stops early stops the thread. Written here because neither the standard library nor
+    Beam offers an iterator read-ahead.
+    """
+    handoff: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def offer(item) -> bool:
+        """Hands `item` on, waiting for room; False once the consumer has stopped."""
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not offer((chunk, None)):
+                    return
+            offer((done, None))
+        except BaseException as err:  # handed to the consumer, which raises it
+            offer((done, err))
+        finally:
+            chunks.close()  # its file, in the thread that reads it
+
+    producer = threading.Thread(target=produce, name="bz2-read-ahead", daemon=True)
+    producer.start()
+    try:
+        while True:
+            chunk, err = handoff.get()
+            if chunk is done:
+                if err is not None:
+                    raise err
+                return
+            yield chunk
+    finally:
+        stop.set()
+        producer.join()
 
 
 def until_failure(chunks: Iterable[bytes], failures: list[BaseException]) -> Iterator[bytes]:

@@ -7,8 +7,8 @@ import pytest
 from dump_support import as_tuples, run_read
 
 from pipeline import dump_writers
-from pipeline.dumps import (DumpInputError, Page, check_input, decode_pages, decompressed_chunks,
-                            embedded_dump_path, split_pages)
+from pipeline.dumps import (DumpInputError, Page, bz2_chunks, check_input, decode_pages, decompressed_chunks,
+                            embedded_dump_path, raw_chunks, read_ahead, split_pages)
 from pipeline.read import ReadDumpPages
 
 
@@ -142,3 +142,41 @@ def test_reading_holds_one_page_not_the_dump(tmp_path):
     assert large.stat().st_size > 7 * small.stat().st_size
     assert large_peak < 1.5 * small_peak
     assert large_peak < large.stat().st_size / 4
+
+
+def test_read_ahead_gives_the_same_chunks_as_decompressing_in_line():
+    path = embedded_dump_path()
+    assert list(decompressed_chunks(path)) == list(bz2_chunks(raw_chunks(path)))
+    assert b"".join(read_ahead(bz2_chunks(raw_chunks(path)), depth=1)) == bz2.decompress(open(path, "rb").read())
+
+
+def test_read_ahead_raises_the_producers_error_after_the_chunks_before_it():
+    def chunks():
+        yield b"one"
+        yield b"two"
+        raise EOFError("compressed data ended before the bz2 end-of-stream marker")
+
+    received = []
+    with pytest.raises(EOFError, match="end-of-stream"):
+        for chunk in read_ahead(chunks()):
+            received.append(chunk)
+    assert received == [b"one", b"two"]
+
+
+def test_a_consumer_that_stops_early_stops_the_read_ahead_thread():
+    import threading
+
+    closed = threading.Event()
+
+    def endless():
+        try:
+            while True:
+                yield b"x" * 1024
+        finally:
+            closed.set()
+
+    ahead = read_ahead(endless(), depth=2)
+    assert next(ahead) == b"x" * 1024
+    ahead.close()  # what a reader that stops (an error, a page shard's end) does
+    assert closed.is_set()
+    assert not any(thread.name == "bz2-read-ahead" for thread in threading.enumerate())
