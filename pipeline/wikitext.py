@@ -31,6 +31,7 @@ only over the already-rendered plain text.
 """
 from __future__ import annotations
 
+import bisect
 import re
 from typing import NamedTuple
 
@@ -56,7 +57,6 @@ DROPPED_INLINE_TAGS = frozenset({"ref", "math", "chem", "ce", "hiero", "score", 
 LIST_TAGS = frozenset({"li", "dt", "dd"})
 _BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
-_WHITESPACE = re.compile(r"\s+")
 _SPACE_BEFORE_PUNCTUATION = re.compile(r" +([,.;:!?)])")
 _HAS_WORD = re.compile(r"\w")
 # Wikitext that mwparserfromhell left as plain text (it gives up on some malformed pages).
@@ -168,7 +168,11 @@ class _TokenRenderer:
 
     def __init__(self, token_list: list):
         self.tokens = token_list
-        self.close = _matching_closes(token_list)
+        self.close, self.headings = _matching_closes(token_list)
+
+    def holds_heading(self, start: int, stop: int) -> bool:
+        first = bisect.bisect_left(self.headings, start)
+        return first < len(self.headings) and self.headings[first] < stop
 
     def prose_items(self, start: int, stop: int):
         """(kind, value) per top-level construct in [start, stop): headings as (level, title), text
@@ -181,14 +185,14 @@ class _TokenRenderer:
             token = tokens[i]
             kind = type(token)
             if kind is T.Text:
-                yield _TEXT, token.text
+                yield _TEXT, token["text"]  # tokens are dicts: their attributes go through a Python __getattr__
                 i += 1
             elif kind is T.HeadingStart:
                 yield _HEADING, (token.level, self.render(i + 1, close[i]))
                 i = close[i] + 1
             elif kind is T.TagOpenOpen:
                 name, contents = self.tag_parts(i)
-                if contents is not None and any(type(tokens[j]) is T.HeadingStart for j in range(*contents)):
+                if contents is not None and self.holds_heading(*contents):
                     yield from self.prose_items(*contents)
                 elif name in LIST_TAGS and token.wiki_markup:
                     yield _LIST_LINE, None
@@ -209,7 +213,7 @@ class _TokenRenderer:
             token = tokens[i]
             kind = type(token)
             if kind is T.Text:
-                parts.append(token.text)
+                parts.append(token["text"])
                 i += 1
                 continue
             end = close[i] if kind in _OPENERS else i
@@ -244,7 +248,7 @@ class _TokenRenderer:
     def source(self, start: int, stop: int) -> str:
         """The wikitext of [start, stop), as `str()` of its nodes gives it."""
         if all(type(token) is T.Text for token in self.tokens[start:stop]):
-            return "".join(token.text for token in self.tokens[start:stop])
+            return "".join(token["text"] for token in self.tokens[start:stop])
         return str(Builder().build(list(self.tokens[start:stop])))
 
     def render_wikilink(self, start: int, stop: int) -> str:
@@ -293,13 +297,17 @@ class _TokenRenderer:
         return self.render(*contents)
 
 
-def _matching_closes(token_list: list) -> list[int]:
-    """For each opening token the index of its closing token (every construct is one span)."""
+def _matching_closes(token_list: list) -> tuple[list[int], list[int]]:
+    """For each opening token the index of its closing token (every construct is one span), and
+    the indexes of the headings' opening tokens, in order."""
     close = [0] * len(token_list)
+    headings = []
     open_at: list[int] = []
     for index, token in enumerate(token_list):
         kind = type(token)
         if kind in _OPENERS:
+            if kind is T.HeadingStart:
+                headings.append(index)
             open_at.append(index)
             if len(open_at) > MAX_NESTING:
                 raise RecursionError(f"wikitext nested deeper than {MAX_NESTING} levels")
@@ -309,7 +317,7 @@ def _matching_closes(token_list: list) -> list[int]:
             close[open_at.pop()] = index
     if open_at:
         raise ParserError(f"unclosed {type(token_list[open_at[-1]]).__name__} token")
-    return close
+    return close, headings
 
 
 def _entity(entity_tokens: list) -> str:
@@ -333,4 +341,5 @@ def has_markup_residue(paragraph: str) -> bool:
 
 
 def normalise_whitespace(text: str) -> str:
-    return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", _WHITESPACE.sub(" ", text)).strip()
+    text = " ".join(text.split())  # str.split's whitespace is the regex \s: the same, at half the cost
+    return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", text) if " " in text else text
