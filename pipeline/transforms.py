@@ -84,9 +84,24 @@ def unfilled_slots_counter(strategy: str) -> str:
     return counters.NO_DONOR if strategy == "other_article" else counters.no_opener_counter(strategy)
 
 
+def records_by_split(dataset: str, made: list[triplets.Triplet]):
+    """The triplets as serialised `tf.train.Example`s, each a tagged output named after its split,
+    counted per split in one increment each. Serialising where the triplets are made spares Beam
+    a Partition step, a serialising step and a counter call per triplet."""
+    increment_all(collections.Counter(counters.split_counter(dataset, triplet.split) for triplet in made))
+    for triplet in made:
+        yield beam.pvalue.TaggedOutput(triplet.split, records.triplet_example(triplet))
+
+
+def by_split(outputs) -> dict:
+    """{split: PCollection[bytes]} of a ParDo whose outputs are tagged by `records_by_split`."""
+    return {split: outputs[split] for split in SPLITS}
+
+
 class _SentenceTripletsFn(beam.DoFn):
     def __init__(self, strategy: str, seed: int, rules: RuleConfig):
         self.make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
+        self.dataset = DATASET_OF_STRATEGY[strategy]
         self.no_opener_counter = counters.no_opener_counter(strategy)
         self.seed = seed
         self.rules = rules
@@ -94,11 +109,12 @@ class _SentenceTripletsFn(beam.DoFn):
     def process(self, article: Article):
         made, no_opener = self.make(article, self.seed, self.rules)
         count(self.no_opener_counter, no_opener)
-        yield from made
+        yield from records_by_split(self.dataset, made)
 
 
 class _OtherArticleTripletsFn(beam.DoFn):
     def __init__(self, seed: int, rules: RuleConfig):
+        self.dataset = DATASET_OF_STRATEGY["other_article"]
         self.seed = seed
         self.rules = rules
 
@@ -108,11 +124,12 @@ class _OtherArticleTripletsFn(beam.DoFn):
         for article in bucket:
             made, missing = triplets.other_article_triplets(article, bucket, self.seed, self.rules)
             count(counters.NO_DONOR, missing)
-            yield from made
+            yield from records_by_split(self.dataset, made)
 
 
 class SentenceTriplets(beam.PTransform):
-    """Articles -> triplets-sen with one negative strategy (see `pipeline.triplets`)."""
+    """Articles -> triplets-sen with one negative strategy (see `pipeline.triplets`), serialised,
+    as {split: PCollection[bytes]}."""
 
     def __init__(self, strategy: str, seed: int, rules: RuleConfig, other_article_bucket_size: int):
         super().__init__()
@@ -123,10 +140,11 @@ class SentenceTriplets(beam.PTransform):
 
     def expand(self, articles):
         if self.strategy != "other_article":
-            return articles | beam.ParDo(_SentenceTripletsFn(self.strategy, self.seed, self.rules))
+            return by_split(articles | beam.ParDo(_SentenceTripletsFn(self.strategy, self.seed, self.rules))
+                            .with_outputs(*SPLITS))
         seed, bucket_size = self.seed, self.bucket_size
         n_articles = articles | "CountArticles" >> beam.combiners.Count.Globally()
-        return (
+        return by_split(
             articles
             | "SentencesOnly" >> beam.Map(triplets.sentences_only)
             | "KeyByBucket"
@@ -140,26 +158,21 @@ class SentenceTriplets(beam.PTransform):
                 n=beam.pvalue.AsSingleton(n_articles),
             )
             | "GroupBuckets" >> beam.GroupByKey()
-            | "DrawFromOtherArticles" >> beam.ParDo(_OtherArticleTripletsFn(self.seed, self.rules))
+            | "DrawFromOtherArticles" >> beam.ParDo(_OtherArticleTripletsFn(self.seed, self.rules)).with_outputs(*SPLITS)
         )
 
 
 class TitleTriplets(beam.PTransform):
+    """Articles -> triplets-titles, serialised, as {split: PCollection[bytes]}."""
+
     def expand(self, articles):
-        return articles | beam.FlatMap(triplets.title_triplets)
-
-
-class _SerializeTripletFn(beam.DoFn):
-    def __init__(self, dataset: str, split: str):
-        self.counter_name = counters.split_counter(dataset, split)
-
-    def process(self, triplet: triplets.Triplet):
-        count(self.counter_name)
-        yield records.triplet_example(triplet)
+        return by_split(articles | beam.FlatMap(
+            lambda article: records_by_split(records.TITLES_DATASET, triplets.title_triplets(article))
+        ).with_outputs(*SPLITS))
 
 
 class WriteTripletSplits(beam.PTransform):
-    """Triplets -> `<out>/<dataset>/<split>/part-NNNNN-of-MMMMM.tfrecord.gz`, one folder per split.
+    """{split: serialised triplets} -> `<out>/<dataset>/<split>/part-NNNNN-of-MMMMM.tfrecord.gz`.
 
     Beam's file sink writes one empty shard for a split that gets no triplet, so every split
     of every dataset is readable (as zero records).
@@ -170,20 +183,14 @@ class WriteTripletSplits(beam.PTransform):
         self.output = output.rstrip("/")
         self.dataset = dataset
 
-    def expand(self, triplet_pcoll):
-        by_split = triplet_pcoll | "BySplit" >> beam.Partition(lambda t, _: SPLITS.index(t.split), len(SPLITS))
-        for split, part in zip(SPLITS, by_split):
-            (
-                part
-                | f"Serialize[{split}]" >> beam.ParDo(_SerializeTripletFn(self.dataset, split))
-                | f"Write[{split}]"
-                >> beam.io.WriteToTFRecord(
-                    f"{self.output}/{self.dataset}/{split}/part",
-                    file_name_suffix=".tfrecord.gz",
-                    compression_type=CompressionTypes.GZIP,
-                )
+    def expand(self, records_of_split):
+        for split in SPLITS:
+            _ = records_of_split[split] | f"Write[{split}]" >> beam.io.WriteToTFRecord(
+                f"{self.output}/{self.dataset}/{split}/part",
+                file_name_suffix=".tfrecord.gz",
+                compression_type=CompressionTypes.GZIP,
             )
-        return beam.pvalue.PDone(triplet_pcoll.pipeline)
+        return beam.pvalue.PDone(records_of_split[SPLITS[0]].pipeline)
 
 
 class WriteJsonLines(beam.PTransform):
