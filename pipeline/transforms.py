@@ -8,10 +8,9 @@ from __future__ import annotations
 import collections
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.metrics import Metrics
 
-from pipeline import counters, records, triplets
+from pipeline import counters, records, sinks, triplets
 from pipeline.dumps import Page, dead_letter
 from pipeline.records import SENTENCE_DATASETS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
@@ -89,8 +88,8 @@ def records_by_split(dataset: str, made: list[triplets.Triplet]):
     counted per split in one increment each. Serialising where the triplets are made spares Beam
     a Partition step, a serialising step and a counter call per triplet."""
     increment_all(collections.Counter(counters.split_counter(dataset, triplet.split) for triplet in made))
-    for triplet in made:
-        yield beam.pvalue.TaggedOutput(triplet.split, records.triplet_example(triplet))
+    for triplet, record in zip(made, records.triplet_examples(made)):
+        yield beam.pvalue.TaggedOutput(triplet.split, record)
 
 
 def by_split(outputs) -> dict:
@@ -185,11 +184,8 @@ class WriteTripletSplits(beam.PTransform):
 
     def expand(self, records_of_split):
         for split in SPLITS:
-            _ = records_of_split[split] | f"Write[{split}]" >> beam.io.WriteToTFRecord(
-                f"{self.output}/{self.dataset}/{split}/part",
-                file_name_suffix=".tfrecord.gz",
-                compression_type=CompressionTypes.GZIP,
-            )
+            _ = records_of_split[split] | f"Write[{split}]" >> sinks.write_tfrecords(
+                f"{self.output}/{self.dataset}/{split}/part")
         return beam.pvalue.PDone(records_of_split[SPLITS[0]].pipeline)
 
 
@@ -211,8 +207,7 @@ class WriteJsonLines(beam.PTransform):
         return (
             dicts
             | "ToJson" >> beam.Map(to_line)
-            | "Write"
-            >> beam.io.WriteToText(self.prefix, file_name_suffix=".jsonl.gz", compression_type=CompressionTypes.GZIP)
+            | "Write" >> sinks.write_text(self.prefix)
         )
 
 

@@ -59,8 +59,10 @@ _BEHAVIOUR_SWITCH = re.compile(r"__[A-Z]+__")
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 _SPACE_BEFORE_PUNCTUATION = re.compile(r" +([,.;:!?)])")
 _HAS_WORD = re.compile(r"\w")
-# Wikitext that mwparserfromhell left as plain text (it gives up on some malformed pages).
-_MARKUP_RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|\|-|^\||''|</?[A-Za-z][A-Za-z0-9]*[ />]")
+# Wikitext that mwparserfromhell left as plain text (it gives up on some malformed pages): these
+# markers, a line of a table (a paragraph starting with "|"), or an HTML tag.
+_MARKUP_RESIDUE_MARKERS = ("[[", "]]", "{{", "}}", "{|", "|}", "|-", "''")
+_HTML_TAG = re.compile(r"</?[A-Za-z][A-Za-z0-9]*[ />]")
 
 _BREAK = "\n\n"
 # mwparserfromhell's recursive tree builder gave up (RecursionError) a few hundred levels deep;
@@ -337,7 +339,9 @@ def split_paragraphs(rendered: str) -> list[str]:
 
 
 def has_markup_residue(paragraph: str) -> bool:
-    return bool(_MARKUP_RESIDUE.search(paragraph))
+    """Substring tests first: one regular expression of all the markers took twice as long."""
+    return (paragraph.startswith("|") or any(marker in paragraph for marker in _MARKUP_RESIDUE_MARKERS)
+            or ("<" in paragraph and _HTML_TAG.search(paragraph) is not None))
 
 
 def normalise_whitespace(text: str) -> str:

@@ -151,7 +151,7 @@ def test_split_is_deterministic_about_80_10_10_and_depends_on_the_seed():
 
 def test_triplet_examples_parse_back_with_the_contract_features():
     triplet = adjacent_triplets(_article(8), seed=0)[0][0]
-    parsed = tf.io.parse_single_example(records.triplet_example(triplet), triplet_feature_spec())
+    parsed = tf.io.parse_single_example(records.triplet_examples([triplet])[0], triplet_feature_spec())
     for name in records.BYTES_FEATURES:
         assert parsed[name].numpy().decode("utf-8") == getattr(triplet, name)
     for name in records.INT64_FEATURES:
@@ -161,13 +161,18 @@ def test_triplet_examples_parse_back_with_the_contract_features():
 
 
 def test_triplet_examples_are_byte_identical_to_tensorflows_own_serialisation():
-    triplet = adjacent_triplets(_article(8), seed=0)[0][0]
-    features = {name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[getattr(triplet, name).encode("utf-8")]))
-                for name in records.BYTES_FEATURES}
-    features.update({name: tf.train.Feature(int64_list=tf.train.Int64List(value=[getattr(triplet, name)]))
-                     for name in records.INT64_FEATURES})
-    expected = tf.train.Example(features=tf.train.Features(feature=features))
-    assert records.triplet_example(triplet) == expected.SerializeToString(deterministic=True)
+    article = _article(8)
+    made = adjacent_triplets(article, seed=0)[0] + title_triplets(article)  # two kinds: two sets of shared features
+    assert len(made) > 4 and len({t.kind for t in made}) == 2
+
+    def tensorflows(triplet):
+        features = {name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[getattr(triplet, name).encode("utf-8")]))
+                    for name in records.BYTES_FEATURES}
+        features.update({name: tf.train.Feature(int64_list=tf.train.Int64List(value=[getattr(triplet, name)]))
+                         for name in records.INT64_FEATURES})
+        return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)
+
+    assert records.triplet_examples(made) == [tensorflows(triplet) for triplet in made]
 
 
 def test_the_pipeline_does_not_import_tensorflow():

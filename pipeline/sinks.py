@@ -1,0 +1,73 @@
+"""Beam's TFRecord and text file sinks, writing each file in blocks of `BLOCK_BYTES`.
+
+A run writes about ten gzip files at once (three splits of each triplet dataset, SCB, passages,
+dead letters) and Beam's sinks hand each record to its file's zlib compressor as it comes, so
+the compressors take turns record by record and their state keeps leaving the CPU caches:
+compressing the 16x excerpt's 191 MB of triplets-sen records one by one took 1.5 s into one
+stream, 2.2 s spread over three and 3.5 s over nine. Gathering each file's writes into blocks
+gives zlib the same bytes in fewer, larger pieces, and deflate's output does not depend on how
+its input is cut, so the files are the same byte for byte.
+
+`WriteToTFRecord` and `WriteToText` build their sinks from the private `_TFRecordSink` and
+`_TextSink`; the sinks here add only `open` (a block-gathering handle around Beam's own),
+so framing, sharding, naming and finalisation stay Beam's.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam import coders
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.textio import _TextSink
+from apache_beam.io.tfrecordio import _TFRecordSink
+
+BLOCK_BYTES = 1 << 20  # per open file
+
+
+class BlockWriter:
+    """A file handle that passes writes on in blocks of at least `block_bytes` (and the rest
+    when it is closed)."""
+
+    def __init__(self, handle, block_bytes: int = BLOCK_BYTES):
+        self.handle = handle
+        self.block_bytes = block_bytes
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+        self.size += len(data)
+        if self.size >= self.block_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.parts:
+            self.handle.write(b"".join(self.parts))
+            self.parts.clear()
+            self.size = 0
+
+    def close(self) -> None:
+        self.flush()
+        self.handle.close()
+
+
+class _BlockTFRecordSink(_TFRecordSink):
+    def open(self, temp_path):
+        return BlockWriter(super().open(temp_path))
+
+
+class _BlockTextSink(_TextSink):
+    def open(self, temp_path):
+        return BlockWriter(super().open(temp_path))
+
+
+def write_tfrecords(prefix: str, suffix: str = ".tfrecord.gz") -> beam.PTransform:
+    """`beam.io.WriteToTFRecord(prefix, file_name_suffix=suffix, compression_type=GZIP)` for
+    bounded input (its defaults: as many shards as the runner chooses), writing in blocks."""
+    return beam.io.Write(_BlockTFRecordSink(prefix, coders.BytesCoder(), suffix, num_shards=0,
+                                            shard_name_template=None, compression_type=CompressionTypes.GZIP))
+
+
+def write_text(prefix: str, suffix: str = ".jsonl.gz") -> beam.PTransform:
+    """`beam.io.WriteToText(prefix, file_name_suffix=suffix, compression_type=GZIP)` for bounded
+    input, writing in blocks."""
+    return beam.io.Write(_BlockTextSink(prefix, file_name_suffix=suffix, compression_type=CompressionTypes.GZIP))
