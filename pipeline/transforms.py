@@ -84,16 +84,21 @@ def unfilled_slots_counter(strategy: str) -> str:
 
 
 def records_by_split(dataset: str, made: list[triplets.Triplet]):
-    """The triplets as serialised `tf.train.Example`s, each a tagged output named after its split,
-    counted per split in one increment each. Serialising where the triplets are made spares Beam
-    a Partition step, a serialising step and a counter call per triplet."""
-    increment_all(collections.Counter(counters.split_counter(dataset, triplet.split) for triplet in made))
+    """The triplets as serialised `tf.train.Example`s, one list per split (in the order made),
+    each a tagged output named after its split, counted per split in one increment each.
+    Serialising where the triplets are made, and handing Beam one element per article and split
+    (see `pipeline.sinks`), spares it a Partition step, a serialising step and a counter call
+    per triplet."""
+    batches: dict[str, list[bytes]] = {}
     for triplet, record in zip(made, records.triplet_examples(made)):
-        yield beam.pvalue.TaggedOutput(triplet.split, record)
+        batches.setdefault(triplet.split, []).append(record)
+    for split, batch in batches.items():
+        count(counters.split_counter(dataset, split), len(batch))
+        yield beam.pvalue.TaggedOutput(split, batch)
 
 
 def by_split(outputs) -> dict:
-    """{split: PCollection[bytes]} of a ParDo whose outputs are tagged by `records_by_split`."""
+    """{split: PCollection[list[bytes]]} of a ParDo whose outputs are tagged by `records_by_split`."""
     return {split: outputs[split] for split in SPLITS}
 
 
@@ -128,7 +133,7 @@ class _OtherArticleTripletsFn(beam.DoFn):
 
 class SentenceTriplets(beam.PTransform):
     """Articles -> triplets-sen with one negative strategy (see `pipeline.triplets`), serialised,
-    as {split: PCollection[bytes]}."""
+    as {split: PCollection[list[bytes]]}."""
 
     def __init__(self, strategy: str, seed: int, rules: RuleConfig, other_article_bucket_size: int):
         super().__init__()
@@ -162,7 +167,7 @@ class SentenceTriplets(beam.PTransform):
 
 
 class TitleTriplets(beam.PTransform):
-    """Articles -> triplets-titles, serialised, as {split: PCollection[bytes]}."""
+    """Articles -> triplets-titles, serialised, as {split: PCollection[list[bytes]]}."""
 
     def expand(self, articles):
         return by_split(articles | beam.FlatMap(
@@ -171,7 +176,7 @@ class TitleTriplets(beam.PTransform):
 
 
 class WriteTripletSplits(beam.PTransform):
-    """{split: serialised triplets} -> `<out>/<dataset>/<split>/part-NNNNN-of-MMMMM.tfrecord.gz`.
+    """{split: lists of serialised triplets} -> `<out>/<dataset>/<split>/part-NNNNN-of-MMMMM.tfrecord.gz`.
 
     Beam's file sink writes one empty shard for a split that gets no triplet, so every split
     of every dataset is readable (as zero records).
@@ -184,7 +189,7 @@ class WriteTripletSplits(beam.PTransform):
 
     def expand(self, records_of_split):
         for split in SPLITS:
-            _ = records_of_split[split] | f"Write[{split}]" >> sinks.write_tfrecords(
+            _ = records_of_split[split] | f"Write[{split}]" >> sinks.write_tfrecord_batches(
                 f"{self.output}/{self.dataset}/{split}/part")
         return beam.pvalue.PDone(records_of_split[SPLITS[0]].pipeline)
 
