@@ -116,15 +116,16 @@ def _example_class():
 Example = _example_class()
 
 
-# Features that every triplet of one article and dataset shares: set once per article and copied.
+# Features that every triplet of one article and dataset shares (but for other_article's donors):
+# set once per distinct value and copied; the others are set per triplet.
 ARTICLE_FEATURES = ("title", "kind", "strategy", "article_id", "negative_article_id")
+_TRIPLET_FEATURES = tuple(name for name in (*BYTES_FEATURES, *INT64_FEATURES) if name not in ARTICLE_FEATURES)
 
 
 def triplet_examples(triplets: Sequence[Triplet]) -> list[bytes]:
     """Serialised `tf.train.Example`s of the triplets (map keys sorted: same triplet, same bytes).
 
-    The features the triplets share (`ARTICLE_FEATURES`, the same for all triplets of one
-    article but for other_article's donors) are built once per distinct value and copied into
+    The shared features (`ARTICLE_FEATURES`) are built once per distinct value and copied into
     each example, a quarter of the cost of setting all fifteen features every time.
     """
     shared: dict[tuple, object] = {}
@@ -132,15 +133,11 @@ def triplet_examples(triplets: Sequence[Triplet]) -> list[bytes]:
     for triplet in triplets:
         key = tuple(getattr(triplet, name) for name in ARTICLE_FEATURES)
         if key not in shared:
-            shared[key] = _example_of(triplet, ARTICLE_FEATURES)
+            shared[key] = _add_features(Example(), triplet, ARTICLE_FEATURES)
         example = Example()
         example.CopyFrom(shared[key])
         serialised.append(_add_features(example, triplet, _TRIPLET_FEATURES).SerializeToString(deterministic=True))
     return serialised
-
-
-def _example_of(triplet: Triplet, names: tuple[str, ...]):
-    return _add_features(Example(), triplet, names)
 
 
 def _add_features(example, triplet: Triplet, names: tuple[str, ...]):
@@ -152,9 +149,6 @@ def _add_features(example, triplet: Triplet, names: tuple[str, ...]):
         else:
             feature[name].int64_list.value.append(value)
     return example
-
-
-_TRIPLET_FEATURES = tuple(name for name in (*BYTES_FEATURES, *INT64_FEATURES) if name not in ARTICLE_FEATURES)
 
 
 def scb_record(article: Article) -> dict:
