@@ -3,6 +3,7 @@ import glob
 import gzip
 
 import apache_beam as beam
+import pytest
 
 from pipeline import sinks
 from pipeline.sinks import BlockWriter
@@ -42,21 +43,34 @@ def test_text_lines_give_the_file_write_to_text_gives(tmp_path):
     assert _only_file(str(tmp_path / "ours" / "part-*")) == _only_file(str(tmp_path / "beam" / "part-*"))
 
 
-def test_the_block_writer_passes_writes_on_in_blocks_and_the_rest_at_close():
-    class Recorder:
-        def __init__(self):
-            self.writes, self.closed = [], False
+class _Recorder:
+    def __init__(self, fail_on_write: bool = False):
+        self.writes, self.closed, self.fail_on_write = [], False, fail_on_write
 
-        def write(self, data):
-            self.writes.append(data)
+    def write(self, data):
+        if self.fail_on_write:
+            raise OSError("disk full")
+        self.writes.append(data)
 
-        def close(self):
-            self.closed = True
+    def close(self):
+        self.closed = True
 
-    inner = Recorder()
+
+def test_the_block_writer_passes_writes_on_in_blocks_in_order_and_the_rest_at_close():
+    inner = _Recorder()
     writer = BlockWriter(inner, block_bytes=10)
-    for piece in (b"abcd", b"efgh", b"ijkl", b"mn"):
+    for piece in (b"abcd", b"efgh", b"ijkl", b"mn", b"opqrstuvwx", b"yz"):
         writer.write(piece)
-    assert inner.writes == [b"abcdefghijkl"]  # held until at least 10 bytes had come
     writer.close()
-    assert inner.writes == [b"abcdefghijkl", b"mn"] and inner.closed
+    assert inner.writes == [b"abcdefghijkl", b"mnopqrstuvwx", b"yz"]  # blocks of >= 10 bytes, then the rest
+    assert inner.closed
+    assert not writer.writer.is_alive()
+
+
+def test_a_failed_block_write_is_raised_not_lost():
+    inner = _Recorder(fail_on_write=True)
+    writer = BlockWriter(inner, block_bytes=4)
+    writer.write(b"abcdef")  # one block for the writing thread, which fails
+    with pytest.raises(OSError, match="disk full"):
+        writer.close()
+    assert not inner.closed  # the file is not closed as if complete
