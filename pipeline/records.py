@@ -119,7 +119,15 @@ Example = _example_class()
 # Features that every triplet of one article and dataset shares (but for other_article's donors):
 # set once per distinct value and copied; the others are set per triplet.
 ARTICLE_FEATURES = ("title", "kind", "strategy", "article_id", "negative_article_id")
-_TRIPLET_FEATURES = tuple(name for name in (*BYTES_FEATURES, *INT64_FEATURES) if name not in ARTICLE_FEATURES)
+
+
+def _bytes_and_int64(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The (bytes, int64) features that are shared, or set per triplet: split once, not per triplet."""
+    return tuple(tuple(name for name in names if (name in ARTICLE_FEATURES) == shared)
+                 for names in (BYTES_FEATURES, INT64_FEATURES))
+
+
+_SHARED, _PER_TRIPLET = _bytes_and_int64(shared=True), _bytes_and_int64(shared=False)
 
 
 def triplet_examples(triplets: Sequence[Triplet]) -> list[bytes]:
@@ -133,21 +141,19 @@ def triplet_examples(triplets: Sequence[Triplet]) -> list[bytes]:
     for triplet in triplets:
         key = tuple(getattr(triplet, name) for name in ARTICLE_FEATURES)
         if key not in shared:
-            shared[key] = _add_features(Example(), triplet, ARTICLE_FEATURES)
+            shared[key] = _add_features(Example(), triplet, *_SHARED)
         example = Example()
         example.CopyFrom(shared[key])
-        serialised.append(_add_features(example, triplet, _TRIPLET_FEATURES).SerializeToString(deterministic=True))
+        serialised.append(_add_features(example, triplet, *_PER_TRIPLET).SerializeToString(deterministic=True))
     return serialised
 
 
-def _add_features(example, triplet: Triplet, names: tuple[str, ...]):
+def _add_features(example, triplet: Triplet, bytes_names: tuple[str, ...], int64_names: tuple[str, ...]):
     feature = example.features.feature
-    for name in names:
-        value = getattr(triplet, name)
-        if name in BYTES_FEATURES:
-            feature[name].bytes_list.value.append(value.encode("utf-8"))
-        else:
-            feature[name].int64_list.value.append(value)
+    for name in bytes_names:
+        feature[name].bytes_list.value.append(getattr(triplet, name).encode("utf-8"))
+    for name in int64_names:
+        feature[name].int64_list.value.append(getattr(triplet, name))
     return example
 
 

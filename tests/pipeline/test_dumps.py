@@ -1,5 +1,6 @@
 """Reading dumps: the pages match mwxml's own reading of the real excerpt; bad inputs name the path."""
 import bz2
+from pathlib import Path
 
 import apache_beam as beam
 import mwxml
@@ -147,7 +148,7 @@ def test_reading_holds_one_page_not_the_dump(tmp_path):
 def test_read_ahead_gives_the_same_chunks_as_decompressing_in_line():
     path = embedded_dump_path()
     assert list(decompressed_chunks(path)) == list(bz2_chunks(raw_chunks(path)))
-    assert b"".join(read_ahead(bz2_chunks(raw_chunks(path)), depth=1)) == bz2.decompress(open(path, "rb").read())
+    assert b"".join(read_ahead(bz2_chunks(raw_chunks(path)), depth=1)) == bz2.decompress(Path(path).read_bytes())
 
 
 def test_read_ahead_raises_the_producers_error_after_the_chunks_before_it():
