@@ -207,9 +207,11 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
 
 
 def check_scb_input(data: str) -> None:
-    """A clear error naming the path when there is no SCB file to read."""
+    """A clear error naming the path when there is no SCB file to read, or when the files do not
+    hold the articles the manifest lists (`records.verify_output`: scoring part of them is refused)."""
     if not scb_files(data):
         raise FileNotFoundError(f"{data}: the run's manifest lists no SCB file")
+    records.verify_output(data, "scb")
 
 
 def remove_previous_rows(output: str) -> None:

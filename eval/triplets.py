@@ -21,6 +21,7 @@ from eval.report import write_triplets_report
 from model.data import triplet_sample, triplet_strings
 from model.encoders import Methods, check_encoder_specs, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline import records
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 from pipeline.splits import SPLITS
 
@@ -84,9 +85,13 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> dict:
 
 
 def run(config: TripletsConfig) -> dict:
+    records.verify_output(config.data, f"{config.dataset}/{config.split}")   # the whole split, or a ShardError
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
         raise ValueError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")
+    if not config.max_triplets:   # every record of the split parsed and scored
+        records.check_record_count(f"{config.data}/{config.dataset}/{config.split}", len(triplets["anchor"]),
+                                   records.manifest_output(config.data, f"{config.dataset}/{config.split}")[1])
     encoders = load_encoders(config.methods.specs())
     methods = [score_encoder(encoder, triplets) for encoder in tqdm(encoders, desc="triplet accuracy", unit="method")]
     result = {"dataset": config.dataset, "split": config.split, "triplets": len(triplets["anchor"]),

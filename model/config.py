@@ -10,6 +10,16 @@ from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 VOCABULARIES = ("embeddings", "train")
+# Net: the paper's BiLSTM over word vectors, or a pre-trained transformer checkpoint fine-tuned.
+ENCODERS = ("bilstm", "minilm")
+DISTANCES = ("l1", "cosine")
+# Per-encoder defaults of the flags left at `none`: the paper's recipe for the BiLSTM; for the
+# transformer, a fine-tuning learning rate and the cosine distance its checkpoint was trained with
+# (docs/transformer.md compares the two distances).
+ENCODER_DEFAULTS = {
+    "bilstm": {"learning_rate": 1e-3, "distance": "l1"},
+    "minilm": {"learning_rate": 5e-5, "distance": "cosine"},
+}
 
 
 @dataclass(frozen=True)
@@ -17,6 +27,10 @@ class TrainConfig:
     data: str = flag(help="pipeline output folder (holds manifest.json), local or gs://")
     model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset to train on: one of {', '.join(TRIPLET_DATASETS)}")
+    encoder: str = flag("bilstm", help="Net: bilstm (the paper's, over word vectors) or minilm (all-MiniLM-L6-v2 "
+                                       "fine-tuned; --embeddings, --vocabulary and the BiLSTM sizes do not apply)")
+    distance: str | None = flag(None, help="triplet head distance: l1 (the paper's) or cosine; none = the "
+                                           "encoder's default (bilstm l1, minilm cosine)")
     embeddings: str | None = flag(None, help="GloVe-format text file of word vectors (local or gs://); "
                                              "none = the embedded GloVe 6B 50d")
     fine_tune_embeddings: bool = flag(False, help="train the word vectors too (the paper keeps them frozen)")
@@ -24,7 +38,12 @@ class TrainConfig:
     steps: int | None = flag(50, help="steps per epoch over the repeated training stream; none = one pass per "
                                       "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
     batch_size: int = flag(128, help="triplets per replica per step; global batch = batch size x replicas")
-    learning_rate: float = flag(1e-3, help="Adam learning rate")
+    learning_rate: float | None = flag(None, help="peak learning rate; none = the encoder's default (bilstm: Adam "
+                                                  "1e-3, the paper's; minilm: AdamW 5e-5)")
+    warmup_triplets: int = flag(0, help="training triplets over which the learning rate rises linearly from 0")
+    weight_decay: float = flag(0.01, help="--encoder minilm: AdamW weight decay (not on biases and layer norms)")
+    frozen_layers: int = flag(0, help="--encoder minilm: the embeddings and this many lowest transformer layers "
+                                      "are not trained (0 = all are)")
     learning_rate_half_life: int | None = flag(None, help="training triplets over which the learning rate "
                                                          "halves (exponential decay); none = constant")
     article_chunk: int = flag(16, help="triplets of one article kept together in a batch, their shared sentences "
@@ -77,8 +96,22 @@ class TrainConfig:
             raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
         if not 0.0 <= self.max_lost_fraction <= 1.0:
             raise ValueError(f"--max-lost-fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"--encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.distance is not None and self.distance not in DISTANCES:
+            raise ValueError(f"--distance must be one of {DISTANCES} or none, got {self.distance!r}")
+        if self.warmup_triplets < 0 or self.frozen_layers < 0 or self.weight_decay < 0:
+            raise ValueError("--warmup-triplets, --frozen-layers and --weight-decay must be >= 0")
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ValueError(f"--learning-rate must be > 0 or none, got {self.learning_rate}")
         if self.vocabulary not in VOCABULARIES:
             raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
+
+
+    def resolved(self, name: str):
+        """A flag's value, or the encoder's default where it is left at none."""
+        value = getattr(self, name)
+        return ENCODER_DEFAULTS[self.encoder][name] if value is None else value
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

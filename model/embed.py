@@ -171,7 +171,7 @@ def parse_args(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
     if args.input and not FileSystems.match([args.input])[0].metadata_list:
         raise UsageError(f"--input {args.input} matches no file")
     if args.data:
-        records.manifest_output(args.data, args.source)     # a published run holding the source
+        records.verify_output(args.data, args.source)     # a published run holding the whole source
     return args, beam_args
 
 

@@ -4,6 +4,8 @@ Net(x): frozen (or fine-tuned) pre-trained word vectors -> BiLSTM (300 per direc
 attention pooling (size 200, Yang et al. 2016) -> a 600-d sentence embedding.
 Triplet head: d+ = |Net(x) - Net(x+)|_1, d- = |Net(x) - Net(x-)|_1, softmax over (d+, d-),
 loss = |p(d+)| + |1 - p(d-)|, trained with Adam (learning rate 0.001).
+Net may instead be a pre-trained transformer (`model.transformer`, fine-tuned with AdamW), and
+the distances cosine instead of L1: the head, the loss and the batching stay the same.
 
 The triplet model takes a batch as its *distinct* sentences plus, per triplet, the rows of its
 anchor, positive and negative (`model.data.shared_sentences`): Net runs once on every distinct
@@ -21,6 +23,10 @@ import tensorflow as tf
 from keras import ops
 
 TRIPLET_KEYS = ("anchor", "positive", "negative")
+# Cosine distances lie in [0, 2]: scaled so that the softmax over (d+, d-) is not stuck near
+# 1/2 (the loss is 2 * sigmoid(scale * (cos- - cos+))), as sentence-transformers scales cosine
+# similarities by 20 in its ranking losses.
+COSINE_SCALE = 20.0
 # Net runs on the length-sorted distinct sentences of a batch in this many slices, each padded to
 # its own longest sentence: fewer padded LSTM steps, at the price of smaller matrix products.
 LENGTH_SLICES = 3
@@ -61,7 +67,8 @@ class AttentionPooling(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="wikisim")
 class SharedSentenceDistances(keras.layers.Layer):
-    """[d+, d-] per triplet: L1 distances of the anchor embedding to the positive and the negative.
+    """[d+, d-] per triplet: distances of the anchor embedding to the positive and the negative,
+    L1 (the paper's) or `COSINE_SCALE` x (1 - cosine).
 
     Inputs carry a leading replica axis of size 1 (`model.data.shared_sentences` stacks one
     self-contained block per replica, so `tf.distribute` can split a global batch on axis 0):
@@ -70,10 +77,11 @@ class SharedSentenceDistances(keras.layers.Layer):
     `slices` length slices of the sentences, each cut to its longest sentence. Output: [n, 2]
     (labels and sample weights are flat, [replicas * n], so Keras weighs every triplet alike)."""
 
-    def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, **kwargs):
+    def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, distance: str = "l1", **kwargs):
         super().__init__(**kwargs)
         self.sentence_encoder = sentence_encoder
         self.slices = slices
+        self.distance = distance
 
     def call(self, inputs):
         sentences, roles = inputs["sentences"][0], inputs["roles"][0]
@@ -84,12 +92,17 @@ class SharedSentenceDistances(keras.layers.Layer):
             width = tf.maximum(1, tf.reduce_max(tf.math.count_nonzero(rows, axis=1, dtype=tf.int32)))
             pieces.append(self.sentence_encoder(rows[:, :width]))
         embeddings = tf.concat(pieces, axis=0)
+        if self.distance == "cosine":
+            embeddings = tf.math.l2_normalize(embeddings, axis=-1)
         anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
+        if self.distance == "cosine":
+            return COSINE_SCALE * (1.0 - tf.stack([tf.reduce_sum(anchor * positive, axis=-1),
+                                                   tf.reduce_sum(anchor * negative, axis=-1)], axis=-1))
         return tf.stack([tf.reduce_sum(tf.abs(anchor - positive), axis=-1),
                          tf.reduce_sum(tf.abs(anchor - negative), axis=-1)], axis=-1)
 
     def get_config(self):
-        return {**super().get_config(), "slices": self.slices,
+        return {**super().get_config(), "slices": self.slices, "distance": self.distance,
                 "sentence_encoder": keras.saving.serialize_keras_object(self.sentence_encoder)}
 
     @classmethod
@@ -136,23 +149,61 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
     return keras.Model(token_ids, sentence, name="sentence_encoder")
 
 
-def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES) -> keras.Model:
+def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,
+                        distance: str = "l1") -> keras.Model:
     """The same Net on (x, x+, x-) -> distances [n, 2] = (d+, d-), from a batch given as its
     distinct sentences and each triplet's rows in them (see `SharedSentenceDistances`)."""
     inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
               "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles")}
-    distances = SharedSentenceDistances(sentence_encoder, slices, name="distances")(inputs)
+    distances = SharedSentenceDistances(sentence_encoder, slices, distance, name="distances")(inputs)
     return keras.Model(inputs, distances, name="triplet_network")
 
 
+@keras.saving.register_keras_serializable(package="wikisim")
+class Warmup(keras.optimizers.schedules.LearningRateSchedule):
+    """A linear rise from 0 over `warmup_steps`, then `schedule` (a number or a schedule of the
+    step). Keras' CosineDecay has a warmup but needs the run's length, which a time budget leaves
+    open; this pairs a warmup with the half-life decay, a function of the step alone."""
+
+    def __init__(self, schedule, warmup_steps: float):
+        self.schedule = schedule
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        after = self.schedule(step) if callable(self.schedule) else ops.convert_to_tensor(self.schedule, "float32")
+        return ops.where(step < self.warmup_steps, after * (step + 1.0) / self.warmup_steps, after)
+
+    def get_config(self):
+        schedule = (keras.saving.serialize_keras_object(self.schedule) if callable(self.schedule)
+                    else self.schedule)
+        return {"schedule": schedule, "warmup_steps": self.warmup_steps}
+
+    @classmethod
+    def from_config(cls, config):
+        schedule = config["schedule"]
+        if isinstance(schedule, dict):
+            schedule = keras.saving.deserialize_keras_object(schedule)
+        return cls(schedule, config["warmup_steps"])
+
+
 def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_compile: bool = False,
-                          half_life_steps: float | None = None) -> None:
-    """Adam at `learning_rate`, halved every `half_life_steps` optimizer steps when given: a
-    function of the step alone, so a run resumed from its backup continues the same schedule."""
+                          half_life_steps: float | None = None, warmup_steps: float = 0,
+                          weight_decay: float | None = None) -> None:
+    """Adam at `learning_rate` (AdamW when `weight_decay` is given, as transformers are
+    fine-tuned, without decay on biases and layer norms), halved every `half_life_steps`
+    optimizer steps when given, after a linear warmup over `warmup_steps`: functions of the step
+    alone, so a run resumed from its backup continues the same schedule."""
     if half_life_steps:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(learning_rate, half_life_steps, 0.5)
-    model.compile(optimizer=keras.optimizers.Adam(learning_rate), loss=triplet_loss,
-                  metrics=[triplet_accuracy], jit_compile=jit_compile)
+    if warmup_steps:
+        learning_rate = Warmup(learning_rate, warmup_steps)
+    if weight_decay is None:
+        optimizer = keras.optimizers.Adam(learning_rate)
+    else:
+        optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+        optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
+    model.compile(optimizer=optimizer, loss=triplet_loss, metrics=[triplet_accuracy], jit_compile=jit_compile)
 
 
 class ExportableEncoder(tf.Module):

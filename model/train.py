@@ -83,13 +83,22 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
 
 # What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
 # run must see the same, or it would silently continue on other data or another id space.
-STATE_INPUTS = ("data", "dataset", "embeddings", "vocabulary", "min_count", "num_oov_buckets", "max_tokens")
+STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_count", "num_oov_buckets", "max_tokens")
+
+
+# What a training run writes into its model dir, and only that: `--overwrite` deletes these and
+# nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
+CLAIM = "inputs.json"
+RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", "backup", "checkpoints", "logs", "history.json",
+               "training_curve.png", "learning_curve.png", "encoder", "serving")
 
 
 def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
     """Ties `model_dir` to its inputs in `inputs.json` (the config fields of STATE_INPUTS and the
-    SHA-256 of the data's manifest). A model dir holding state from other inputs is refused with
-    the first difference named (TripletDataError), unless `--overwrite`, which clears it first."""
+    SHA-256 of the data's manifest). Refused (TripletDataError naming the folder): a non-empty
+    folder that is not a model dir (no claim, or entries a run does not write: the user's files, a
+    dataset), and one holding state from other inputs, with the first difference named, unless
+    `--overwrite`, which deletes what a run wrote (RUN_ENTRIES) and nothing else."""
     import hashlib
 
     from apache_beam.io.filesystems import FileSystems
@@ -97,10 +106,18 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
     with FileSystems.open(f"{config.data.rstrip('/')}/{records.MANIFEST}") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
     inputs = {**{name: getattr(config, name) for name in STATE_INPUTS}, "manifest_sha256": digest}
-    path = f"{model_dir}/inputs.json"
-    if config.overwrite and tf.io.gfile.exists(model_dir):
-        tf.io.gfile.rmtree(model_dir)
-    leftovers = tf.io.gfile.listdir(model_dir) if tf.io.gfile.exists(model_dir) else []
+    path = f"{model_dir}/{CLAIM}"
+    leftovers = [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)] if tf.io.gfile.exists(model_dir) else []
+    foreign = [name for name in leftovers if name not in RUN_ENTRIES]
+    if leftovers and (foreign or CLAIM not in leftovers):
+        raise TripletDataError(
+            f"--model-dir {config.model_dir} holds files a training run does not write "
+            f"({', '.join((foreign or leftovers)[:3])}); choose an empty or new folder")
+    if config.overwrite:
+        for name in leftovers:
+            entry = f"{model_dir}/{name}"
+            tf.io.gfile.rmtree(entry) if tf.io.gfile.isdir(entry) else tf.io.gfile.remove(entry)
+        leftovers = []
     if leftovers:
         previous = json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
         changed = [name for name in inputs if previous.get(name) != inputs[name]]
@@ -187,16 +204,24 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: 
     return batches if repeat else with_known_length(batches)
 
 
-def build_models(config: TrainConfig, matrix: np.ndarray, global_batch: int):
-    """(sentence encoder, compiled triplet model); call inside the strategy's scope."""
+def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int):
+    """(sentence encoder, compiled triplet model); call inside the strategy's scope. `matrix`:
+    the word vectors of the BiLSTM (None for a transformer checkpoint)."""
     from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
 
-    encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
-                                     dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
-    model = build_triplet_model(encoder)
+    if config.encoder == "bilstm":
+        encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+                                         dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
+    else:
+        from model.transformer import build_transformer_encoder
+
+        encoder = build_transformer_encoder(config.encoder, frozen_layers=config.frozen_layers)
+    model = build_triplet_model(encoder, distance=config.resolved("distance"))
     half_life = config.learning_rate_half_life
-    compile_triplet_model(model, config.learning_rate, jit_compile=config.jit_compile,
-                          half_life_steps=half_life / global_batch if half_life else None)
+    compile_triplet_model(model, config.resolved("learning_rate"), jit_compile=config.jit_compile,
+                          half_life_steps=half_life / global_batch if half_life else None,
+                          warmup_steps=config.warmup_triplets / global_batch,
+                          weight_decay=config.weight_decay if config.encoder != "bilstm" else None)
     return encoder, model
 
 
@@ -233,20 +258,23 @@ def plot_learning_curve(summary: dict, path: str) -> None:
 
     points = summary["learning_curve"]
     accuracy = [point["val_triplet_accuracy"] for point in points]
+    config = summary["config"]
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
                              (axes[1], "cpu_seconds", "process CPU minutes")):
         scale = 60 if key == "cpu_seconds" else 1
         axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
-        axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
-        axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":", label="untrained")
+        if summary["mean_vectors_val_triplet_accuracy"] is not None:
+            axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
+        axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",
+                     label="untrained" if config["encoder"] == "bilstm" else f"{config['encoder']} off the shelf")
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     axes[0].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))
-    axes[0].set_ylabel("validation triplet accuracy (L1)")
+    axes[0].set_ylabel(f"validation triplet accuracy ({summary['distance']})")
     axes[0].legend()
-    config = summary["config"]
-    figure.suptitle(f"{config['dataset']}: learning curve (BiLSTM {config['lstm_units']}, batch "
+    network = f"BiLSTM {config['lstm_units']}" if config["encoder"] == "bilstm" else f"{config['encoder']} fine-tuned"
+    figure.suptitle(f"{config['dataset']}: learning curve ({network}, batch "
                     f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
     figure.tight_layout()
     with tf.io.gfile.GFile(path, "wb") as handle:
@@ -396,11 +424,21 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
     claim_model_dir(config, model_dir)
-    vocabulary = build_vocabulary(config, model_dir)
+    if config.encoder == "bilstm":
+        vocabulary = build_vocabulary(config, model_dir)
+        word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
+        matrix = embedding_matrix(vocabulary, word_ids, config)
+    else:   # the checkpoint's own wordpiece vocabulary; no word vectors
+        from model.transformer import token_ids
+
+        word_ids, matrix, vocabulary = token_ids(config.max_tokens, config.encoder), None, None
     if mirror:
         mirror.push()
-    word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
-    matrix = embedding_matrix(vocabulary, word_ids, config)
+    for split in SPLITS:   # every shard there, of its size and record count, before any training (seconds)
+        lost = records.verify_output(config.data, f"{config.dataset}/{split}", config.max_lost_fraction)
+        if lost:
+            LOG.warning("%s/%s/%s: %d records lost to broken shards (within --max-lost-fraction)",
+                        config.data, config.dataset, split, lost)
     validation_batches = split_batches(config, "validation", word_ids, strategy.num_replicas_in_sync)
     if int(validation_batches.cardinality()) == 0:   # refused now, not after training (no best epoch to keep)
         raise TripletDataError(f"the validation split of {config.data}/{config.dataset} holds no triplets")
@@ -448,7 +486,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         **history,
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
         "untrained_val_loss": float(untrained["loss"]),
-        "mean_vectors_val_triplet_accuracy": mean_vectors_accuracy(validation_batches, matrix, len(vocabulary)),
+        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(validation_batches, matrix, len(vocabulary))
+                                              if matrix is not None else None),
         "evaluation_triplets": config.evaluation_triplets or "all",
         "best_val_triplet_accuracy": float(best.best),
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
@@ -456,11 +495,13 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "epochs_run": len(history["loss"]),
         "stopped_by_budget": bool(budget and budget.stopped),
         "learning_curve": curve.points,
-        "vocabulary_size": len(vocabulary),
+        "vocabulary_size": len(vocabulary) if vocabulary else None,
         "skipped_records": skipped,
         "record_counts": counts,
         "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": global_batch,
+        "distance": config.resolved("distance"),
+        "learning_rate": config.resolved("learning_rate"),
         "config": dataclasses.asdict(config),
     }
     if chief:

@@ -140,6 +140,19 @@ def build_config(config_type: type, values: dict) -> Any:
         raise UsageError(str(error)) from error
 
 
+def check_beam_flags(beam_args: list[str], prog: str) -> None:
+    """Every flag a command does not define must be one of Beam's pipeline options: Beam itself
+    only logs a warning and drops an unknown one, so `--max-triplet 10` (for `--max-triplets`)
+    would run with the default. Beam's own option parser, asked to keep unknown flags, tells them."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    known = PipelineOptions([]).get_all_options()
+    given = PipelineOptions(beam_args).get_all_options(retain_unknown_options=True)
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise UsageError(f"unknown flag --{unknown[0]} (neither a flag of {prog} nor a Beam pipeline option)")
+
+
 def parse_config(config_type: type, argv: list[str] | None, prog: str, description: str,
                  passthrough: bool = False, renamed: dict[str, str] | None = None) -> Any:
     """`config_type` from the command line; with `passthrough`, (config, the flags that are not
@@ -151,5 +164,6 @@ def parse_config(config_type: type, argv: list[str] | None, prog: str, descripti
     argv = _current_spelling(argv, {**old_names, **(renamed or {})})
     if passthrough:
         args, rest = parser.parse_known_args(argv)
+        check_beam_flags(rest, prog)
         return build_config(config_type, vars(args)), rest
     return build_config(config_type, vars(parser.parse_args(argv)))

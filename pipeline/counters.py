@@ -24,7 +24,9 @@ ARTICLES_TOO_FEW_SECTIONS = "articles_too_few_sections"
 PAGES_NON_ARTICLE = "pages_non_article"
 PAGES_REDIRECT = "pages_redirect"
 PARSE_ERRORS = "parse_errors"
-PAGE_OUTCOMES = (ARTICLES_USED, ARTICLES_TOO_FEW_SECTIONS, PAGES_NON_ARTICLE, PAGES_REDIRECT, PARSE_ERRORS)
+PARAGRAPHS_TOO_LONG = "pages_paragraph_too_long"   # a paragraph longer than the sentence splitter takes
+PAGE_OUTCOMES = (ARTICLES_USED, ARTICLES_TOO_FEW_SECTIONS, PAGES_NON_ARTICLE, PAGES_REDIRECT, PARSE_ERRORS,
+                 PARAGRAPHS_TOO_LONG)
 
 # Triplets: every slot (positive pair x neighbouring section) gives a triplet or is counted unfilled.
 TRIPLET_SLOTS = "triplet_slots"

@@ -49,6 +49,7 @@ _PAGE_ID = re.compile(rb"<id>\s*(\d+)\s*</id>")
 _PAGE_TITLE = re.compile(rb"<title>([^<]*)<")
 _BETWEEN_PAGES = re.compile(
     rb"\s*(?:<\?xml[^>]*\?>)?\s*(?:<mediawiki\b.*?</siteinfo>)?\s*(?:</mediawiki>)?\s*", re.DOTALL)
+_FOOTER = b"</mediawiki>"
 HEADER_PATTERN = re.compile(rb"<mediawiki\b.*?</siteinfo>", re.DOTALL)
 
 
@@ -319,9 +320,10 @@ def decode_pages(path: str, start: int = 0, end: int | None = None,
     """
     source = range_source(path, start, end)
     failures: list[BaseException] = []
-    last_offset = 0
+    last_offset, ends_with_footer = 0, False
     for segment in split_pages(until_failure(decompressed_chunks(path, start, end), failures)):
         last_offset = segment.offset + len(segment.data)
+        ends_with_footer = segment.kind == "outside" and _FOOTER in segment.data
         if n_shards > 1:
             owner = 0 if segment.kind == "outside" else page_shard(page_id_and_title(segment.data)[0], n_shards)
             if owner != shard:
@@ -348,6 +350,11 @@ def decode_pages(path: str, start: int = 0, end: int | None = None,
                               f"{err.detail} (page at decompressed offset {segment.offset})")
     if shard != 0:
         return
+    if start == 0 and end is None and not failures and not ends_with_footer:
+        # A whole file that stops before </mediawiki> (a plain .xml cut short, whose decoding
+        # cannot fail): the pages after the cut are lost, how many is unknown.
+        yield dead_letter(source, None, None, "truncated_stream",
+                          f"the file ends without </mediawiki> after decompressed offset {last_offset}")
     for failure in failures:
         yield dead_letter(source, None, None, stream_fault_reason(failure),
                           f"{type(failure).__name__}: {failure} (decoding stopped after "

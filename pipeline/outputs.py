@@ -71,11 +71,37 @@ def claim_output(out: str, overwrite: bool) -> None:
         raise OutputInUseError(f"--output {out} is not writable ({err.strerror})") from err
 
 
+def live_lock_owner(out: str) -> str | None:
+    """'pid N on HOST' when the folder's lock belongs to a process that is alive (or that runs on
+    another host, which cannot be checked from here); None for a stale lock of a dead process."""
+    try:
+        owner = json.loads(read_bytes(f"{out}/{LOCK}") or b"{}")
+    except (ValueError, OSError):
+        owner = {}
+    pid, host = owner.get("pid"), owner.get("host")
+    if not pid:   # being written this instant (O_EXCL taken, contents not yet): a live run
+        return "a run starting now"
+    if host != socket.gethostname():
+        return f"pid {pid} on {host}"
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return f"pid {pid} on {host}"
+
+
 def _claim(out: str, overwrite: bool) -> None:
     entries = _entries(out)
-    if LOCK in entries and not overwrite:
-        raise OutputInUseError(f"--output {out} has a {LOCK} lock: another run is writing to it, or one died "
-                               "there; pass --overwrite to replace it")
+    if LOCK in entries:
+        owner = live_lock_owner(out)
+        if owner:   # never replaced, even with --overwrite: the run writing there would crash or be mixed
+            raise OutputInUseError(f"--output {out} is being written by another run ({owner}, its {LOCK} lock); "
+                                   "wait for it or choose another folder")
+        if not overwrite:
+            raise OutputInUseError(f"--output {out} has a stale {LOCK} lock of a run that died; pass --overwrite "
+                                   "to replace what it left")
     foreign = [name for name in entries if name not in RUN_FILES + RUN_FOLDERS
                and not name.startswith(("beam-temp-", "triplets-"))]
     if foreign:
@@ -98,24 +124,38 @@ def _claim(out: str, overwrite: bool) -> None:
 
 
 def publish_manifest(out: str, counts: dict[str, int]) -> dict:
-    """`write_manifest`, then the lock is removed: the run is published."""
-    manifest = write_manifest(out, counts)
-    release(out)
-    return manifest
+    """`write_manifest`, then the lock is removed: the run is published (or, when the files do
+    not hold what the counters say, refused with the lock removed: the run is over)."""
+    try:
+        return write_manifest(out, counts)
+    finally:
+        release(out)
 
 
 def write_manifest(out: str, counts: dict[str, int]) -> dict:
-    """Writes `manifest.json`: every output's shards and record count (`counts` maps an output
-    folder, e.g. `triplets-sen/train` or `scb`, to its records)."""
+    """Writes `manifest.json` (`records.MANIFEST_VERSION`): every output's shards with their
+    sizes and record counts, read back from the files, and the record count the run's counters
+    give (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records).
+    Where the two differ, records were lost or mixed on the way to the files: ShardError,
+    and nothing is published."""
     outputs = {}
     for folder, n_records in counts.items():
-        shards = sorted(meta.path[len(out) + 1:] for meta in FileSystems.match([f"{out}/{folder}/part-*"])[0].metadata_list)
-        outputs[folder] = {"records": n_records, "shards": shards}
-    manifest = {"outputs": outputs, "stats": STATS}
+        metadata = sorted(FileSystems.match([f"{out}/{folder}/part-*"])[0].metadata_list, key=lambda meta: meta.path)
+        shard_records = []
+        for meta in metadata:
+            count, broken = records.count_shard_records(meta.path)
+            if broken:
+                raise records.ShardError(f"{meta.path}: {broken} after {count:,} records, as written by this run")
+            shard_records.append(count)
+        records.check_record_count(f"{out}/{folder}", sum(shard_records), n_records)
+        outputs[folder] = {"records": n_records, "shards": [meta.path[len(out) + 1:] for meta in metadata],
+                           "shard_bytes": [meta.size_in_bytes for meta in metadata], "shard_records": shard_records}
+    manifest = {"format_version": records.MANIFEST_VERSION, "outputs": outputs, "stats": STATS}
     write_bytes(f"{out}/{records.MANIFEST}", json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
     return manifest
 
 
 def release(out: str) -> None:
-    """Removes the lock (the run is over, published or not)."""
-    FileSystems.delete([f"{out}/{LOCK}"])
+    """Removes the lock (the run is over, published or not), if it is still there."""
+    if FileSystems.exists(f"{out}/{LOCK}"):
+        FileSystems.delete([f"{out}/{LOCK}"])

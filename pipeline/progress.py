@@ -33,6 +33,9 @@ class PageCounts:
         self.path = os.path.join(folder, f"{uuid.uuid4().hex}.json")
         self.pages = self.dead_letters = 0
         self.reported_at = 0.0
+        launcher = int(os.path.basename(folder).split("-")[2])
+        if os.getpid() != launcher:   # a worker process of a local multi-process run
+            end_with_launcher()
 
     def add(self, pages: int = 0, dead_letters: int = 0) -> None:
         self.pages += pages
@@ -119,4 +122,21 @@ def show_progress(folder: str, indexes: list[str], log_path: str, interval_s: fl
 
 
 def progress_folder() -> str:
-    return tempfile.mkdtemp(prefix="wikisim-progress-")
+    """A fresh folder named after the launching process (`PageCounts` tells workers by it)."""
+    return tempfile.mkdtemp(prefix=f"wikisim-progress-{os.getpid()}-")
+
+
+def end_with_launcher(poll_s: float = 1.0) -> None:
+    """Ends this worker process once its parent, the launching process, is gone: Beam's local
+    multi-process runner starts its workers as plain subprocesses, which a killed launcher
+    would leave running (reparented) for ever. A daemon thread polls the parent pid."""
+    if any(thread.name == "end-with-launcher" for thread in threading.enumerate()):
+        return   # one watcher per worker process, however many DoFn instances it runs
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="end-with-launcher", daemon=True).start()

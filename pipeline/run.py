@@ -41,6 +41,20 @@ class InputLossError(DataLossError):
     """The run finished and wrote its outputs, but lost more of its input than allowed."""
 
 
+class OutputWriteError(DataLossError):
+    """Writing the outputs failed (disk full, permission, credentials): nothing is published."""
+
+
+def io_failure(error: BaseException) -> OSError | None:
+    """The OSError behind a failed job (Beam re-raises a worker's error wrapped, with the OSError as
+    its cause or context, or as its message), or None when the failure is not an I/O one."""
+    while error is not None:
+        if isinstance(error, OSError):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     output: str = flag(help="output folder, local or gs://")
@@ -102,24 +116,9 @@ def check_spacy_model(name: str) -> None:
         raise ConfigError(f"--spacy-model {name!r} cannot be loaded: {err}") from err
 
 
-def check_beam_flags(beam_args: list[str]) -> None:
-    """Every flag we do not define must be one of Beam's pipeline options: Beam itself only logs
-    a warning and drops an unknown one, so `--negative same_article` (for `--negatives`) would
-    otherwise run without it. Beam's own option parser, asked to keep unknown flags, tells them."""
-    known = PipelineOptions([]).get_all_options()
-    given = PipelineOptions(beam_args).get_all_options(retain_unknown_options=True)
-    unknown = sorted(set(given) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown flag --{unknown[0]} (neither a flag of python -m pipeline.run nor a Beam "
-                          "pipeline option)")
-
-
 def parse_args(argv: list[str] | None) -> tuple[PipelineConfig, list[str]]:
-    """Our flags -> PipelineConfig; the remaining flags are Beam's, returned untouched."""
-    config, beam_args = parse_config(PipelineConfig, argv, "python -m pipeline.run", __doc__.split("\n\n")[0],
-                                     passthrough=True)
-    check_beam_flags(beam_args)
-    return config, beam_args
+    """Our flags -> PipelineConfig; the remaining flags are Beam's (checked), returned untouched."""
+    return parse_config(PipelineConfig, argv, "python -m pipeline.run", __doc__.split("\n\n")[0], passthrough=True)
 
 
 def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
@@ -238,6 +237,9 @@ def input_loss(stats: dict, max_lost_fraction: float) -> str | None:
                 "see dead_letters/ (--max-lost-fraction 1 accepts the loss)")
     if read["pages_read"] == 0:
         return f"{stats['input']}: no page was read; see dead_letters/"
+    if not read["outcomes"][counter_names.ARTICLES_USED]:
+        why = ", ".join(f"{name} {n:,}" for name, n in read["outcomes"].items() if n)
+        return f"{stats['input']}: no article was kept ({why}); nothing to publish"
     return None
 
 
@@ -313,6 +315,13 @@ def main(argv: list[str] | None = None) -> dict:
         with shown:
             result = pipeline.run()
             result.wait_until_finish()
+    except Exception as error:   # the run is over: its lock goes, so a rerun needs no --overwrite
+        outputs.release(out)
+        failure = io_failure(error) or (error if "[Errno" in str(error) else None)
+        if failure is None:
+            raise
+        raise OutputWriteError(f"writing {out} failed: {str(failure).splitlines()[0][:300]}; nothing was "
+                               "published") from error
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)

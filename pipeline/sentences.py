@@ -21,6 +21,11 @@ DEFAULT_SPACY_MODEL = "blank:en"
 MAX_VOCAB_LEXEMES = 250_000
 
 
+class ParagraphTooLong(ValueError):
+    """A paragraph longer than spaCy's `max_length` (1,000,000 characters): spaCy would raise
+    E088. Such a page is dead-lettered by the pipeline, never fatal."""
+
+
 class Sentence(NamedTuple):
     text: str
     n_tokens: int
@@ -38,6 +43,10 @@ class SentenceSplitter:
         """One list of sentences per paragraph, in order."""
         if len(self.nlp.vocab) > self.max_vocab_lexemes:
             self.nlp = load_sentence_pipeline(self.model)
+        longest = max(map(len, paragraphs), default=0)
+        if longest > self.nlp.max_length:
+            raise ParagraphTooLong(f"a paragraph of {longest:,} characters (the sentence splitter takes at most "
+                                   f"{self.nlp.max_length:,})")
         return [sentences_of(text, doc) for text, doc in zip(paragraphs, self.nlp.pipe(paragraphs))]
 
 

@@ -14,7 +14,7 @@ from pipeline import counters, records, sinks, triplets
 from pipeline.dumps import Page, dead_letter
 from pipeline.records import SENTENCE_DATASETS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
-from pipeline.sentences import SentenceSplitter
+from pipeline.sentences import ParagraphTooLong, SentenceSplitter
 from pipeline.splits import SPLITS, split_of
 from pipeline.wikitext import parse_wikitext
 
@@ -60,7 +60,13 @@ class _BuildArticlesFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="parse"))  # the shared shape
             return
         split = split_of(page.page_id, self.seed)
-        article, counts = build_article(page.page_id, page.title, split, parsed, self.splitter, self.rules)
+        try:
+            article, counts = build_article(page.page_id, page.title, split, parsed, self.splitter, self.rules)
+        except ParagraphTooLong as err:
+            count(counters.PARAGRAPHS_TOO_LONG)
+            letter = dead_letter(page.source, page.page_id, page.title, "paragraph_too_long", str(err))
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="sentences"))
+            return
         increment_all(counts)
         if article is not None:
             yield article

@@ -27,6 +27,7 @@ def passages_files(source: str) -> list[str]:
     """The passages files of `source`: a pipeline run folder (listed from its manifest, so only a
     published run is read) or a glob of JSON-lines files."""
     if FileSystems.exists(f"{source.rstrip('/')}/{records.MANIFEST}"):
+        records.verify_output(source, "passages")   # every article the run wrote, or a ShardError
         return records.manifest_output(source, "passages")[0]
     paths = sorted(m.path for result in FileSystems.match([source]) for m in result.metadata_list)
     if not paths:

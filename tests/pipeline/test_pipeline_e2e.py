@@ -191,6 +191,7 @@ def test_scb_holds_every_test_article_with_5_to_12_sections_and_nothing_else(out
 # --- a small dump assembled from real pages, plus one page mwparserfromhell cannot parse ---
 
 UNPARSABLE_ID = 999_999_001
+GIANT_ID = 999_999_002
 
 
 def _page_xml(page_id: int, title: str, text: str) -> str:
@@ -205,7 +206,8 @@ def _page_xml(page_id: int, title: str, text: str) -> str:
 
 @pytest.fixture(scope="module")
 def small_dump(tmp_path_factory) -> str:
-    """The embedded dump's header and its first 30 pages, plus a page of 5000 nested templates."""
+    """The embedded dump's header and its first 30 pages, plus a page of 5000 nested templates and
+    an article of 6 sections, one of them a paragraph of 1.2 M characters (more than spaCy takes)."""
     with bz2.open(embedded_dump_path(), "rt", encoding="utf-8") as stream:
         text = stream.read()
     starts = [0]
@@ -214,8 +216,11 @@ def small_dump(tmp_path_factory) -> str:
     starts = starts[1:]
     header, pages = text[: starts[0]], text[starts[0]: starts[30]]
     broken = _page_xml(UNPARSABLE_ID, "Nested templates", "{{" * 5000 + "x" + "}}" * 5000)
+    opener = "The river flows through the old town and past the harbour before it reaches the sea. "
+    sections = "".join(f"== Part {n} ==\n{opener * (14_000 if n == 3 else 1)}\n\n{opener}\n\n" for n in range(6))
+    giant = _page_xml(GIANT_ID, "Giant paragraph", opener + "\n\n" + sections)
     path = tmp_path_factory.mktemp("dump") / "small.xml"
-    path.write_text(header + pages + broken + "</mediawiki>\n", encoding="utf-8")
+    path.write_text(header + pages + broken + giant + "</mediawiki>\n", encoding="utf-8")
     return str(path)
 
 
@@ -229,11 +234,13 @@ def small_run(small_dump, tmp_path_factory) -> tuple[Path, dict]:
 def test_a_page_that_fails_to_parse_is_counted_and_dead_lettered_and_empty_splits_are_readable(small_run):
     tmp_path, stats = small_run
     counters = stats["counters"]
-    assert counters["parse_errors"] == 1 and stats["reconciliation"]["balanced"]
-    assert counters["pages_read"] == 31
-    [letter] = read_json_lines(tmp_path, "dead_letters")
+    assert counters["parse_errors"] == 1 and counters["pages_paragraph_too_long"] == 1
+    assert counters["pages_read"] == 32 and stats["reconciliation"]["balanced"]
+    letter, giant = sorted(read_json_lines(tmp_path, "dead_letters"), key=lambda letter: letter["page_id"])
     assert (letter["page_id"], letter["stage"], letter["reason"]) == (UNPARSABLE_ID, "parse", "parse_error")
     assert "RecursionError" in letter["detail"] and letter["title"] == "Nested templates"
+    assert (giant["page_id"], giant["stage"], giant["reason"]) == (GIANT_ID, "sentences", "paragraph_too_long")
+    assert "1,20" in giant["detail"] and "1,000,000" in giant["detail"]
     # Every dataset/split folder exists and reads back, including splits that got no record.
     for dataset in DATASETS:
         for split in SPLITS:

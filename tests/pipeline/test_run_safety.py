@@ -3,8 +3,11 @@ run, readers take only published (manifest) runs. Faults are planted in copies o
 excerpt (a few of its streams)."""
 import bz2
 import json
+import os
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -66,6 +69,19 @@ def test_a_folder_being_written_or_holding_other_files_is_refused(tmp_path):
     with pytest.raises(outputs.OutputInUseError, match="thesis.tex"):
         outputs.claim_output(str(other), overwrite=True)
     assert (other / "thesis.tex").read_text() == "mine"
+
+
+def test_a_lock_of_a_dead_process_is_stale_and_replaced_only_with_overwrite(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / outputs.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    (out / "scb").mkdir()                                                  # what the dead run left
+    with pytest.raises(outputs.OutputInUseError, match="stale"):
+        outputs.claim_output(str(out), overwrite=False)
+    outputs.claim_output(str(out), overwrite=True)
+    assert not (out / "scb").exists() and json.loads((out / outputs.LOCK).read_text())["pid"] == os.getpid()
 
 
 def test_a_stale_index_fails_the_run_naming_the_cause(small_multistream, tmp_path):
@@ -143,7 +159,9 @@ def test_a_second_run_into_a_folder_being_written_refuses_and_the_first_complete
         assert first.poll() is None and time.monotonic() < deadline, "the first run never took the folder"
         time.sleep(0.2)
     second = _cli("--output", str(out), "--input", str(dump), "--seed", "1", *FAST)
-    assert second.returncode == 2 and "lock: another run is writing to it" in second.stderr.strip().splitlines()[-1]
+    assert second.returncode == 2 and "being written by another run" in second.stderr.strip().splitlines()[-1]
+    forced = _cli("--output", str(out), "--input", str(dump), "--seed", "1", "--overwrite", *FAST)
+    assert forced.returncode == 2 and f"pid {first.pid}" in forced.stderr.strip().splitlines()[-1]
     _, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stderr[-2000:]
     stats = json.loads((out / "stats.json").read_text())
@@ -161,3 +179,93 @@ def test_a_local_run_shows_pages_read_of_the_index_total_and_keeps_beam_logs_in_
     assert "apache_beam" not in result.stderr                                # worker logs are not on the terminal
     assert "Worker:" in (out / outputs.LOG).read_text()                      # but in the run's log file
     assert json.loads((out / outputs.STATS).read_text())["counters"]["pages_read"] == PAGES
+
+
+def test_a_plain_xml_dump_cut_inside_a_page_is_a_loss_and_publishes_nothing(tmp_path):
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
+    xml = header + b"".join(next(pages) for _ in range(PAGES)) + b"</mediawiki>\n"
+    cut = tmp_path / "cut.xml"
+    cut.write_bytes(xml[: len(xml) * 6 // 10])       # plain XML: decoding cannot fail, the file just ends
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(cut), *FAST)
+    assert result.returncode == 1 and "unknown number of pages" in result.stderr.strip().splitlines()[-1]
+    assert not (out / records.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    whole = tmp_path / "whole.xml"
+    whole.write_bytes(xml)
+    assert _cli("--output", str(tmp_path / "whole"), "--input", str(whole), *FAST).returncode == 0
+
+
+def test_a_dump_without_an_article_exits_1_naming_the_counters_and_publishes_nothing(tmp_path):
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
+    redirects = [page for page in (next(pages) for _ in range(PAGES)) if b"<redirect" in page]
+    assert redirects
+    dump = tmp_path / "redirects.xml"
+    dump.write_bytes(header + b"".join(redirects) + b"</mediawiki>\n")
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(dump), *FAST)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "no article was kept" in last and f"pages_redirect {len(redirects)}" in last
+    assert not (out / records.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+
+
+def test_a_write_that_fails_for_lack_of_space_is_one_error_line_and_releases_the_lock(small_multistream, tmp_path):
+    import resource
+
+    dump, _ = small_multistream
+    out = tmp_path / "out"
+
+    def small_disk():   # files beyond 8 KiB fail with EFBIG, as on a full disk (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 << 10, 8 << 10))
+
+    result = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump), *FAST],
+                            cwd=REPO, capture_output=True, text=True, preexec_fn=small_disk, timeout=600)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and last.startswith(f"error: writing {out} failed") and "File too large" in last
+    assert "Traceback" not in result.stderr
+    assert not (out / outputs.LOCK).exists() and not (out / records.MANIFEST).exists()
+    rerun = _cli("--output", str(out), "--input", str(dump), *FAST)         # no lock left: --overwrite not forced
+    assert rerun.returncode == 2 and "already holds a run" in rerun.stderr
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (whose parent, here init, has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                children.append(int(entry.name))
+    return children
+
+
+def test_worker_processes_end_when_their_launcher_is_killed(tmp_path):
+    import glob
+    import signal
+    import time
+
+    launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "out"), *FAST,
+                                 "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # the whole excerpt
+    deadline = time.monotonic() + 300
+    # Reading has begun in a worker once a worker's page counts appear in the launcher's progress folder.
+    while not glob.glob(f"{tempfile.gettempdir()}/wikisim-progress-{launcher.pid}-*/*.json"):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the workers never started reading"
+        time.sleep(0.1)
+    workers = _children(launcher.pid)
+    assert launcher.poll() is None and len(workers) >= 2
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 30
+    while alive := [pid for pid in workers if _running(pid)]:
+        assert time.monotonic() < deadline, f"worker processes {alive} outlived their launcher"
+        time.sleep(0.5)

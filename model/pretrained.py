@@ -1,0 +1,47 @@
+"""Exports a pre-trained transformer checkpoint, untrained, as the trainer's strings-in encoder.
+
+    python -m model.pretrained --model-dir DIR [--encoder minilm] [--max-tokens 64]
+
+Writes `DIR/encoder` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}), the very export
+`model.train --encoder minilm` writes after fine-tuning, with zero training steps: the
+off-the-shelf baseline is scored through the same graph (tokenizer, backbone, mean pooling) as
+the fine-tuned model, with no PyTorch. `model.encoders`' `minilm` spec (sentence-transformers)
+remains the independent reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from model.config import ENCODERS
+from pipeline.cli import flag, parse_config, run_cli
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedConfig:
+    model_dir: str = flag(help="where encoder/ goes (local or gs://)")
+    encoder: str = flag("minilm", help="the checkpoint: minilm (all-MiniLM-L6-v2)")
+    max_tokens: int = flag(64, help="wordpieces kept per sentence, [CLS] and [SEP] included (as the trainer's)")
+
+    def __post_init__(self):
+        if self.encoder not in ENCODERS or self.encoder == "bilstm":
+            raise ValueError(f"--encoder must be a checkpoint, one of {ENCODERS[1:]}, got {self.encoder!r}")
+        if self.max_tokens < 3:
+            raise ValueError(f"--max-tokens must be >= 3, got {self.max_tokens}")
+
+
+def main(argv: list[str] | None = None) -> str:
+    config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
+    from model.network import ExportableEncoder
+    from model.storage import staged
+    from model.transformer import build_transformer_encoder, token_ids
+
+    with staged(config.model_dir) as (model_dir, _):
+        ExportableEncoder(token_ids(config.max_tokens, config.encoder),
+                          build_transformer_encoder(config.encoder)).export(f"{model_dir}/encoder")
+    print(f"{config.encoder} off the shelf: encoder at {config.model_dir.rstrip('/')}/encoder")
+    return config.model_dir
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
