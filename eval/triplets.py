@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from eval.report import write_triplets_report
-from model.data import triplet_sample, triplet_strings
+from model.data import triplet_sample, triplet_strings, verify_split
 from model.encoders import Methods, check_encoder_specs, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline import records
@@ -85,7 +85,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> dict:
 
 
 def run(config: TripletsConfig) -> dict:
-    records.verify_output(config.data, f"{config.dataset}/{config.split}")   # the whole split, or a ShardError
+    verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
         raise ValueError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")

@@ -44,6 +44,13 @@ def list_shards(data: str, dataset: str, split: str) -> list[str]:
     return _manifest_entry(data, dataset, split)[0]
 
 
+def verify_split(data: str, dataset: str, split: str, max_lost_fraction: float = 0.0) -> int:
+    """`records.verify_output` of one split (every shard there, of its size and record count),
+    with the trainer's error for a run folder that lacks the split. Returns the records lost."""
+    _manifest_entry(data, dataset, split)
+    return records.verify_output(data, f"{dataset}/{split}", max_lost_fraction)
+
+
 def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int]:
     """(shard paths, records written) of the split, from the run's manifest."""
     try:

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from model.config import TrainConfig, parse_args
 from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
-                        triplet_sample, triplet_strings, with_known_length)
+                        triplet_sample, triplet_strings, verify_split, with_known_length)
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -435,7 +435,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     if mirror:
         mirror.push()
     for split in SPLITS:   # every shard there, of its size and record count, before any training (seconds)
-        lost = records.verify_output(config.data, f"{config.dataset}/{split}", config.max_lost_fraction)
+        lost = verify_split(config.data, config.dataset, split, config.max_lost_fraction)
         if lost:
             LOG.warning("%s/%s/%s: %d records lost to broken shards (within --max-lost-fraction)",
                         config.data, config.dataset, split, lost)

@@ -150,7 +150,10 @@ def check_beam_flags(beam_args: list[str], prog: str) -> None:
     given = PipelineOptions(beam_args).get_all_options(retain_unknown_options=True)
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise UsageError(f"unknown flag --{unknown[0]} (neither a flag of {prog} nor a Beam pipeline option)")
+        spelt = next((arg.split("=", 1)[0] for arg in beam_args
+                      if arg.startswith("-") and arg.lstrip("-").split("=", 1)[0].replace("-", "_") == unknown[0]),
+                     f"--{unknown[0]}")
+        raise UsageError(f"unknown flag {spelt} (neither a flag of {prog} nor a Beam pipeline option)")
 
 
 def parse_config(config_type: type, argv: list[str] | None, prog: str, description: str,

@@ -1,5 +1,6 @@
 """The SCB scoring Beam job end to end (DirectRunner) on small SCB files in the contract format."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
 from eval_fixtures import write_scb
 
+from pipeline import records
 from pipeline.outputs import write_manifest
 
 
@@ -135,3 +137,30 @@ def test_a_missing_model_dir_is_one_error_line_before_any_work(tmp_path):
         f"error: --model-dir {tmp_path / 'no-such-model'}: no trained encoder ({tmp_path / 'no-such-model'}/encoder/"
         "saved_model.pb does not exist; python -m model.train writes it)")
     assert not out.exists()
+
+
+def test_a_truncated_scb_file_fails_the_job_instead_of_scoring_part_of_it(tmp_path):
+    import gzip
+
+    write_scb(tmp_path / "data")
+    shard = tmp_path / "data" / "scb" / "part-00000-of-00001.jsonl.gz"
+    lines = gzip.decompress(shard.read_bytes()).splitlines(keepends=True)
+    shard.write_bytes(gzip.compress(b"".join(lines[:1])))        # one article of three, a valid gzip file
+    with pytest.raises(records.ShardError, match=f"{shard}: "):
+        scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_flag_is_exit_2_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    write_scb(tmp_path / "data")
+    for job in ("eval.scb", "eval.all"):
+        done = subprocess.run([sys.executable, "-m", job, "--data", str(tmp_path / "data"), "--output",
+                               str(tmp_path / "out"), "--max-triplet", "10"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[2], timeout=300)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1] == (f"error: unknown flag --max-triplet (neither a flag of "
+                                                        f"python -m {job} nor a Beam pipeline option)")
+        assert not (tmp_path / "out").exists()

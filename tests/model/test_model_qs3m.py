@@ -272,3 +272,20 @@ def test_flags_mirror_the_config_and_bad_values_name_the_flag():
     with pytest.raises(ValueError, match="--split"):
         qs3m_eval.Qs3mEvalConfig(passages="p", model_dir="m", output="o", split="dev")
 
+
+
+def test_a_truncated_passages_file_fails_instead_of_training_on_part_of_it(passages_file, tmp_path):
+    import gzip
+
+    from pipeline import records
+    from pipeline.outputs import write_manifest
+
+    run = tmp_path / "run"
+    (run / "passages").mkdir(parents=True)
+    shard = run / "passages" / "part-00000-of-00001.jsonl.gz"
+    shard.write_bytes(passages_file.read_bytes())
+    write_manifest(str(run), {"passages": 16})
+    lines = gzip.decompress(shard.read_bytes()).splitlines(keepends=True)
+    shard.write_bytes(gzip.compress(b"".join(lines[:5])))          # 5 of 16 articles, a valid gzip file
+    with pytest.raises(records.ShardError, match=f"{shard}: "):
+        qs3m_data.read_queries(str(run), ("train",))

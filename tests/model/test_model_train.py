@@ -14,6 +14,7 @@ from model.config import TrainConfig, parse_args
 from pipeline.cli import UsageError
 from model.data import TripletDataError, TripletDataLoss, list_shards, triplet_strings
 from model.encoder import SavedModelEncoder
+from pipeline import records
 from model_shards import write_triplet_shards
 
 # vocabulary "train": a few hundred words instead of GloVe's 400 k keeps the exports small and fast.
@@ -94,22 +95,61 @@ def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
     assert not (tmp_path / "m" / "vocabulary.txt").exists()           # the old id space is gone
 
 
-def test_a_truncated_shard_is_counted_and_fails_the_run_past_the_threshold(tmp_path):
-    from model.data import count_records
-    from model.train import check_lost_records
+def _train_cli(data, model_dir, *flags):
+    return subprocess.run([sys.executable, "-m", "model.train", "--data", str(data), "--model-dir", str(model_dir),
+                           "--vocabulary", "train", "--lstm-units", "8", "--steps", "2", "--epochs", "1", *flags],
+                          capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
 
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "train shard copied over validation"])
+def test_a_shard_not_as_the_run_wrote_it_is_one_error_line_before_training(tmp_path, fault):
+    data = write_triplet_shards(str(tmp_path / "data"))
+    train_shard, validation_shard = (list_shards(data, "triplets-sen", split)[0] for split in ("train", "validation"))
+    if fault == "missing":                      # once, this looped for ever on "No such file"
+        os.remove(validation_shard)
+    elif fault == "truncated":
+        content = Path(train_shard).read_bytes()
+        Path(train_shard).write_bytes(content[: len(content) // 2])
+    else:                                       # more records than the manifest lists: mixed data
+        Path(validation_shard).write_bytes(Path(train_shard).read_bytes())
+    done = _train_cli(data, tmp_path / "m")
+    named = train_shard if fault == "truncated" else validation_shard
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {named}: ")
+    assert not (tmp_path / "m" / "backup").exists()
+
+
+def test_more_records_than_the_manifest_lists_is_refused_and_fewer_within_the_threshold_reported(tmp_path):
     data = write_triplet_shards(str(tmp_path / "data"), sizes={"train": 2000, "validation": 64, "test": 64})
-    shard = list_shards(data, "triplets-sen", "train")[0]
-    with open(shard, "rb") as handle:
-        content = handle.read()
-    with open(shard, "wb") as handle:                     # a copy cut short: its second half is lost
-        handle.write(content[: len(content) // 2])
-    counts = count_records(data, "triplets-sen", "train")
-    assert counts["expected"] == 2000 and 0 < counts["lost"] < 1000 and counts["read"] == 2000 - counts["lost"]
-    config = TrainConfig(data=data, model_dir=str(tmp_path / "m"))
-    with pytest.raises(TripletDataLoss, match=f"{counts['lost']:,} of 2,000 records lost"):
-        check_lost_records(config, {"train": counts})
-    check_lost_records(dataclasses.replace(config, max_lost_fraction=0.5), {"train": counts})
+    manifest_path = Path(data) / records.MANIFEST
+    manifest = json.loads(manifest_path.read_text())
+    manifest["outputs"]["triplets-sen/train"]["shard_records"][0] -= 1     # the shard holds one record more
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(records.ShardError, match="1,000 records where the run wrote 999"):
+        records.verify_output(data, "triplets-sen/train")
+    shard = list_shards(data, "triplets-sen", "validation")[0]
+    manifest["outputs"]["triplets-sen/validation"]["shard_records"][0] += 2   # two records lost
+    manifest["outputs"]["triplets-sen/validation"]["records"] += 2
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(records.ShardError, match="64 of the 66 records"):
+        records.verify_output(data, "triplets-sen/validation")
+    assert records.verify_output(data, "triplets-sen/validation", max_lost_fraction=0.05) == 2
+    assert shard.endswith(".tfrecord.gz")
+
+
+def test_overwrite_deletes_only_what_a_training_run_writes(shards, tmp_path):
+    mine = tmp_path / "m"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    done = _train_cli(shards, mine, "--overwrite", "true")
+    assert done.returncode == 2 and "notes.txt" in done.stderr.strip().splitlines()[-1]
+    assert (mine / "notes.txt").read_text() == "my notes" and sorted(os.listdir(mine)) == ["notes.txt"]
+    manifest_before = (Path(shards) / records.MANIFEST).read_bytes()
+    done = _train_cli(shards, shards, "--overwrite", "true")      # the dataset itself as the model dir
+    assert done.returncode == 2 and "files a training run does not write" in done.stderr
+    assert (Path(shards) / records.MANIFEST).read_bytes() == manifest_before
+    records.verify_output(shards, "triplets-sen/train", max_lost_fraction=0.01)   # every shard still there
 
 
 def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_path):
