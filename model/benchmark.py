@@ -1,6 +1,6 @@
 """Training throughput, today's trainer against the fast one, side by side in one run.
 
-    python -m model.benchmark --data PIPELINE_OUT [--triplets 4096] [--out DIR]
+    python -m model.benchmark --data PIPELINE_OUT [--triplets 4096] [--encoder bilstm|minilm] [--out DIR]
 
 Every variant trains on the *same* real training triplets (`--triplets` of the split, held in
 memory as strings and repeated, so shard reading is not timed and every batch is full) for one
@@ -21,6 +21,10 @@ thousands of articles, and an article-chunk batch about as many. The variants ad
   length-sorted slices, each padded to its own longest sentence: the trainer's default;
 * `+XLA`: the training step compiled with XLA (`jit_compile`); kept off in the trainer when
   it does not pay.
+
+With `--encoder minilm` the Net is the transformer (`model.transformer`) and the variants are
+`baseline` (as above), `+article chunks` (one call on the distinct sentences),
+`+length slices 3` and `+2 layers frozen` (the embeddings and two lowest layers not trained).
 
 Prints triplets/s per variant and the ratio of the fast trainer's default (`+length slices`,
 or `+XLA` when the trainer's default turns it on) to the baseline as `train_speedup`; with
@@ -46,6 +50,7 @@ from model.data import article_chunks, training_batches, triplet_strings
 from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, build_triplet_model,
                            compile_triplet_model)
 from model.text import WordIds
+from model.transformer import build_transformer_encoder, token_ids
 from model.train import build_vocabulary, embedding_matrix
 from pipeline.cli import flag, parse_config, run_cli
 from pipeline.records import PAPER_DATASET
@@ -76,13 +81,17 @@ def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
             .prefetch(tf.data.AUTOTUNE))
 
 
-def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids: WordIds, matrix) -> dict:
+def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -> dict:
     """name -> (compiled model, (batch size, endless batches of `triplets`))."""
-    def model(slices: int | None, jit: bool = False):
-        encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
-                                         dropout=config.dropout)
+    def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
+        if config.encoder == "bilstm":
+            encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units,
+                                             attention_size=config.attention_size, dropout=config.dropout)
+        else:
+            encoder = build_transformer_encoder(config.encoder, frozen_layers=frozen_layers)
         triplet_model = build_triplet_model(encoder, slices) if slices else three_call_triplet_model(encoder)
-        compile_triplet_model(triplet_model, config.learning_rate, jit_compile=jit)
+        compile_triplet_model(triplet_model, config.resolved("learning_rate"), jit_compile=jit,
+                              weight_decay=None if config.encoder == "bilstm" else config.weight_decay)
         return triplet_model
 
     def batches(batch_size, article_chunk=0, group_by_length=True):
@@ -90,6 +99,13 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids: WordIds, 
                                             group_by_length=group_by_length)
 
     batch, chunk = config.batch_size, config.article_chunk
+    if config.encoder != "bilstm":   # the transformer: the same levers, and freezing its lower layers
+        return {
+            "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
+            "+article chunks": (model(slices=1), batches(batch, article_chunk=chunk)),
+            f"+length slices {LENGTH_SLICES}": (model(slices=LENGTH_SLICES), batches(batch, article_chunk=chunk)),
+            "+2 layers frozen": (model(slices=LENGTH_SLICES, frozen_layers=2), batches(batch, article_chunk=chunk)),
+        }
     return {
         "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
         "+one call": (model(slices=1), batches(32, group_by_length=False)),
@@ -116,9 +132,12 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
 
 
 def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
-    vocabulary = build_vocabulary(config)
-    word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
-    matrix = embedding_matrix(vocabulary, word_ids, config)
+    if config.encoder == "bilstm":
+        vocabulary = build_vocabulary(config)
+        word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
+        matrix = embedding_matrix(vocabulary, word_ids, config)
+    else:
+        word_ids, matrix = token_ids(config.max_tokens, config.encoder), None
     triplets = one_chunk_per_article(config, n_triplets)
     n_triplets = int(triplets.cardinality())                   # the split may be smaller
     timed = variants(config, triplets, word_ids, matrix)
@@ -134,6 +153,7 @@ def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
     fast = "+XLA" if config.jit_compile else (f"+length slices {LENGTH_SLICES}" if LENGTH_SLICES > 1
                                               else "+article chunks")
     return {
+        "encoder": config.encoder,
         "device": ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU",
         "cpu_cores": os.cpu_count(),
         "triplets_per_pass": n_triplets, "lstm_units": config.lstm_units, "rounds": rounds,
@@ -156,7 +176,8 @@ def plot(results: dict, path: str) -> None:
     bars = axis.bar(names, values, color=["tab:grey"] + ["tab:blue"] * (len(names) - 1))
     axis.bar_label(bars, labels=[f"{v:.0f}" for v in values])
     axis.set_ylabel("training triplets / s")
-    axis.set_title(f"Trainer throughput, BiLSTM {results['lstm_units']} ({results['device']}, "
+    network = f"BiLSTM {results['lstm_units']}" if results["encoder"] == "bilstm" else results["encoder"]
+    axis.set_title(f"Trainer throughput, {network} ({results['device']}, "
                    f"{results['cpu_cores']} cores): {results['fast_variant']} = {results['train_speedup']:.2f}x baseline",
                    fontsize=9)
     figure.tight_layout()
@@ -174,6 +195,7 @@ class TrainerBenchmarkConfig:
     batch_size: int = flag(TrainConfig.batch_size, help="the fast trainer's batch")
     article_chunk: int = flag(TrainConfig.article_chunk, help="triplets of one article kept together in a batch")
     lstm_units: int = flag(TrainConfig.lstm_units, help="BiLSTM units per direction")
+    encoder: str = flag(TrainConfig.encoder, help="Net: bilstm or minilm (the fine-tuned transformer)")
     rounds: int = flag(1, help="timed passes per variant; the best counts")
     out: str | None = flag(None, help="folder for benchmark.json and benchmark.png")
 
@@ -183,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,
-                         article_chunk=args.article_chunk, lstm_units=args.lstm_units)
+                         article_chunk=args.article_chunk, lstm_units=args.lstm_units, encoder=args.encoder)
     results = run(config, args.triplets, args.rounds)
     print(f"{'variant':<16} {'triplets/s':>10} {'x baseline':>10} {'paper epoch':>12}")
     for name, rate in results["triplets_per_s"].items():
