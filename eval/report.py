@@ -13,6 +13,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
+from eval.intervals import interval_text  # noqa: E402
 from pipeline.outputs import write_bytes  # noqa: E402
 from pipeline.records import PAPER_DATASET  # noqa: E402
 
@@ -85,6 +86,8 @@ def scb_markdown(result: dict) -> str:
                 for algorithm in ALGORITHMS for metric in METRICS])
         label = "all sentences" if variant == "all" else "paragraph openers only"
         parts.append(f"\n### {label} (macro-average over articles; MI in nats)\n\n" + markdown_table(header, rows))
+        parts.append(differences_markdown([row for row in result.get("differences", []) if row["variant"] == variant],
+                                          "ARI", "articles", ALGORITHMS, column_key="algorithm"))
     return "".join(parts)
 
 
@@ -129,7 +132,26 @@ def triplets_markdown(result: dict) -> str:
     rows = [[entry["method"], entry["accuracy_cosine"], entry["accuracy_l1"],
              PAPER_TRIPLET_ACCURACY.get(entry["method"], "-")] for entry in result["methods"]]
     return (f"## Triplet accuracy ({result['dataset']}, split {result['split']}, "
-            f"{result['triplets']} triplets)\n\n" + markdown_table(header, rows))
+            f"n = {result['triplets']} triplets)\n\n" + markdown_table(header, rows)
+            + differences_markdown(result.get("differences", []), "accuracy", "triplets", ("cosine", "l1")))
+
+
+def differences_markdown(differences: list[dict], metric: str, items: str, columns: tuple[str, ...],
+                         column_key: str = "distance") -> str:
+    """Each method's difference from each reference method with its 95 % paired-bootstrap interval
+    (`eval.intervals`), one column per distance or algorithm; * marks an interval that excludes 0."""
+    if not differences:
+        return ""
+    by_key = {(row["reference"], row["method"], row[column_key]): row for row in differences}
+    parts = []
+    for reference in dict.fromkeys(row["reference"] for row in differences):
+        methods = list(dict.fromkeys(row["method"] for row in differences if row["reference"] == reference))
+        n = next(row["n"] for row in differences if row["reference"] == reference)
+        rows = [[method] + [interval_text(by_key[(reference, method, column)]) if (reference, method, column)
+                            in by_key else "-" for column in columns] for method in methods]
+        parts.append(f"\n{metric} minus {reference}'s, 95 % paired bootstrap over n = {n} {items} "
+                     f"(* the interval excludes 0):\n\n" + markdown_table(["method", *columns], rows))
+    return "".join(parts)
 
 
 def triplets_figure(result: dict):

@@ -24,7 +24,8 @@ from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, R
 from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
-from eval.clustering import cluster_embeddings, clustering_metrics, macro_average
+from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
+from eval.intervals import comparisons
 from model.embed import EncoderModelHandler
 from model.encoders import Methods, check_encoder_specs, method_names
 from eval.report import read_jsonl, write_scb_report
@@ -231,6 +232,25 @@ def summarise(rows: list[dict]) -> list[dict]:
     return summary
 
 
+def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
+    """Per variant and algorithm, each method's mean per-article ARI minus each reference
+    method's, with a paired bootstrap over the articles all methods scored (`eval.intervals`)."""
+    differences = []
+    for variant in VARIANTS:
+        for algorithm in ALGORITHMS:
+            ari = {}
+            for row in rows:
+                if row["variant"] == variant and row["algorithm"] == algorithm and "skipped" not in row:
+                    ari.setdefault(row["method"], {})[row["article_id"]] = row["ARI"]
+            if not ari:
+                continue
+            common = sorted(set.intersection(*(set(scores) for scores in ari.values())))
+            per_method = {method: np.array([scores[article] for article in common]) for method, scores in ari.items()}
+            differences += [{"variant": variant, "algorithm": algorithm, **row}
+                            for row in comparisons(per_method, seed)]
+    return differences
+
+
 def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
     check_scb_input(config.data)
@@ -249,6 +269,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],
         "summary": summarise(rows),
+        "differences": ari_differences(rows, config.seed),
         "rows": [row for row in rows if "skipped" not in row],
     }
     write_scb_report(result, config.output)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from eval.intervals import comparisons
 from eval.report import write_triplets_report
 from model.data import triplet_sample, triplet_strings, verify_split
 from model.encoders import Methods, check_encoder_specs, load_encoders
@@ -58,22 +59,29 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
     return columns
 
 
-def triplet_accuracies(anchor: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> dict[str, float]:
-    """Fraction of triplets whose positive is strictly closer, by cosine and by L1 distance."""
+DISTANCES = ("cosine", "l1")
+
+
+def triplet_correct(anchor: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> dict[str, np.ndarray]:
+    """Per triplet, whether its positive is strictly closer, by cosine and by L1 distance."""
     def cosine(left, right):
         norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
         return np.einsum("ij,ij->i", left, right) / np.where(norms > 0, norms, 1.0)
 
     l1_positive = np.abs(anchor - positive).sum(axis=1)
     l1_negative = np.abs(anchor - negative).sum(axis=1)
-    return {
-        "accuracy_cosine": float(np.mean(cosine(anchor, positive) > cosine(anchor, negative))),
-        "accuracy_l1": float(np.mean(l1_positive < l1_negative)),
-    }
+    return {"cosine": cosine(anchor, positive) > cosine(anchor, negative), "l1": l1_positive < l1_negative}
 
 
-def score_encoder(encoder, triplets: dict[str, list[str]]) -> dict:
-    """Encodes the unique sentences once, then scores every triplet."""
+def triplet_accuracies(anchor: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> dict[str, float]:
+    """Fraction of triplets whose positive is strictly closer, by cosine and by L1 distance."""
+    correct = triplet_correct(anchor, positive, negative)
+    return {f"accuracy_{distance}": float(np.mean(correct[distance])) for distance in DISTANCES}
+
+
+def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[str, np.ndarray]]:
+    """Encodes the unique sentences once, then scores every triplet: (accuracies, per-triplet
+    correctness by distance)."""
     unique = list(dict.fromkeys(triplets["anchor"] + triplets["positive"] + triplets["negative"]))
     row_of = {sentence: row for row, sentence in enumerate(unique)}
     embeddings = encoder.encode(unique)
@@ -81,7 +89,8 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> dict:
     def rows(key):
         return embeddings[[row_of[sentence] for sentence in triplets[key]]]
 
-    return {"method": encoder.name, **triplet_accuracies(rows("anchor"), rows("positive"), rows("negative"))}
+    correct = triplet_correct(rows("anchor"), rows("positive"), rows("negative"))
+    return ({"method": encoder.name, **{f"accuracy_{d}": float(np.mean(correct[d])) for d in DISTANCES}}, correct)
 
 
 def run(config: TripletsConfig) -> dict:
@@ -93,9 +102,13 @@ def run(config: TripletsConfig) -> dict:
         records.check_record_count(f"{config.data}/{config.dataset}/{config.split}", len(triplets["anchor"]),
                                    records.manifest_output(config.data, f"{config.dataset}/{config.split}")[1])
     encoders = load_encoders(config.methods.specs())
-    methods = [score_encoder(encoder, triplets) for encoder in tqdm(encoders, desc="triplet accuracy", unit="method")]
+    scored = [score_encoder(encoder, triplets) for encoder in tqdm(encoders, desc="triplet accuracy", unit="method")]
+    methods = [accuracies for accuracies, _ in scored]
+    # Paired bootstrap over triplets: each method's accuracy minus each reference method's.
+    differences = [{"distance": distance, **row} for distance in DISTANCES for row in comparisons(
+        {entry["method"]: correct[distance] for entry, correct in scored}, config.seed)]
     result = {"dataset": config.dataset, "split": config.split, "triplets": len(triplets["anchor"]),
-              "methods": methods}
+              "methods": methods, "differences": differences}
     write_triplets_report(result, config.output)
     return result
 
