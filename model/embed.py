@@ -47,8 +47,11 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
     method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
 
     def __init__(self, spec: str, min_batch_size: int = 32, max_batch_size: int = 512):
+        """`spec`: an encoder spec, or a trained encoder's path (checked here, not at run time)."""
+        from model.encoders import as_encoder_spec
+
         super().__init__()
-        self.spec = spec
+        self.spec = as_encoder_spec(spec)
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size
 

@@ -69,13 +69,18 @@ class SavedModelEncoder:
         self._module = tf.saved_model.load(local)
         self._serve = self._module.signatures[SIGNATURE]
         self.dim = int(self._module.embedding_dim.numpy())
+        # What the embeddings were trained for (exports before it was recorded: cosine, as
+        # sentence-transformers assumes).
+        recorded = getattr(self._module, "similarity", None)
+        self.similarity_fn_name = recorded.numpy().decode() if recorded is not None else "cosine"
 
     def encode(self, sentences: str | list[str], batch_size: int | None = None,
-               normalize: bool = False) -> np.ndarray:
-        """float32 [n, d] embeddings; a single string is one sentence ([1, d]); `normalize`
-        scales each row to unit length (cosine similarity becomes a dot product)."""
+               normalize_embeddings: bool = False) -> np.ndarray:
+        """float32 [n, d] embeddings of a list of sentences, [d] of a single string, as
+        sentence-transformers returns them; `normalize_embeddings` scales each row to unit length
+        (cosine similarity becomes a dot product)."""
         if isinstance(sentences, str):
-            sentences = [sentences]
+            return self.encode([sentences], batch_size, normalize_embeddings)[0]
         if not len(sentences):
             return np.zeros((0, self.dim), np.float32)
         batch_size = batch_size or self.batch_size
@@ -89,10 +94,21 @@ class SavedModelEncoder:
             chunks.append(self._serve(**{INPUT_KEY: batch})[OUTPUT_KEY].numpy())
         embeddings = np.empty((len(sentences), self.dim), np.float32)
         embeddings[order] = np.concatenate(chunks)
-        if normalize:
+        if normalize_embeddings:
             norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
             embeddings = embeddings / np.where(norms > 0, norms, 1.0)
         return embeddings
+
+    def similarity(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """[n, m] similarities of two sets of embeddings (a single one, [d], counts as [1, d]),
+        by the similarity the export records: cosine, or for `l1` the negative L1 distance
+        (higher is more similar either way, as sentence-transformers' `similarity`)."""
+        left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
+        if self.similarity_fn_name == "l1":
+            return -np.abs(left[:, None, :] - right[None, :, :]).sum(axis=-1)
+        left = left / np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-12)
+        right = right / np.maximum(np.linalg.norm(right, axis=1, keepdims=True), 1e-12)
+        return left @ right.T
 
 
 def load_encoder(path: str, batch_size: int = 512) -> SavedModelEncoder:

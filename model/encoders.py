@@ -140,6 +140,23 @@ def method_name(spec: str) -> str:
     )
 
 
+def as_encoder_spec(spec_or_path: str) -> str:
+    """A spec as it is, or a trained encoder's path (a model dir or its `encoder/`, local or
+    remote) as `saved:<name>=<path>`; anything else is an EncoderSpecError, raised now."""
+    try:
+        method_name(spec_or_path)
+        return spec_or_path
+    except EncoderSpecError:
+        from apache_beam.io.filesystems import FileSystems
+
+        path = spec_or_path.rstrip("/")
+        for export in (path, f"{path}/encoder"):
+            if FileSystems.exists(f"{export}/saved_model.pb"):
+                name = os.path.basename(path if export != path else os.path.dirname(path)) or "saved"
+                return f"saved:{name}={path}"
+        raise
+
+
 def load_encoder(spec: str, exports: dict[str, SavedModelEncoder] | None = None) -> SentenceEncoder:
     """One encoder from its spec (see the module docstring). A concatenation takes its parts from
     `exports` (model dir -> encoder) where they are already loaded."""

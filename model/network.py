@@ -208,13 +208,16 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
 
 class ExportableEncoder(tf.Module):
     """Raw strings -> embeddings: the in-graph tokenizer and vocabulary lookup (`word_ids`)
-    followed by Net, saved together so clients need only strings."""
+    followed by Net, saved together so clients need only strings. The export records the
+    similarity its embeddings were trained for (`cosine` or `l1`), which
+    `model.encoder.SavedModelEncoder.similarity` uses."""
 
-    def __init__(self, word_ids, sentence_encoder: keras.Model):
+    def __init__(self, word_ids, sentence_encoder: keras.Model, similarity: str = "cosine"):
         super().__init__()
         self.word_ids = word_ids
         self.sentence_encoder = sentence_encoder
         self.embedding_dim = tf.Variable(int(sentence_encoder.output_shape[-1]), trainable=False)
+        self.similarity = tf.Variable(similarity, trainable=False)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
     def serve(self, sentences):

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> str:
 
     with staged(config.model_dir) as (model_dir, _):
         ExportableEncoder(token_ids(config.max_tokens, config.encoder),
-                          build_transformer_encoder(config.encoder)).export(f"{model_dir}/encoder")
+                          build_transformer_encoder(config.encoder), similarity="cosine").export(f"{model_dir}/encoder")
     print(f"{config.encoder} off the shelf: encoder at {config.model_dir.rstrip('/')}/encoder")
     return config.model_dir
 

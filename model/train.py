@@ -505,7 +505,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "config": dataclasses.asdict(config),
     }
     if chief:
-        exportable = ExportableEncoder(word_ids, encoder)
+        exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
         if config.serving_version is not None:
             exportable.export(f"{model_dir}/serving/{config.serving_version}")

@@ -64,3 +64,28 @@ def test_embeds_from_and_to_gcs_with_a_model_on_gcs(tiny_model, gcs_emulator):
     assert sorted(rows) == ["s0", "s1", "s2"]
     np.testing.assert_allclose(np.array([rows[f"s{i}"]["embedding"] for i in range(3)]),
                                load_encoder(tiny_model).encode(sentences), rtol=1e-4, atol=1e-5)
+
+
+def test_run_inference_takes_a_model_path_and_refuses_a_bad_one_at_construction(tiny_model, tmp_path):
+    import apache_beam as beam
+    import pytest
+    from apache_beam.ml.inference.base import RunInference
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that
+
+    sentences = ["The striker scored.", "Bake the bread."]
+    expected = load_encoder(tiny_model).encode(sentences)
+
+    def equal_to_the_encoders(results):
+        by_text = {result.example: result.inference for result in results}
+        assert sorted(by_text) == sorted(sentences)
+        np.testing.assert_allclose([by_text[text] for text in sentences], expected, rtol=1e-5, atol=1e-6)
+
+    with TestPipeline() as pipeline:
+        embedded = (pipeline | beam.Create(sentences)
+                    | RunInference(embed.EncoderModelHandler(tiny_model)))   # a plain model dir, not a spec
+        assert_that(embedded, equal_to_the_encoders)
+    from model.encoders import EncoderSpecError
+
+    with pytest.raises(EncoderSpecError, match="nowhere"):
+        embed.EncoderModelHandler(str(tmp_path / "nowhere"))

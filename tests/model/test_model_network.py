@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from model.encoder import SavedModelEncoder, SentenceEncoder
-from model.network import (ExportableEncoder, build_sentence_encoder, build_triplet_model, triplet_accuracy,
+from model.network import (COSINE_SCALE, ExportableEncoder, build_sentence_encoder, build_triplet_model, triplet_accuracy,
                            triplet_loss)
 from model.text import WordIds
 
@@ -61,6 +61,20 @@ def test_triplet_model_outputs_l1_distances_from_shared_sentences(slices):
     assert distances[0, 0] == 0 and distances[1, 1] == 0         # a sentence is at distance 0 of itself
 
 
+def test_cosine_head_gives_scaled_cosine_distances():
+    encoder = build_sentence_encoder(_matrix(10), lstm_units=4, attention_size=3)
+    model = build_triplet_model(encoder, slices=2, distance="cosine")
+    sentences = np.array([[3, 0, 0], [1, 2, 0], [4, 5, 0], [6, 7, 9]], np.int32)
+    roles = np.array([[1, 1, 3], [0, 2, 0]], np.int32)
+    distances = model({"sentences": sentences[None], "roles": roles[None]}).numpy()
+    unit = encoder(sentences).numpy()
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    for triplet, (anchor, positive, negative) in enumerate(roles):
+        np.testing.assert_allclose(distances[triplet], COSINE_SCALE * (1 - np.array(
+            [unit[anchor] @ unit[positive], unit[anchor] @ unit[negative]])), rtol=1e-4, atol=1e-5)
+    assert abs(distances[0, 0]) < 1e-5 and abs(distances[1, 1]) < 1e-5
+
+
 def test_paper_loss_and_accuracy_on_hand_made_distances():
     distances = tf.constant([[0.0, 100.0], [100.0, 0.0], [3.0, 3.0], [1.0, 2.0]])
     labels = tf.zeros([4], tf.int32)
@@ -75,7 +89,7 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     encoder = build_sentence_encoder(_matrix(word_ids.num_ids), lstm_units=5, attention_size=3)
     sentences = ["The cat sat on the mat.", "A dog!", "", "the " * 20]
     in_memory = encoder(word_ids(tf.constant(sentences))).numpy()
-    ExportableEncoder(word_ids, encoder).export(str(tmp_path / "m" / "encoder"))
+    ExportableEncoder(word_ids, encoder, similarity="l1").export(str(tmp_path / "m" / "encoder"))
 
     loaded = SavedModelEncoder(str(tmp_path / "m"), batch_size=3)    # model dir or encoder dir both work
     assert isinstance(loaded, SentenceEncoder) and loaded.name == "m"
@@ -87,8 +101,14 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     assert signature.structured_outputs["embeddings"].dtype == tf.float32
     with pytest.raises(FileNotFoundError, match="nowhere"):
         SavedModelEncoder(str(tmp_path / "nowhere"))
-    assert loaded.encode("The cat sat on the mat.").shape == (1, 10)     # a string is one sentence
-    np.testing.assert_allclose(np.linalg.norm(loaded.encode(sentences[:2], normalize=True), axis=1), 1, rtol=1e-5)
+    single = loaded.encode("The cat sat on the mat.")                     # a string is one sentence: [d]
+    assert single.shape == (10,)
+    unit = loaded.encode(sentences[:2], normalize_embeddings=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, rtol=1e-5)
+    assert loaded.similarity_fn_name == "l1"                             # recorded by the export
+    similarities = loaded.similarity(single, encoded)                    # [1, 4]: negative L1 distances
+    np.testing.assert_allclose(similarities, -np.abs(encoded - single).sum(axis=1)[None], rtol=1e-5)
+    assert similarities.shape == (1, 4) and np.argmax(similarities) == 0
 
     # A fresh interpreter with nothing else imported (the tokenizer's ops must get registered).
     code = ("import sys; from model.encoder import load_encoder; "
@@ -96,4 +116,4 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
-    np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), in_memory[:1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(json.loads(done.stdout.strip().splitlines()[-1]), in_memory[0], rtol=1e-5, atol=1e-6)
