@@ -9,6 +9,7 @@ Runs the SCB clustering job (Beam), triplet accuracy on the test split of triple
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from eval import scb, sick, triplets
 from model.encoders import Methods
-from eval.report import scb_markdown, sick_markdown, triplets_markdown, write_json, write_text
+from eval.report import (learning_curves_figure, scb_markdown, sick_markdown, triplets_markdown, write_figure,
+                         write_json, write_text)
 from pipeline.cli import flag, parse_config, run_cli
 
 
@@ -32,6 +34,19 @@ class ReportConfig:
     seed: int = flag(0, help="seed of the clustering and of the samples")
     max_triplets: int | None = flag(None, help="score a seeded sample of this many test triplets; none = all")
     max_scb_articles: int | None = flag(None, help="score a seeded sample of this many SCB articles; none = all")
+
+
+def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
+    """name -> history.json of each `--model-dir` that has one (an untrained export has none)."""
+    histories = {}
+    for entry in model_dirs:
+        name, separator, path = entry.partition("=")
+        path = path if separator else entry
+        history = f"{path.rstrip('/')}/history.json"
+        if FileSystems.exists(history):
+            with FileSystems.open(history) as handle:
+                histories[name if separator else path.rstrip("/").rsplit("/", 1)[-1]] = json.load(handle)
+    return histories
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -59,6 +74,10 @@ def main(argv: list[str] | None = None) -> dict:
         seconds["sick"] = time.perf_counter() - start
         sections.append(sick_markdown(sick_result) + "\n![SICK Pearson r](sick_pearson.png)\n")
 
+    histories = trained_histories(args.methods.model_dirs)
+    if histories:
+        write_figure(FileSystems.join(args.output, "learning_curves.png"), learning_curves_figure(histories))
+        sections.append("## Learning curves\n\n![learning curves](learning_curves.png)\n")
     methods = args.methods.specs()
     header = (f"# Evaluation report\n\nData: `{args.data}`. Methods: {', '.join(f'`{m}`' for m in methods)}.\n"
               f"Wall time: {', '.join(f'{step} {value:.1f} s' for step, value in seconds.items())}.\n"

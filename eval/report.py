@@ -176,6 +176,32 @@ def write_triplets_report(result: dict, output: str) -> None:
     write_figure(FileSystems.join(output, "triplets_accuracy.png"), triplets_figure(result))
 
 
+def learning_curves_figure(histories: dict[str, dict]):
+    """Validation triplet accuracy of each trained model against training triplets seen and
+    against process CPU minutes (the `learning_curve` of each `history.json`), each with its
+    untrained network as a dotted line of the same colour (for a fine-tuned checkpoint: the
+    checkpoint off the shelf). Each model is validated on its own seeded sample and distance."""
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    for index, (name, history) in enumerate(histories.items()):
+        color = f"C{index}"
+        points = history["learning_curve"]
+        accuracy = [point["val_triplet_accuracy"] for point in points]
+        label = f"{name} ({history.get('distance', 'l1')}, {history['evaluation_triplets']} validation triplets)"
+        for axis, key, scale in ((axes[0], "triplets_seen", 1000), (axes[1], "cpu_seconds", 60)):
+            axis.plot([point[key] / scale for point in points], accuracy, "o-", color=color, markersize=3, label=label)
+            axis.axhline(history["untrained_val_triplet_accuracy"], color=color, ls=":",
+                         label=f"{name} untrained" + (" (off the shelf)" if history["config"].get("encoder", "bilstm")
+                                                      != "bilstm" else ""))
+    axes[0].set_xlabel("training triplets seen (thousands)")
+    axes[1].set_xlabel("process CPU minutes")
+    axes[0].set_ylabel("validation triplet accuracy")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower right")
+    figure.suptitle("Learning curves of the trained encoders")
+    return figure
+
+
 def sick_markdown(result: dict) -> str:
     header = ["method", "Pearson r", "Spearman rho", "MSE", "C (chosen on TRIAL)"]
     rows = [[e["method"], e["pearson"], e["spearman"], e["mse"], e["C"]] for e in result["methods"]]

@@ -36,5 +36,12 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
     markdown = (out / "report.md").read_text()
     for heading in ("Sentence clustering benchmark", "Triplet accuracy", "SICK relatedness"):
         assert heading in markdown
-    for image in ("scb_ari.png", "triplets_accuracy.png", "sick_pearson.png"):
+    for image in ("scb_ari.png", "triplets_accuracy.png", "sick_pearson.png", "learning_curves.png"):
         assert f"]({image})" in markdown and (out / image).stat().st_size > 0
+    # Every trained method against mean-vectors, paired over the same triplets and articles.
+    assert {(row["method"], row["distance"]) for row in report["triplets"]["differences"]} == {
+        (method, distance) for method in methods[1:] for distance in ("cosine", "l1")}
+    kmeans = [row for row in json.loads((out / "scb.json").read_text())["differences"]
+              if (row["variant"], row["algorithm"], row["method"]) == ("all", "kmeans", "triplets-sen")]
+    assert len(kmeans) == 1 and kmeans[0]["n"] == scb_articles and kmeans[0]["low"] <= kmeans[0]["high"]
+    assert f"n = {test_triplets} triplets" in markdown and "95 % paired bootstrap" in markdown
