@@ -69,6 +69,13 @@ def claim_output(out: str, overwrite: bool) -> None:
         _claim(out, overwrite)
     except PermissionError as err:
         raise OutputInUseError(f"--output {out} is not writable ({err.strerror})") from err
+    except OutputInUseError:
+        raise
+    except Exception as err:   # a remote store that cannot be reached: no credentials, no such bucket
+        if "://" not in out:
+            raise
+        raise OutputInUseError(f"--output {out} cannot be written: {type(err).__name__}: "
+                               f"{str(err).splitlines()[0][:300] if str(err) else ''}") from err
 
 
 def live_lock_owner(out: str) -> str | None:

@@ -10,7 +10,7 @@ from pipeline.cli import UsageError, config_parser, parse_config
 COMMANDS = {   # python -m module -> its config class
     "pipeline.run": "PipelineConfig", "pipeline.benchmark": "BenchmarkConfig",
     "model.train": "TrainConfig", "model.benchmark": "TrainerBenchmarkConfig", "model.embed": "EmbedConfig",
-    "model.qs3m": "Qs3mConfig", "eval.scb": "ScbConfig", "eval.triplets": "TripletsConfig",
+    "model.qs3m": "Qs3mConfig", "model.pretrained": "PretrainedConfig", "eval.scb": "ScbConfig", "eval.triplets": "TripletsConfig",
     "eval.sick": "SickConfig", "eval.all": "ReportConfig", "eval.benchmark": "ScbBenchmarkConfig",
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
 }

@@ -21,6 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions
 
 from pipeline import run
+from pipeline.cli import UsageError
 from pipeline.dumps import DumpInputError, embedded_dump_path
 from model.data import triplet_feature_spec
 from pipeline.counters import PAGE_OUTCOMES
@@ -240,7 +241,7 @@ def test_a_page_that_fails_to_parse_is_counted_and_dead_lettered_and_empty_split
     assert (letter["page_id"], letter["stage"], letter["reason"]) == (UNPARSABLE_ID, "parse", "parse_error")
     assert "RecursionError" in letter["detail"] and letter["title"] == "Nested templates"
     assert (giant["page_id"], giant["stage"], giant["reason"]) == (GIANT_ID, "sentences", "paragraph_too_long")
-    assert "1,20" in giant["detail"] and "1,000,000" in giant["detail"]
+    assert "a paragraph of 1,1" in giant["detail"] and "at most 1,000,000" in giant["detail"]
     # Every dataset/split folder exists and reads back, including splits that got no record.
     for dataset in DATASETS:
         for split in SPLITS:
@@ -315,7 +316,7 @@ def test_bad_input_stops_with_one_error_naming_the_file(tmp_path, content, compl
      (["--direct_num_worker=2"], "--direct_num_worker ")],
 )
 def test_bad_flags_stop_before_the_job_with_an_error_naming_the_flag(tmp_path, flags, named):
-    with pytest.raises(run.ConfigError, match=named):
+    with pytest.raises(UsageError, match=named):
         run.main(["--output", str(tmp_path / "out"), *flags])
     assert not (tmp_path / "out").exists()
 

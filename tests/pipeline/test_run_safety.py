@@ -152,8 +152,8 @@ def test_a_second_run_into_a_folder_being_written_refuses_and_the_first_complete
 
     dump, _ = small_multistream
     out = tmp_path / "out"
-    first = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump),
-                              "--seed", "0", *FAST], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--seed", "0", *FAST],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)   # the whole excerpt
     deadline = time.monotonic() + 300
     while not (out / outputs.LOCK).exists():
         assert first.poll() is None and time.monotonic() < deadline, "the first run never took the folder"
