@@ -40,10 +40,11 @@ def checkpoint_dir(name: str = "minilm") -> str:
 
 def normalize(sentences: tf.Tensor) -> tf.Tensor:
     """What the checkpoint's own tokenizer (HF `BertNormalizer`, uncased) does before splitting:
-    tabs and newlines become spaces, control and format characters and U+FFFD are dropped, then
+    tabs, newlines and Unicode spaces (no-break space, ...) become spaces (tensorflow-text
+    splits on ASCII whitespace only), control and format characters and U+FFFD are dropped, then
     NFD, combining marks (accents) dropped, lower case. tensorflow-text's `lower_case=True`
     differs: it applies NFKC, which rewrites ß, ligatures and full-width forms."""
-    text = tf.strings.regex_replace(sentences, r"[\t\n\r]", " ")
+    text = tf.strings.regex_replace(sentences, r"[\t\n\r\p{Zs}]", " ")
     text = tf.strings.regex_replace(text, r"[\p{Cc}\p{Cf}\x{FFFD}]", "")
     text = tf.strings.regex_replace(tf_text.normalize_utf8(text, "NFD"), r"\p{Mn}", "")
     return tf.strings.lower(text, encoding="utf-8")
