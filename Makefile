@@ -50,7 +50,8 @@ TITLES_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 150 \
   --budget-minutes $(TITLES_BUDGET_MIN)
 # The transformer: AdamW 5e-5 after a 16 k-triplet warmup, halving every 100 k triplets; batches of 64
 # (more optimizer steps for the triplets a CPU budget affords); the embeddings and the two lowest of
-# six layers frozen (1.4x the triplets/s of full fine-tuning: python -m model.benchmark).
+# six layers frozen, as in the run of docs/transformer.md (python -m model.benchmark --encoder minilm
+# measured no speed gain from freezing them: 48.5 vs 48.7 triplets/s).
 MINILM_SEN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --evaluation-triplets 2000 \
   --encoder minilm --frozen-layers 2 --batch-size 64 --steps 250 --warmup-triplets 16000 \
   --learning-rate-half-life 100000 --budget-minutes $(MINILM_BUDGET_MIN)
