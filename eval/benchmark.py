@@ -4,8 +4,9 @@
 
 For each method separately it times (1) encoding alone: `encode` over every SCB article, as the
 job calls it, and (2) the whole Beam job (DirectRunner: read, encode, three clusterings x two
-variants, metrics, write), and prints sentences/s for both and the share of the job spent
-encoding. Sentences are counted by the job's own `scb_eval_sentences_encoded` counter.
+variants, metrics, write; encoding each distinct sentence once into the job's embedding cache),
+and prints sentences/s for both and the share of the job spent
+encoding. Sentences are counted by the job's own `scb_eval_sentences_scored` counter.
 """
 from __future__ import annotations
 
@@ -23,14 +24,6 @@ from eval.report import markdown_table, write_text
 from pipeline.cli import flag, parse_config, run_cli
 
 
-def read_articles(data: str) -> list[dict]:
-    articles = []
-    for path in scb.scb_files(data):
-        with FileSystems.open(path) as handle:
-            articles += [scb.parse_scb_record(line) for line in handle.read().decode("utf-8").splitlines() if line]
-    return articles
-
-
 def benchmark_method(spec: str, data: str, articles: list[dict], output: str) -> dict:
     encoder = load_encoder(spec)
     start = time.perf_counter()
@@ -42,7 +35,7 @@ def benchmark_method(spec: str, data: str, articles: list[dict], output: str) ->
                                    methods=Methods(encoders=(spec,))),
                      ["--runner", "DirectRunner"])
     job_seconds = time.perf_counter() - start
-    sentences = result["counters"]["scb_eval_sentences_encoded"]
+    sentences = result["counters"]["scb_eval_sentences_scored"]
     return {"method": encoder.name, "articles": result["articles"], "sentences": sentences,
             "encode_seconds": encode_seconds, "encode_sentences_per_s": sentences / encode_seconds,
             "job_seconds": job_seconds, "job_sentences_per_s": sentences / job_seconds,
@@ -62,7 +55,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
     scb.check_scb_input(args.data)
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
-    articles = read_articles(args.data)
+    articles = scb.read_articles(args.data)
     specs = args.methods.specs()
     rows = [benchmark_method(spec, args.data, articles, output) for spec in specs]
     table = markdown_table(

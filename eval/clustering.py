@@ -2,37 +2,54 @@
 
 All three algorithms see the same cosine geometry: k-means runs on the L2-normalised embeddings
 (squared Euclidean distance between unit vectors is 2 - 2 cos), Iclust on the cosine similarity
-matrix, and average-link agglomerative clustering on the cosine distance 1 - cos.
+matrix, and average-link agglomerative clustering on the cosine distance 1 - cos. k-means gets
+dense rows even from TF-IDF: one article's vocabulary is small, and scikit-learn's sparse k-means
+takes another arithmetic path (its labels could differ from the dense ones by rounding).
 """
 import numpy as np
+from scipy import sparse
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, mutual_info_score, rand_score
 from sklearn.preprocessing import normalize
 
-from eval.iclust import IclustConfig, iclust
+from eval.iclust import IclustConfig, iclust_many
 
 ALGORITHMS = ("kmeans", "iclust", "average-link")
 METRICS = ("MI", "AMI", "RI", "ARI")
 
 
-def cosine_similarity_matrix(unit_embeddings: np.ndarray) -> np.ndarray:
-    """Cosine similarities of L2-normalised rows (an all-zero row has similarity 0 to everything)."""
-    return unit_embeddings @ unit_embeddings.T
+def cosine_geometry(embeddings) -> tuple[np.ndarray, np.ndarray]:
+    """(L2-normalised rows, their cosine similarity matrix) of dense or sparse (TF-IDF) embeddings;
+    an all-zero row has similarity 0 to everything. The rows stay as sparse as they came."""
+    unit = normalize(embeddings.astype(np.float64) if sparse.issparse(embeddings)
+                     else np.asarray(embeddings, dtype=np.float64))
+    similarity = unit @ unit.T
+    return unit, similarity.toarray() if sparse.issparse(similarity) else similarity
 
 
-def cluster_embeddings(embeddings: np.ndarray, n_clusters: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Labels from each algorithm in ALGORITHMS for one article's sentence embeddings."""
-    unit = normalize(np.asarray(embeddings, dtype=np.float64))
-    similarity = cosine_similarity_matrix(unit)
-    distance = np.clip(1.0 - similarity, 0.0, None)
-    np.fill_diagonal(distance, 0.0)
-    return {
-        "kmeans": KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(unit),
-        "iclust": iclust(similarity, n_clusters, IclustConfig(seed=seed)),   # 10 restarts, like k-means
-        "average-link": AgglomerativeClustering(
-            n_clusters=n_clusters, metric="precomputed", linkage="average"
-        ).fit_predict(distance),
-    }
+def cluster_embeddings(embeddings_by_method: dict[str, np.ndarray], n_clusters: int,
+                       seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """method -> algorithm -> labels, for several methods' embeddings of the same sentences.
+
+    Iclust (the slow one: 10 annealing runs) clusters every method's similarity matrix in one
+    batched call (`iclust_many`, the same labels as one call each); k-means (10 restarts) and
+    average-link run per method."""
+    geometry = {method: cosine_geometry(embeddings) for method, embeddings in embeddings_by_method.items()}
+    iclust_labels = iclust_many([similarity for _, similarity in geometry.values()], n_clusters,
+                                IclustConfig(seed=seed))   # 10 restarts, like k-means
+    labelled = {}
+    for (method, (unit, similarity)), by_iclust in zip(geometry.items(), iclust_labels):
+        distance = np.clip(1.0 - similarity, 0.0, None)
+        np.fill_diagonal(distance, 0.0)
+        labelled[method] = {
+            "kmeans": KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(
+                unit.toarray() if sparse.issparse(unit) else unit),
+            "iclust": by_iclust,
+            "average-link": AgglomerativeClustering(
+                n_clusters=n_clusters, metric="precomputed", linkage="average"
+            ).fit_predict(distance),
+        }
+    return labelled
 
 
 def clustering_metrics(true_labels, predicted_labels) -> dict[str, float]:

@@ -1,6 +1,10 @@
-"""95 % intervals for the differences the reports claim: paired bootstraps (scipy.stats.bootstrap).
+"""95 % intervals for every number the reports give (scipy.stats).
 
-Two methods are scored on the same items (the same triplets, the same SCB articles), so their
+A method's own score: its triplet accuracy, a proportion of n triplets, gets the Wilson score
+interval (`proportion_interval`); a mean over SCB articles (ARI) a percentile bootstrap over the
+articles (`mean_interval`); SICK's Pearson r the Fisher-z interval (eval.sick).
+
+Differences between methods: two methods are scored on the same items (the same triplets, the same SCB articles), so their
 difference is bootstrapped *paired*: each resample draws items, not methods, and the interval is
 that of the mean per-item difference. Percentile intervals: BCa's jackknife over 100 k triplets
 would cost more than the evaluation. A difference is significant when its interval excludes 0.
@@ -14,6 +18,28 @@ from scipy import stats
 # off-the-shelf sentence encoder a user would pick instead (its Keras export or its PyTorch one).
 REFERENCE_METHODS = ("mean-vectors", "minilm-keras", "minilm")
 RESAMPLES = 2000
+
+
+def proportion_interval(successes: np.ndarray, confidence: float = 0.95) -> dict:
+    """The share of true values among n with its Wilson score interval."""
+    successes = np.asarray(successes, bool)
+    interval = stats.binomtest(int(successes.sum()), len(successes)).proportion_ci(confidence, method="wilson")
+    return {"mean": float(successes.mean()), "low": float(interval.low), "high": float(interval.high),
+            "n": int(len(successes))}
+
+
+def mean_interval(values: np.ndarray, seed: int = 0, confidence: float = 0.95) -> dict:
+    """The mean of per-item values with its percentile bootstrap interval over the items."""
+    values = np.asarray(values, np.float64)
+    mean = float(np.mean(values))
+    if len(values) < 2 or np.all(values == mean):   # no spread to resample
+        low = high = mean
+    else:
+        interval = stats.bootstrap((values,), np.mean, vectorized=True, n_resamples=RESAMPLES,
+                                   confidence_level=confidence, method="percentile", batch=100,
+                                   random_state=np.random.default_rng(seed)).confidence_interval
+        low, high = float(interval.low), float(interval.high)
+    return {"mean": mean, "low": low, "high": high, "n": int(len(values))}
 
 
 def paired_difference(left: np.ndarray, right: np.ndarray, seed: int = 0, confidence: float = 0.95) -> dict:
@@ -41,6 +67,11 @@ def comparisons(scores: dict[str, np.ndarray], seed: int = 0) -> list[dict]:
                 rows.append({"method": method, "reference": reference,
                              **paired_difference(values, scores[reference], seed)})
     return rows
+
+
+def value_text(row: dict) -> str:
+    """'0.702 [0.699, 0.705]': a method's own score with its 95 % interval."""
+    return f"{row['mean']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
 
 
 def interval_text(row: dict) -> str:

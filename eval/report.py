@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
-from eval.intervals import interval_text  # noqa: E402
+from eval.intervals import interval_text, value_text  # noqa: E402
 from pipeline.outputs import write_bytes  # noqa: E402
 from pipeline.records import PAPER_DATASET  # noqa: E402
 
@@ -86,6 +86,12 @@ def scb_markdown(result: dict) -> str:
                 for algorithm in ALGORITHMS for metric in METRICS])
         label = "all sentences" if variant == "all" else "paragraph openers only"
         parts.append(f"\n### {label} (macro-average over articles; MI in nats)\n\n" + markdown_table(header, rows))
+        ari_rows = [[method] + [value_text(by_key[(method, algorithm)]["ARI_interval"]) if (method, algorithm) in by_key
+                                else "-" for algorithm in ALGORITHMS]
+                    for method in _methods_in_order(result, entries)]
+        articles = max(entry["articles"] for entry in entries)
+        parts.append(f"\nmean ARI with its 95 % bootstrap interval over n = {articles} articles:\n\n"
+                     + markdown_table(["method", *ALGORITHMS], ari_rows))
         parts.append(differences_markdown([row for row in result.get("differences", []) if row["variant"] == variant],
                                           "ARI", "articles", ALGORITHMS, column_key="algorithm"))
     return "".join(parts)
@@ -128,11 +134,11 @@ def write_scb_report(result: dict, output: str) -> None:
 
 def triplets_markdown(result: dict) -> str:
     """Accuracy with cosine and with L1 distance per method, the paper's Table 3 beside it."""
-    header = ["method", "accuracy (cosine)", "accuracy (L1)", PAPER_LABEL]
-    rows = [[entry["method"], entry["accuracy_cosine"], entry["accuracy_l1"],
+    header = ["method", "accuracy (cosine) [95 % interval]", "accuracy (L1) [95 % interval]", PAPER_LABEL]
+    rows = [[entry["method"], *(value_text(entry[f"interval_{distance}"]) for distance in ("cosine", "l1")),
              PAPER_TRIPLET_ACCURACY.get(entry["method"], "-")] for entry in result["methods"]]
     return (f"## Triplet accuracy ({result['dataset']}, split {result['split']}, "
-            f"n = {result['triplets']} triplets)\n\n" + markdown_table(header, rows)
+            f"n = {result['triplets']} triplets; intervals: Wilson)\n\n" + markdown_table(header, rows)
             + differences_markdown(result.get("differences", []), "accuracy", "triplets", ("cosine", "l1")))
 
 
@@ -203,10 +209,12 @@ def learning_curves_figure(histories: dict[str, dict]):
 
 
 def sick_markdown(result: dict) -> str:
-    header = ["method", "Pearson r", "Spearman rho", "MSE", "C (chosen on TRIAL)"]
-    rows = [[e["method"], e["pearson"], e["spearman"], e["mse"], e["C"]] for e in result["methods"]]
+    header = ["method", "Pearson r [95 % interval]", "Spearman rho", "MSE", "C (chosen on TRIAL)"]
+    rows = [[e["method"], value_text({"mean": e["pearson"], "low": e["pearson_low"], "high": e["pearson_high"]}),
+             e["spearman"], e["mse"], e["C"]] for e in result["methods"]]
     counts = ", ".join(f"{split} {count}" for split, count in result["pairs"].items())
-    return f"## SICK relatedness (pairs: {counts})\n\n" + markdown_table(header, rows)
+    return (f"## SICK relatedness (pairs: {counts}; metrics on the n = {result['pairs']['TEST']} TEST pairs, "
+            "interval: Fisher z)\n\n" + markdown_table(header, rows))
 
 
 def sick_figure(result: dict):

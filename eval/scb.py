@@ -13,6 +13,7 @@ driver then macro-averages per method x algorithm x variant and writes the repor
 """
 from __future__ import annotations
 
+import heapq
 import json
 import sys
 from dataclasses import dataclass
@@ -25,10 +26,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from tqdm import tqdm
 
 from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
-from eval.intervals import comparisons
+from eval.intervals import comparisons, mean_interval
 from model.embed import EncoderModelHandler
+from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 from model.encoders import Methods, check_encoder_specs, method_names
-from eval.report import read_jsonl, write_scb_report
+from eval.report import read_jsonl, scb_markdown, write_scb_report
 from pipeline import records
 from pipeline.counters import NAMESPACE, job_totals
 from pipeline.cli import flag, parse_config, run_cli
@@ -83,28 +85,31 @@ def variant_subset(record: dict, variant: str) -> np.ndarray:
     raise ValueError(f"unknown SCB variant {variant!r}; expected one of {VARIANTS}")
 
 
-def score_article(record: dict, method: str, embeddings: np.ndarray, seed: int) -> list[dict]:
-    """Per variant and algorithm: the clustering metrics of one method on one article.
+def score_article(record: dict, embeddings_by_method: dict[str, np.ndarray], seed: int) -> list[dict]:
+    """Per method, variant and algorithm: the clustering metrics of one article.
 
     k is the number of sections that have sentences in the variant; a variant with fewer than
     two such sections is skipped (openers only can lose whole sections) and reported as such.
-    """
+    All methods' embeddings of the article are clustered together (`cluster_embeddings`)."""
     rows = []
     labels = np.asarray(record["labels"])
     for variant in VARIANTS:
         subset = variant_subset(record, variant)
         n_clusters = len(np.unique(labels[subset]))
         if n_clusters < 2:
-            rows.append({"article_id": record["article_id"], "method": method, "variant": variant,
-                         "skipped": f"{n_clusters} section(s) with {variant} sentences"})
+            rows += [{"article_id": record["article_id"], "method": method, "variant": variant,
+                      "skipped": f"{n_clusters} section(s) with {variant} sentences"}
+                     for method in embeddings_by_method]
             continue
-        predictions = cluster_embeddings(embeddings[subset], n_clusters, seed=seed)
-        for algorithm, predicted in predictions.items():
-            rows.append({
-                "article_id": record["article_id"], "title": record["title"], "method": method,
-                "variant": variant, "algorithm": algorithm, "sentences": int(len(subset)),
-                "k": int(n_clusters), **clustering_metrics(labels[subset], predicted),
-            })
+        predictions = cluster_embeddings({method: embeddings[subset] for method, embeddings
+                                          in embeddings_by_method.items()}, n_clusters, seed=seed)
+        for method, by_algorithm in predictions.items():
+            for algorithm, predicted in by_algorithm.items():
+                rows.append({
+                    "article_id": record["article_id"], "title": record["title"], "method": method,
+                    "variant": variant, "algorithm": algorithm, "sentences": int(len(subset)),
+                    "k": int(n_clusters), **clustering_metrics(labels[subset], predicted),
+                })
     return rows
 
 
@@ -130,21 +135,20 @@ class ParseScbFn(beam.DoFn):
 
 
 class ScoreArticleFn(beam.DoFn):
-    """(article, its embeddings by one method) -> that method's score rows of the article."""
+    """(article, its embeddings by every method) -> the article's score rows."""
 
-    def __init__(self, method: str, seed: int):
-        self.method = method
+    def __init__(self, seed: int):
         self.seed = seed
-        self.sentences = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_sentences_encoded")
+        self.sentences = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_sentences_scored")
         self.skipped = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_variants_skipped")
 
     def setup(self):
-        self.progress = tqdm(desc=f"scb articles [{self.method}]", unit="article")
+        self.progress = tqdm(desc="scb articles clustered", unit="article")
 
-    def process(self, keyed: tuple[dict, PredictionResult]):
-        record, embedded = keyed
+    def process(self, embedded: tuple[dict, dict[str, np.ndarray]]):
+        record, embeddings_by_method = embedded
         self.sentences.inc(len(record["sentences"]))
-        for row in score_article(record, self.method, embedded.inference, self.seed):
+        for row in score_article(record, embeddings_by_method, self.seed):
             if "skipped" in row:
                 self.skipped.inc()
             yield row
@@ -159,6 +163,26 @@ def count_articles_scored(record: dict) -> dict:
     return record
 
 
+def sample_rank(record: dict, seed: int) -> int:
+    """The order in which a seeded sample takes articles: the same in every run and on every runner."""
+    return stable_hash("scb-sample", seed, record["article_id"])
+
+
+def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> list[dict]:
+    """The run's SCB articles (or the seeded sample the job scores), read in the driver to list
+    their sentences; a malformed line is left to the job, which counts and sets it aside."""
+    articles = []
+    for path in scb_files(data):
+        with FileSystems.open(path) as handle:
+            for line in handle.read().decode("utf-8").splitlines():
+                try:
+                    articles.append(parse_scb_record(line))
+                except ScbRecordError:
+                    continue
+    return heapq.nsmallest(max_articles, articles, key=lambda record: sample_rank(record, seed)) if max_articles \
+        else articles
+
+
 def scb_files(data: str) -> list[str]:
     """The SCB files of a pipeline run, from its manifest (a folder without one is refused)."""
     try:
@@ -167,10 +191,11 @@ def scb_files(data: str) -> list[str]:
         raise FileNotFoundError(str(error)) from None
 
 
-def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
-    """read SCB -> parse (dead letters aside) -> [seeded sample] -> score per article -> rows as JSON lines.
+def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] | None = None) -> None:
+    """read SCB -> parse (dead letters aside) -> [seeded sample] -> embed by each method -> score
+    per article -> rows as JSON lines. `specs`: the methods' encoders (default: the config's).
 
-    The sample keeps the `max_articles` articles of smallest `stable_hash(seed, article_id)`:
+    The sample keeps the `max_articles` articles of smallest `sample_rank`:
     the same articles in every run and on every runner."""
     parsed = (
         pipeline
@@ -184,20 +209,20 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
         seed = config.seed
         articles = (articles
                     | "Sample" >> beam.combiners.Top.Of(config.max_articles,
-                                                        key=lambda record: -stable_hash("scb-sample", seed,
-                                                                                        record["article_id"]))
+                                                        key=lambda record: -sample_rank(record, seed))
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
     # Each method embeds every article with RunInference (one element = one article's sentences,
-    # encoded together), keyed by the article record, then scores it.
-    articles = articles | "CountArticles" >> beam.Map(count_articles_scored)
-    specs = config.methods.specs()
-    rows = [(articles
-             | f"Sentences[{method}]" >> beam.Map(lambda record: (record, tuple(record["sentences"])))
-             | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
-             | f"Score[{method}]" >> beam.ParDo(ScoreArticleFn(method, config.seed)))
-            for spec, method in zip(specs, method_names(specs))]
+    # encoded together), each adding its embeddings to the article's; then all are scored at once.
+    embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
+    specs = config.methods.specs() if specs is None else specs
+    for spec, method in zip(specs, method_names(specs)):
+        embedded = (embedded
+                    | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0]["sentences"])))
+                    | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
+                    | f"Add[{method}]" >> beam.Map(lambda keyed, method=method: (
+                        keyed[0][0], {**keyed[0][1], method: keyed[1].inference})))
+    rows = embedded | "Score" >> beam.ParDo(ScoreArticleFn(config.seed))
     (rows
-     | "AllRows" >> beam.Flatten()
      | "RowsToJson" >> beam.Map(json.dumps)
      | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
                                           file_name_suffix=".jsonl"))
@@ -223,12 +248,16 @@ def remove_previous_rows(output: str) -> None:
         FileSystems.delete(stale)
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    """Macro-averages per variant x method x algorithm over the scored articles."""
+def summarise(rows: list[dict], seed: int = 0) -> list[dict]:
+    """Macro-averages per variant x method x algorithm over the scored articles, the mean ARI with
+    its 95 % bootstrap interval over them."""
     summary = []
     for variant in VARIANTS:
         scored = [row for row in rows if row["variant"] == variant and "skipped" not in row]
-        summary += [{"variant": variant, **entry} for entry in macro_average(scored)]
+        for entry in macro_average(scored):
+            ari = [row["ARI"] for row in scored if (row["method"], row["algorithm"]) == (entry["method"],
+                                                                                        entry["algorithm"])]
+            summary.append({"variant": variant, **entry, "ARI_interval": mean_interval(ari, seed)})
     return summary
 
 
@@ -251,24 +280,30 @@ def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
     return differences
 
 
-def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
-    """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
+def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[str] | None = None) -> dict:
+    """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result.
+    `specs`: the methods' encoders, e.g. eval.all's cached embeddings; by default each method
+    embeds the scored articles' distinct sentences once (`model.embedding_cache`)."""
     check_scb_input(config.data)
     check_encoder_specs(config.methods.specs())
+    if specs is None:
+        articles = read_articles(config.data, config.max_articles, config.seed)
+        sentences = list(dict.fromkeys(sentence for record in articles for sentence in record["sentences"]))
+        specs = cache_embeddings(config.methods.specs(), sentences, FileSystems.join(config.output, EMBEDDINGS_FOLDER))
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
-    build_pipeline(pipeline, config)
+    build_pipeline(pipeline, config, specs)
     pipeline_result = pipeline.run()
     pipeline_result.wait_until_finish()
     rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
-        "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
-        "counters": job_totals(pipeline_result),   # summed over the methods' scoring steps
+        "methods": method_names(specs),   # the order of the report's rows and boxes
+        "counters": job_totals(pipeline_result),
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],
-        "summary": summarise(rows),
+        "summary": summarise(rows, config.seed),
         "differences": ari_differences(rows, config.seed),
         "rows": [row for row in rows if "skipped" not in row],
     }
@@ -283,7 +318,10 @@ def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
-    return run(config, beam_args)
+    result = run(config, beam_args)
+    print(scb_markdown(result))
+    print(f"report: {FileSystems.join(config.output, 'scb.md')} (+ scb.json, scb_ari.png, per-article rows in scb/)")
+    return result
 
 
 if __name__ == "__main__":

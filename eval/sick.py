@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from scipy import sparse
 from scipy.optimize import minimize
 from scipy.special import logsumexp, softmax
 from scipy.stats import pearsonr, spearmanr
@@ -176,8 +177,12 @@ def expected_score(model: SoftmaxRegression, features: np.ndarray) -> np.ndarray
 
 
 def relatedness_metrics(predicted, gold) -> dict[str, float]:
+    """Pearson r (with its 95 % Fisher-z interval), Spearman rho and MSE against the gold scores."""
     predicted, gold = np.asarray(predicted), np.asarray(gold)
-    return {"pearson": float(pearsonr(predicted, gold)[0]), "spearman": float(spearmanr(predicted, gold)[0]),
+    pearson = pearsonr(predicted, gold)
+    interval = pearson.confidence_interval(0.95)
+    return {"pearson": float(pearson.statistic), "pearson_low": float(interval.low),
+            "pearson_high": float(interval.high), "spearman": float(spearmanr(predicted, gold)[0]),
             "mse": float(np.mean((predicted - gold) ** 2))}
 
 
@@ -186,9 +191,11 @@ def score_encoder(encoder, splits: dict, c_grid, full_c_grid: bool = False) -> d
 
     TRIAL r rises with C to one peak and falls after it (on every method measured), and a fit
     takes longer the larger C is, so the path stops at the first fall unless `full_c_grid`."""
-    unique = list(dict.fromkeys(s for split in SICK_SPLITS for key in ("a", "b") for s in splits[split][key]))
+    unique = sick_sentences(splits)
     row_of = {sentence: row for row, sentence in enumerate(unique)}
     embeddings = encoder.encode(unique)
+    if sparse.issparse(embeddings):   # TF-IDF: SICK's vocabulary is small enough to be dense
+        embeddings = embeddings.toarray()
 
     def features(split):
         left = embeddings[[row_of[s] for s in splits[split]["a"]]]
@@ -209,9 +216,16 @@ def score_encoder(encoder, splits: dict, c_grid, full_c_grid: bool = False) -> d
             **relatedness_metrics(test_scores, splits["TEST"]["score"])}
 
 
-def run(config: SickConfig) -> dict:
+def sick_sentences(splits: dict) -> list[str]:
+    """Every sentence of every split once, in order of first appearance."""
+    return list(dict.fromkeys(s for split in SICK_SPLITS for key in ("a", "b") for s in splits[split][key]))
+
+
+def run(config: SickConfig, specs: list[str] | None = None) -> dict:
+    """Scores every method (`specs`: eval.all's cached embeddings; default: the config's
+    encoders) and writes `<output>/sick.{json,md}` and the plot."""
     splits = read_sick(config.sick)
-    encoders = load_encoders(config.methods.specs())
+    encoders = load_encoders(config.methods.specs() if specs is None else specs)
     methods = [score_encoder(encoder, splits, config.c_grid, config.full_c_grid)
                for encoder in tqdm(encoders, desc="SICK relatedness", unit="method")]
     result = {"sick": config.sick, "pairs": {split: len(splits[split]["score"]) for split in SICK_SPLITS},

@@ -5,9 +5,11 @@
 A triplet counts as correct when the anchor is strictly closer to the positive than to the
 negative (ties count as wrong, like the trainer's own accuracy). Every method is scored both with
 cosine similarity (how the paper scores its baselines) and with L1 distance (the trained
-network's own metric), so no method needs special handling. Each encoder encodes the split's
-unique sentences in one call (so TF-IDF's IDF is fitted on the test split's sentences).
-Shards are read with `model.data` (local or gs://).
+network's own metric), so no method needs special handling. Each method embeds each distinct
+sentence once (`model.embedding_cache`: `<output>/embeddings/<method>.parquet`, reused by a later
+run while the sentences and the encoder are the same); TF-IDF encodes the split's distinct
+sentences in one call, its IDF fitted on them, and stays sparse. Shards are read with
+`model.data` (local or gs://), in a fixed order, so the bootstrap's intervals repeat exactly.
 """
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+from apache_beam.io.filesystems import FileSystems
+from scipy import sparse
 from tqdm import tqdm
 
-from eval.intervals import comparisons
-from eval.report import write_triplets_report
+from eval.intervals import comparisons, proportion_interval
+from eval.report import triplets_markdown, write_triplets_report
 from model.data import triplet_sample, triplet_strings, verify_split
+from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 from model.encoders import Methods, check_encoder_specs, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline import records
@@ -52,25 +57,45 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
     columns = {"anchor": [], "positive": [], "negative": []}
     triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
-                else triplet_strings(data, dataset, split))
-    for example in triplets.as_numpy_iterator():
-        for key, values in columns.items():
-            values.append(example[key].decode("utf-8"))
+                else triplet_strings(data, dataset, split, deterministic=True))
+    with tqdm(desc=f"read {dataset}/{split}", unit="triplet") as progress:
+        for batch in triplets.batch(4096).as_numpy_iterator():
+            for key, values in columns.items():
+                values += [sentence.decode("utf-8") for sentence in batch[key]]
+            progress.update(len(batch["anchor"]))
     return columns
+
+
+def distinct_sentences(triplets: dict[str, list[str]]) -> list[str]:
+    """Every sentence of the triplets once, in order of first appearance."""
+    return list(dict.fromkeys(triplets["anchor"] + triplets["positive"] + triplets["negative"]))
 
 
 DISTANCES = ("cosine", "l1")
 
 
-def triplet_correct(anchor: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> dict[str, np.ndarray]:
-    """Per triplet, whether its positive is strictly closer, by cosine and by L1 distance."""
-    def cosine(left, right):
-        norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
-        return np.einsum("ij,ij->i", left, right) / np.where(norms > 0, norms, 1.0)
+def _row_sums(matrix) -> np.ndarray:
+    """Per-row sums of a dense array or a SciPy sparse matrix, as a flat array."""
+    return np.asarray(matrix.sum(axis=1)).ravel()
 
-    l1_positive = np.abs(anchor - positive).sum(axis=1)
-    l1_negative = np.abs(anchor - negative).sum(axis=1)
-    return {"cosine": cosine(anchor, positive) > cosine(anchor, negative), "l1": l1_positive < l1_negative}
+
+def _cosines(left, right) -> np.ndarray:
+    """Row-wise cosine similarity of two dense arrays or two sparse matrices (kept sparse)."""
+    if sparse.issparse(left):
+        dots = _row_sums(left.multiply(right))
+        norms = np.sqrt(_row_sums(left.multiply(left)) * _row_sums(right.multiply(right)))
+    else:
+        dots = np.einsum("ij,ij->i", left, right)
+        norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
+    return dots / np.where(norms > 0, norms, 1.0)
+
+
+def triplet_correct(anchor, positive, negative) -> dict[str, np.ndarray]:
+    """Per triplet, whether its positive is strictly closer, by cosine and by L1 distance; rows
+    dense, or sparse (TF-IDF)."""
+    l1_positive = _row_sums(abs(anchor - positive))
+    l1_negative = _row_sums(abs(anchor - negative))
+    return {"cosine": _cosines(anchor, positive) > _cosines(anchor, negative), "l1": l1_positive < l1_negative}
 
 
 def triplet_accuracies(anchor: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> dict[str, float]:
@@ -82,7 +107,7 @@ def triplet_accuracies(anchor: np.ndarray, positive: np.ndarray, negative: np.nd
 def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[str, np.ndarray]]:
     """Encodes the unique sentences once, then scores every triplet: (accuracies, per-triplet
     correctness by distance)."""
-    unique = list(dict.fromkeys(triplets["anchor"] + triplets["positive"] + triplets["negative"]))
+    unique = distinct_sentences(triplets)
     row_of = {sentence: row for row, sentence in enumerate(unique)}
     embeddings = encoder.encode(unique)
 
@@ -90,10 +115,12 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
         return embeddings[[row_of[sentence] for sentence in triplets[key]]]
 
     correct = triplet_correct(rows("anchor"), rows("positive"), rows("negative"))
-    return ({"method": encoder.name, **{f"accuracy_{d}": float(np.mean(correct[d])) for d in DISTANCES}}, correct)
+    return ({"method": encoder.name, **{f"accuracy_{d}": float(np.mean(correct[d])) for d in DISTANCES},
+             **{f"interval_{d}": proportion_interval(correct[d]) for d in DISTANCES}}, correct)
 
 
-def run(config: TripletsConfig) -> dict:
+def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
+    """The split's triplets (or the configured sample), checked whole against the run's manifest."""
     verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
@@ -101,8 +128,18 @@ def run(config: TripletsConfig) -> dict:
     if not config.max_triplets:   # every record of the split parsed and scored
         records.check_record_count(f"{config.data}/{config.dataset}/{config.split}", len(triplets["anchor"]),
                                    records.manifest_output(config.data, f"{config.dataset}/{config.split}")[1])
-    encoders = load_encoders(config.methods.specs())
-    scored = [score_encoder(encoder, triplets) for encoder in tqdm(encoders, desc="triplet accuracy", unit="method")]
+    return triplets
+
+
+def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
+        specs: list[str] | None = None) -> dict:
+    """Scores every method and writes `<output>/triplets.{json,md}` and the plot; returns the result.
+    eval.all passes the triplets it read and specs of the embeddings it cached for all its steps."""
+    triplets = triplets or read_test_triplets(config)
+    if specs is None:
+        specs = cache_embeddings(config.methods.specs(), distinct_sentences(triplets),
+                                 FileSystems.join(config.output, EMBEDDINGS_FOLDER))
+    scored = [score_encoder(encoder, triplets) for encoder in load_encoders(specs)]
     methods = [accuracies for accuracies, _ in scored]
     # Paired bootstrap over triplets: each method's accuracy minus each reference method's.
     differences = [{"distance": distance, **row} for distance in DISTANCES for row in comparisons(
@@ -120,7 +157,10 @@ def parse_args(argv: list[str] | None) -> TripletsConfig:
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
     check_encoder_specs(config.methods.specs())
-    return run(config)
+    result = run(config)
+    print(triplets_markdown(result))
+    print(f"report: {FileSystems.join(config.output, 'triplets.md')} (+ triplets.json, triplets_accuracy.png)")
+    return result
 
 
 if __name__ == "__main__":

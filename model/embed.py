@@ -26,11 +26,11 @@ from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from model.embedding_cache import parquet_schema
 from pipeline import records
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.splits import stable_hash
@@ -75,10 +75,6 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
 
     def get_metrics_namespace(self) -> str:
         return "wikisim_embed"
-
-
-def parquet_schema(dim: int) -> pa.Schema:
-    return pa.schema([("id", pa.string()), ("text", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
 
 
 def embedding_width(model_dir: str) -> int:

@@ -11,6 +11,7 @@ Specs:
     saved:<name>=<model-dir>     a trained encoder exported by `model.train` (`<model-dir>/encoder`)
     concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
                                  (triplets-sen-titles = triplets-sen + triplets-titles, as in the paper)
+    cached:<name>=<file>         embeddings computed earlier (`model.embedding_cache`), looked up
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import os
 import sys
 
 import numpy as np
+from scipy import sparse
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from model.encoder import SavedModelEncoder, SentenceEncoder
@@ -27,6 +29,9 @@ from model.text import tokenize
 from model.vectors import load_word_vectors
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
+
+
+CACHED_KIND = "cached"   # the spec of embeddings computed earlier (model.embedding_cache)
 
 
 class EncoderSpecError(UsageError):
@@ -56,27 +61,30 @@ class MeanVectorsEncoder:
 
 
 class TfidfEncoder:
-    """TF-IDF vectors (scikit-learn `TfidfVectorizer`, l2-normalised, so cosine is a dot product).
+    """TF-IDF vectors (scikit-learn `TfidfVectorizer`, l2-normalised, so cosine is a dot product),
+    returned sparse as scikit-learn returns them: a [n, vocabulary] SciPy CSR matrix (the test
+    split's 35 k sentences x 40 k words would be 5.5 GB dense).
 
     The IDF is fitted on the sentences of each `encode` call, i.e. on the set being compared: one
     SCB article, the sentences of the triplet test split, or all SICK sentences. Callers therefore
-    encode a whole evaluation set in one call so every vector lives in the same space. Tokens are
-    `model.text.tokenize`'s, like every other method.
+    encode a whole evaluation set in one call so every vector lives in the same space, and never
+    keep its vectors for another set (`fits_each_call`). Tokens are `model.text.tokenize`'s, like
+    every other method.
     """
+
+    fits_each_call = True
 
     def __init__(self, name: str = "tfidf"):
         self.name = name
 
-    def encode(self, sentences: list[str]) -> np.ndarray:
+    def encode(self, sentences: list[str]) -> sparse.csr_matrix:
         if not sentences:
-            return np.zeros((0, 0), np.float32)
-        # float32 throughout: a dense float64 copy of 50 k sentences x 40 k words would be 16 GB.
+            return sparse.csr_matrix((0, 0), dtype=np.float32)
         vectorizer = TfidfVectorizer(analyzer=lambda tokens: tokens, dtype=np.float32)
         try:
-            matrix = vectorizer.fit_transform(tokenize(list(sentences)))
+            return vectorizer.fit_transform(tokenize(list(sentences))).tocsr()
         except ValueError:  # not a single token in any sentence: an empty vocabulary
-            return np.zeros((len(sentences), 1), np.float32)
-        return matrix.toarray()
+            return sparse.csr_matrix((len(sentences), 1), dtype=np.float32)
 
 
 class MiniLMEncoder:
@@ -131,12 +139,12 @@ def method_name(spec: str) -> str:
         return "mean-vectors"
     if spec in ("tfidf", "minilm"):
         return spec
-    for kind in ("saved", "concat"):
+    for kind in ("saved", "concat", CACHED_KIND):
         if spec.startswith(f"{kind}:"):
             return _named_value(spec, kind)[0]
     raise EncoderSpecError(
         f"unknown encoder spec {spec!r}; expected mean-vectors[:PATH], tfidf, minilm, "
-        "saved:NAME=DIR or concat:NAME=DIR1+DIR2"
+        "saved:NAME=DIR, concat:NAME=DIR1+DIR2 or cached:NAME=FILE"
     )
 
 
@@ -170,6 +178,10 @@ def load_encoder(spec: str, exports: dict[str, SavedModelEncoder] | None = None)
         return MiniLMEncoder(name)
     if spec.startswith("saved:"):
         return SavedModelEncoder(_named_value(spec, "saved")[1], name=name)
+    if spec.startswith(f"{CACHED_KIND}:"):
+        from model.embedding_cache import CachedEncoder
+
+        return CachedEncoder(_named_value(spec, CACHED_KIND)[1], name)
     return ConcatEncoder(name, [exports.get(path) or SavedModelEncoder(path)
                                 for path in _named_value(spec, "concat")[1].split("+")])
 
@@ -188,6 +200,8 @@ def check_encoder_specs(specs: list[str]) -> None:
     from apache_beam.io.filesystems import FileSystems
 
     for spec in specs:
+        if spec.startswith(f"{CACHED_KIND}:") and not FileSystems.exists(_named_value(spec, CACHED_KIND)[1]):
+            raise EncoderSpecError(f"encoder spec {spec!r}: no such embedding file")
         if spec.startswith(("saved:", "concat:")):
             _, paths = _named_value(spec, spec.split(":", 1)[0])
             for path in paths.split("+") if spec.startswith("concat:") else [paths]:

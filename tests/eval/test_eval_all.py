@@ -3,9 +3,14 @@ baselines and a tiny trained encoder in one table per evaluation, plus SICK on a
 import gzip
 import json
 
+import numpy as np
+import reference_scoring
+from scipy import sparse
 
 from eval import all as eval_all
-from eval.clustering import ALGORITHMS
+from eval import scb, triplets
+from eval.clustering import ALGORITHMS, clustering_metrics
+from model.encoders import load_encoders
 from test_eval_sick import write_sick_fixture
 
 
@@ -45,3 +50,47 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
               if (row["variant"], row["algorithm"], row["method"]) == ("all", "kmeans", "triplets-sen")]
     assert len(kmeans) == 1 and kmeans[0]["n"] == scb_articles and kmeans[0]["low"] <= kmeans[0]["high"]
     assert f"n = {test_triplets} triplets" in markdown and "95 % paired bootstrap" in markdown
+
+
+def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipeline_output, tiny_model, tmp_path):
+    """The cache, sparse TF-IDF and batched Iclust change no number: each method's triplet
+    accuracies and every SCB row equal what the scoring before them (`reference_scoring`: dense
+    vectors encoded per set, one clustering call per method and algorithm) gives."""
+    data, out = embedded_pipeline_output, tmp_path / "eval"
+    specs = ["mean-vectors", "tfidf", f"saved:triplets-sen={tiny_model}"]
+    report = eval_all.main(["--data", str(data), "--output", str(out), "--encoder", "mean-vectors",
+                            "--encoder", "tfidf", "--model-dir", tiny_model, "--runner", "DirectRunner"])
+    encoders = load_encoders(specs)
+
+    def dense(embeddings):
+        return embeddings.toarray() if sparse.issparse(embeddings) else embeddings
+
+    test_triplets = triplets.read_triplets(str(data), "triplets-sen", "test")
+    unique = triplets.distinct_sentences(test_triplets)
+    row_of = {sentence: row for row, sentence in enumerate(unique)}
+    scored = {entry["method"]: entry for entry in report["triplets"]["methods"]}
+    for encoder in encoders:
+        embeddings = dense(encoder.encode(unique))
+        correct = reference_scoring.triplet_correct(
+            *(embeddings[[row_of[s] for s in test_triplets[key]]] for key in ("anchor", "positive", "negative")))
+        for distance in ("cosine", "l1"):
+            assert scored[encoder.name][f"accuracy_{distance}"] == float(np.mean(correct[distance])), encoder.name
+
+    rows = {(row["article_id"], row["method"], row["variant"], row["algorithm"]): row
+            for row in json.loads((out / "scb.json").read_text())["rows"]}
+    expected = 0
+    for record in scb.read_articles(str(data)):
+        labels = np.asarray(record["labels"])
+        for encoder in encoders:
+            embeddings = dense(encoder.encode(record["sentences"]))
+            for variant in scb.VARIANTS:
+                subset = scb.variant_subset(record, variant)
+                k = len(np.unique(labels[subset]))
+                if k < 2:
+                    continue
+                for algorithm, predicted in reference_scoring.cluster_embeddings(embeddings[subset], k).items():
+                    row = rows[(record["article_id"], encoder.name, variant, algorithm)]
+                    assert row["ARI"] == clustering_metrics(labels[subset], predicted)["ARI"], (
+                        record["title"], encoder.name, variant, algorithm)
+                    expected += 1
+    assert expected == len(rows) > 0

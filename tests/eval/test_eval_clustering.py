@@ -3,10 +3,12 @@ import math
 
 import numpy as np
 import pytest
+import reference_scoring
+from scipy import sparse
 from sklearn.metrics import adjusted_rand_score
 
-from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
-from eval.iclust import IclustConfig, hard_objective, iclust
+from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, cosine_geometry, macro_average
+from eval.iclust import IclustConfig, hard_objective, iclust, iclust_many
 
 
 def test_metrics_of_a_perfect_clustering_with_renamed_labels():
@@ -110,7 +112,25 @@ def test_every_algorithm_recovers_well_separated_embeddings():
     centres = rng.normal(size=(4, 16)) * 4
     labels = np.repeat(np.arange(4), [6, 9, 5, 7])
     embeddings = centres[labels] + rng.normal(size=(len(labels), 16))
-    predictions = cluster_embeddings(embeddings, 4)
-    assert set(predictions) == set(ALGORITHMS)
-    for algorithm, predicted in predictions.items():
-        assert adjusted_rand_score(labels, predicted) == 1.0, algorithm
+    predictions = cluster_embeddings({"dense": embeddings, "sparse": sparse.csr_matrix(embeddings)}, 4)
+    for method in ("dense", "sparse"):
+        assert set(predictions[method]) == set(ALGORITHMS)
+        for algorithm, predicted in predictions[method].items():
+            assert adjusted_rand_score(labels, predicted) == 1.0, algorithm
+
+
+def test_batched_iclust_gives_the_labels_of_one_restart_at_a_time(embedded_pipeline_output):
+    """Iclust's restarts (and several methods' matrices) anneal together in `iclust_many`; on the
+    real excerpt's SCB articles every label equals the unbatched implementation's."""
+    from eval.scb import read_articles
+    from model.encoders import MeanVectorsEncoder, TfidfEncoder
+
+    compared = 0
+    for record in sorted(read_articles(str(embedded_pipeline_output)), key=lambda r: len(r["sentences"]))[:4]:
+        k = len(set(record["labels"]))
+        similarities = [cosine_geometry(encoder.encode(record["sentences"]))[1]
+                        for encoder in (MeanVectorsEncoder(), TfidfEncoder())]
+        for batched, similarity in zip(iclust_many(similarities, k), similarities):
+            np.testing.assert_array_equal(batched, reference_scoring.iclust(similarity, k), err_msg=record["title"])
+            compared += 1
+    assert compared == 8

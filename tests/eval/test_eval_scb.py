@@ -31,10 +31,11 @@ def test_score_article_skips_a_variant_without_two_sections():
     record = {"article_id": 5, "title": "T", "sections": ["a", "b"], "sentences": ["w", "x", "y", "z"],
               "labels": [0, 0, 1, 1], "openers": [True, False, False, False]}
     embeddings = np.eye(4, dtype=np.float32)
-    rows = scb.score_article(record, "m", embeddings, seed=0)
-    assert [row["algorithm"] for row in rows if row["variant"] == "all"] == list(ALGORITHMS)
-    (skipped,) = [row for row in rows if row["variant"] == "openers"]
-    assert "skipped" in skipped
+    rows = scb.score_article(record, {"m": embeddings, "n": embeddings[:, ::-1]}, seed=0)
+    assert [(row["method"], row["algorithm"]) for row in rows if row["variant"] == "all"] == [
+        (method, algorithm) for method in "mn" for algorithm in ALGORITHMS]
+    skipped = [row for row in rows if row["variant"] == "openers"]
+    assert [row["method"] for row in skipped] == ["m", "n"] and all("skipped" in row for row in skipped)
 
 
 def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
@@ -47,7 +48,11 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     assert counters["scb_eval_articles_read"] == len(articles) + 2
     assert counters["scb_eval_articles_malformed"] == 2
     assert counters["scb_eval_articles_scored"] == len(articles)
-    assert counters["scb_eval_sentences_encoded"] == 2 * sum(len(a["sentences"]) for a in articles)
+    assert counters["scb_eval_sentences_scored"] == sum(len(a["sentences"]) for a in articles)
+    # Each method embedded each distinct sentence once, into the job's cache; TF-IDF, fitted on
+    # each article, is not cached.
+    cached = sorted(path.name for path in (tmp_path / "out" / "embeddings").iterdir())
+    assert cached == ["mean-vectors.json", "mean-vectors.parquet"]
     dead = [json.loads(line) for path in (tmp_path / "out" / "scb").glob("dead_letters-*")
             for line in path.read_text().splitlines()]
     assert {d["reason"] for d in dead} == {"malformed_scb_record"} and all(d["stage"] == "eval-scb" for d in dead)

@@ -2,6 +2,7 @@
 import shutil
 
 import numpy as np
+from scipy import sparse
 import pytest
 
 from model.encoders import (ConcatEncoder, EncoderSpecError, MeanVectorsEncoder, TfidfEncoder, default_encoder_specs,
@@ -29,10 +30,11 @@ def test_mean_vectors_is_the_mean_glove_vector_of_the_tokens(mean_vectors):
     assert not embedding[1].any()  # no known token: the zero vector
 
 
-def test_tfidf_shares_one_vocabulary_per_call_and_is_unit_length():
+def test_tfidf_is_sparse_shares_one_vocabulary_per_call_and_is_unit_length():
     encoder = TfidfEncoder()
-    embedding = encoder.encode(["red apples and green apples", "green grass", "blue sky"])
-    assert embedding.shape[0] == 3
+    vectors = encoder.encode(["red apples and green apples", "green grass", "blue sky"])
+    assert sparse.issparse(vectors) and vectors.shape[0] == 3 and vectors.nnz < vectors.shape[0] * vectors.shape[1]
+    embedding = vectors.toarray()
     np.testing.assert_allclose(np.linalg.norm(embedding, axis=1), 1.0, rtol=1e-5)
     assert embedding[0] @ embedding[1] > 0  # share "green"
     assert embedding[0] @ embedding[2] == 0  # share nothing

@@ -1,0 +1,139 @@
+"""Each method's embeddings of a set of distinct sentences, computed once and kept as Parquet.
+
+The evaluation scores every method on the test split's triplets and on every SCB article, and
+their sentences are mostly the same (SCB articles are test articles). `cache_embeddings` encodes
+each distinct sentence once per method and writes `<folder>/<method>.parquet` with
+`model.embed`'s columns (`id`: a stable hash of the text, `text`, `embedding`), then
+`<method>.json`, the key that lets a later run reuse the file: the encoder spec, a SHA-256 of the
+sentences in order, and one of the encoder's files. The spec `cached:<name>=<file>.parquet`
+(`model.encoders`) is an encoder that answers from such a file, so every job scores it like any
+other method; a sentence that is not in the file is an error, never a silent zero.
+
+An encoder whose vectors depend on the set encoded together (`fits_each_call`: TF-IDF, whose IDF
+is fitted per call) is not cached: its spec is kept and each set is encoded on its own.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from tqdm import tqdm
+
+from model.encoders import CACHED_KIND, load_encoder, method_names
+from pipeline.outputs import write_bytes
+from pipeline.splits import stable_hash
+
+# Where an evaluation keeps its embeddings, under its --output.
+EMBEDDINGS_FOLDER = "embeddings"
+# Sentences per encode call: long enough for the encoders' own batching, short enough to show progress.
+ENCODE_CHUNK = 2048
+
+
+def parquet_schema(dim: int) -> pa.Schema:
+    """`model.embed`'s output columns: id, text and a fixed-width float32 embedding."""
+    return pa.schema([("id", pa.string()), ("text", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
+
+
+class CachedEncoder:
+    """Answers `encode` from a cache file written by `cache_embeddings` (local or gs://)."""
+
+    def __init__(self, path: str, name: str):
+        self.name = name
+        self.path = path
+        with FileSystems.open(path) as handle:
+            table = pq.read_table(handle)
+        texts = table.column("text").to_pylist()
+        column = table.column("embedding").combine_chunks()
+        self.dim = column.type.list_size
+        self._matrix = column.flatten().to_numpy().reshape(len(texts), self.dim)
+        self._row_of = {text: row for row, text in enumerate(texts)}
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        try:
+            rows = [self._row_of[sentence] for sentence in sentences]
+        except KeyError as error:
+            raise KeyError(f"{self.path}: no cached embedding of the sentence {error.args[0][:80]!r}") from None
+        return self._matrix[rows] if rows else np.zeros((0, self.dim), np.float32)
+
+
+def sentences_sha256(sentences: list[str]) -> str:
+    digest = hashlib.sha256()
+    for sentence in sentences:
+        digest.update(sentence.encode("utf-8") + b"\0")
+    return digest.hexdigest()
+
+
+def encoder_fingerprint(spec: str) -> str:
+    """A SHA-256 of what makes a trained encoder (each export's graph and variable index, whose
+    entries hold their tensors' checksums); a baseline's spec names it on its own."""
+    digest = hashlib.sha256(spec.encode("utf-8"))
+    if spec.startswith(("saved:", "concat:")):
+        for model_dir in spec.split("=", 1)[1].split("+"):
+            for part in ("encoder/saved_model.pb", "encoder/variables/variables.index"):
+                path = FileSystems.join(model_dir.rstrip("/"), part)
+                if FileSystems.exists(path):
+                    with FileSystems.open(path) as handle:
+                        digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def encode_with_progress(encoder, sentences: list[str]) -> np.ndarray:
+    """float32 [n, d] embeddings, encoded in length order (batches of like length pad least) in
+    chunks, with a progress bar counting sentences."""
+    order = np.argsort([len(sentence) for sentence in sentences], kind="stable")
+    embeddings = None
+    with tqdm(total=len(sentences), desc=f"encode [{encoder.name}]", unit="sentence") as progress:
+        for start in range(0, len(sentences), ENCODE_CHUNK):
+            rows = order[start:start + ENCODE_CHUNK]
+            chunk = np.asarray(encoder.encode([sentences[row] for row in rows]), dtype=np.float32)
+            if embeddings is None:
+                embeddings = np.empty((len(sentences), chunk.shape[1]), np.float32)
+            embeddings[rows] = chunk
+            progress.update(len(rows))
+    return embeddings
+
+
+def write_cache(path: str, sentences: list[str], embeddings: np.ndarray) -> None:
+    dim = embeddings.shape[1]
+    table = pa.Table.from_arrays(
+        [pa.array([f"{stable_hash(sentence):016x}" for sentence in sentences]), pa.array(sentences),
+         pa.FixedSizeListArray.from_arrays(pa.array(embeddings.reshape(-1)), dim)],
+        schema=parquet_schema(dim))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def cache_embeddings(specs: list[str], sentences: list[str], folder: str) -> list[str]:
+    """Each spec's embeddings of `sentences` (distinct, in a fixed order) in `folder`, reused when
+    its key matches, else encoded now; returns the specs to score with: `cached:` ones, and the
+    specs of encoders fitted per call as they were."""
+    scored = []
+    key_of = {"sentences_sha256": sentences_sha256(sentences), "sentences": len(sentences)}
+    cached_exports: dict[str, CachedEncoder] = {}   # model dir -> its cached embeddings, for concatenations
+    for spec, name in zip(specs, method_names(specs)):
+        path = FileSystems.join(folder, f"{name}.parquet")
+        key_path = FileSystems.join(folder, f"{name}.json")
+        key = {"spec": spec, "encoder_sha256": encoder_fingerprint(spec), **key_of}
+        reused = False
+        if FileSystems.exists(key_path) and FileSystems.exists(path):
+            with FileSystems.open(key_path) as handle:
+                reused = json.load(handle) == key
+            if reused:
+                print(f"encode [{name}]: {len(sentences)} sentences reused from {path}")
+        if not reused:
+            encoder = load_encoder(spec, cached_exports)   # a concatenation of cached parts: a lookup
+            if getattr(encoder, "fits_each_call", False):
+                scored.append(spec)
+                continue
+            write_cache(path, sentences, encode_with_progress(encoder, sentences))
+            write_bytes(key_path, (json.dumps(key, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+            del encoder   # one trained model in memory at a time
+        if spec.startswith("saved:"):
+            cached_exports[spec.split("=", 1)[1]] = CachedEncoder(path, name)
+        scored.append(f"{CACHED_KIND}:{name}={path}")
+    return scored
