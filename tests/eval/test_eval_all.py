@@ -8,6 +8,7 @@ import reference_scoring
 from scipy import sparse
 
 from eval import all as eval_all
+from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoders import load_encoders
@@ -50,6 +51,17 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
               if (row["variant"], row["algorithm"], row["method"]) == ("all", "kmeans", "triplets-sen")]
     assert len(kmeans) == 1 and kmeans[0]["n"] == scb_articles and kmeans[0]["low"] <= kmeans[0]["high"]
     assert f"n = {test_triplets} triplets" in markdown and "95 % paired bootstrap" in markdown
+
+    # The README's results block is regenerated from the report, between its markers only.
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\n<!-- results:begin -->\nstale\n<!-- results:end -->\nafter\n")
+    eval_readme.main(["--report", str(out), "--readme", str(readme)])
+    text = readme.read_text()
+    assert text.startswith("# Title\n<!-- results:begin -->\n| method |") and text.endswith("<!-- results:end -->\nafter\n")
+    assert "stale" not in text and f"n = {test_triplets} test triplets and {scb_articles} SCB articles" in text
+    for method in methods:
+        accuracy = by_method[method]["accuracy_cosine"]
+        assert f"| {method} | {accuracy:.3f} [" in text
 
 
 def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipeline_output, tiny_model, tmp_path):
