@@ -33,18 +33,22 @@ import os
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-
 from model.config import TrainConfig, parse_args
-from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
+from pipeline.cli import parse_first, run_cli
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,  # noqa: E402
                         triplet_sample, triplet_strings, verify_split, with_known_length)
-from model.storage import TreeMirror, staged
-from model.text import WordIds
-from model.vectors import load_word_vectors
-from pipeline import records
-from pipeline.cli import run_cli
-from pipeline.splits import SPLITS
+from model.storage import TreeMirror, staged  # noqa: E402
+from model.text import WordIds  # noqa: E402
+from model.vectors import load_word_vectors  # noqa: E402
+from pipeline import records  # noqa: E402
+from pipeline.splits import SPLITS  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 
