@@ -24,18 +24,51 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-import apache_beam as beam
-import numpy as np
-import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
-
-from pipeline import records
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.splits import stable_hash
+from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 
 SOURCES = ("scb", "passages")
+PROG = "python -m model.embed"
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
+
+    model_dir: str = flag(help="a trained model dir (holding encoder/), local or gs://")
+    output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
+    input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")
+    data: str | None = flag(None, help="a pipeline run folder; with --source")
+    source: str = flag("scb", help=f"which output of the run to embed: one of {', '.join(SOURCES)}")
+    text_field: str = flag("text", help="JSON lines: the field holding the sentence")
+    id_field: str = flag("id", help="JSON lines: the field holding its id")
+    min_batch: int = flag(32, help="smallest batch RunInference forms")
+    max_batch: int = flag(512, help="largest batch RunInference forms")
+
+    def __post_init__(self):
+        if bool(self.input) == bool(self.data):
+            raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
+        if self.source not in SOURCES:
+            raise UsageError(f"--source must be one of {SOURCES}, got {self.source!r}")
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise UsageError(f"--min-batch {self.min_batch} / --max-batch {self.max_batch}: need 1 <= min <= max")
+
+
+def parse_flags(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
+    """(config, Beam's pipeline options), from the flags alone."""
+    return parse_config(EmbedConfig, argv, PROG, __doc__.split("\n\n")[0], passthrough=True)
+
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before Beam and the encoder load
+    parse_first(parse_flags)
+
+import apache_beam as beam  # noqa: E402
+import numpy as np  # noqa: E402
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+
+from pipeline import records  # noqa: E402
+from pipeline.splits import stable_hash  # noqa: E402
 
 
 class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
@@ -77,7 +110,10 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
         return "wikisim_embed"
 
 
-def parquet_schema(dim: int) -> pa.Schema:
+def parquet_schema(dim: int):
+    """The Parquet rows: id, text and the embedding as a fixed-size list of float32."""
+    import pyarrow as pa
+
     return pa.schema([("id", pa.string()), ("text", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
 
 
@@ -144,33 +180,9 @@ def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
                                                  file_name_suffix=".parquet"))
 
 
-@dataclass(frozen=True)
-class EmbedConfig:
-    """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
-
-    model_dir: str = flag(help="a trained model dir (holding encoder/), local or gs://")
-    output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
-    input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")
-    data: str | None = flag(None, help="a pipeline run folder; with --source")
-    source: str = flag("scb", help=f"which output of the run to embed: one of {', '.join(SOURCES)}")
-    text_field: str = flag("text", help="JSON lines: the field holding the sentence")
-    id_field: str = flag("id", help="JSON lines: the field holding its id")
-    min_batch: int = flag(32, help="smallest batch RunInference forms")
-    max_batch: int = flag(512, help="largest batch RunInference forms")
-
-    def __post_init__(self):
-        if bool(self.input) == bool(self.data):
-            raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
-        if self.source not in SOURCES:
-            raise UsageError(f"--source must be one of {SOURCES}, got {self.source!r}")
-        if not 1 <= self.min_batch <= self.max_batch:
-            raise UsageError(f"--min-batch {self.min_batch} / --max-batch {self.max_batch}: need 1 <= min <= max")
-
-
 def parse_args(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
     """(config, Beam's pipeline options); the input is checked before any work."""
-    args, beam_args = parse_config(EmbedConfig, argv, "python -m model.embed", __doc__.split("\n\n")[0],
-                                   passthrough=True)
+    args, beam_args = parse_flags(argv)
     if args.input and not FileSystems.match([args.input])[0].metadata_list:
         raise UsageError(f"--input {args.input} matches no file")
     if args.data:

@@ -57,9 +57,8 @@ def read_bytes(path: str) -> bytes:
 def write_bytes(path: str, data: bytes) -> None:
     """Writes exactly `data` (no compression chosen by extension) through Beam's FileSystems, so
     `path` may be local or gs://. The one such helper: eval and model import it."""
-    from apache_beam.io.filesystems import FileSystems
-
     from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
 
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         handle.write(data)
