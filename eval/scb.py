@@ -17,22 +17,8 @@ import json
 import sys
 from dataclasses import dataclass
 
-import apache_beam as beam
-import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
-from tqdm import tqdm
-
-from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
-from eval.intervals import comparisons
-from model.embed import EncoderModelHandler
 from model.encoders import Methods, check_encoder_specs, method_names
-from eval.report import read_jsonl, write_scb_report
-from pipeline import records
-from pipeline.counters import NAMESPACE, job_totals
-from pipeline.cli import flag, parse_config, run_cli
-from pipeline.splits import stable_hash
+from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
 
@@ -50,6 +36,28 @@ class ScbConfig:
     methods: Methods = Methods()
     seed: int = flag(0, help="seed of the clustering and of the article sample")
     max_articles: int | None = flag(None, help="score a seeded sample of this many articles; none = all")
+
+
+def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
+    """(config, Beam's pipeline options)."""
+    return parse_config(ScbConfig, argv, "python -m eval.scb", __doc__.split("\n\n")[0], passthrough=True)
+
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before Beam loads
+    parse_first(parse_args)
+
+import apache_beam as beam  # noqa: E402
+import numpy as np  # noqa: E402
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from eval.intervals import comparisons  # noqa: E402
+from model.embed import EncoderModelHandler  # noqa: E402
+from pipeline import records  # noqa: E402
+from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
+from pipeline.splits import stable_hash  # noqa: E402
 
 
 def parse_scb_record(line: str) -> dict:
@@ -89,6 +97,8 @@ def score_article(record: dict, method: str, embeddings: np.ndarray, seed: int) 
     k is the number of sections that have sentences in the variant; a variant with fewer than
     two such sections is skipped (openers only can lose whole sections) and reported as such.
     """
+    from eval.clustering import cluster_embeddings, clustering_metrics   # scikit-learn: after the flags parse
+
     rows = []
     labels = np.asarray(record["labels"])
     for variant in VARIANTS:
@@ -225,6 +235,8 @@ def remove_previous_rows(output: str) -> None:
 
 def summarise(rows: list[dict]) -> list[dict]:
     """Macro-averages per variant x method x algorithm over the scored articles."""
+    from eval.clustering import macro_average
+
     summary = []
     for variant in VARIANTS:
         scored = [row for row in rows if row["variant"] == variant and "skipped" not in row]
@@ -235,6 +247,8 @@ def summarise(rows: list[dict]) -> list[dict]:
 def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
     """Per variant and algorithm, each method's mean per-article ARI minus each reference
     method's, with a paired bootstrap over the articles all methods scored (`eval.intervals`)."""
+    from eval.clustering import ALGORITHMS
+
     differences = []
     for variant in VARIANTS:
         for algorithm in ALGORITHMS:
@@ -253,6 +267,8 @@ def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
 
 def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result."""
+    from eval.report import read_jsonl, write_scb_report
+
     check_scb_input(config.data)
     check_encoder_specs(config.methods.specs())
     remove_previous_rows(config.output)
@@ -274,11 +290,6 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     }
     write_scb_report(result, config.output)
     return result
-
-
-def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
-    """(config, Beam's pipeline options)."""
-    return parse_config(ScbConfig, argv, "python -m eval.scb", __doc__.split("\n\n")[0], passthrough=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

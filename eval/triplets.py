@@ -18,8 +18,6 @@ import numpy as np
 from tqdm import tqdm
 
 from eval.intervals import comparisons
-from eval.report import write_triplets_report
-from model.data import triplet_sample, triplet_strings, verify_split
 from model.encoders import Methods, check_encoder_specs, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline import records
@@ -50,6 +48,8 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
                   seed: int = 0) -> dict[str, list[str]]:
     """{"anchor", "positive", "negative"}: parallel lists of sentences of one split, or of a
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
+    from model.data import triplet_sample, triplet_strings   # TensorFlow: after the flags parse
+
     columns = {"anchor": [], "positive": [], "negative": []}
     triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
                 else triplet_strings(data, dataset, split))
@@ -94,6 +94,9 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
 
 
 def run(config: TripletsConfig) -> dict:
+    from eval.report import write_triplets_report   # matplotlib and TensorFlow: after the flags parse
+    from model.data import verify_split
+
     verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
