@@ -14,12 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
-
-from eval import scb, sick, triplets
 from model.encoders import Methods
-from eval.report import (learning_curves_figure, scb_markdown, sick_markdown, triplets_markdown, write_figure,
-                         write_json, write_text)
 from pipeline.cli import flag, parse_config, run_cli
 
 
@@ -38,6 +33,8 @@ class ReportConfig:
 
 def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
     """name -> history.json of each `--model-dir` that has one (an untrained export has none)."""
+    from apache_beam.io.filesystems import FileSystems
+
     histories = {}
     for entry in model_dirs:
         name, separator, path = entry.partition("=")
@@ -52,6 +49,11 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_config(ReportConfig, argv, "python -m eval.all", __doc__.split("\n\n")[0],
                                    passthrough=True)
+    from apache_beam.io.filesystems import FileSystems   # the jobs' libraries load once the flags are parsed
+
+    from eval import scb, sick, triplets
+    from eval.report import (learning_curves_figure, scb_markdown, sick_markdown, triplets_markdown, write_figure,
+                             write_json, write_text)
     seconds: dict[str, float] = {}
     sections: list[str] = []
 

@@ -15,15 +15,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
-
-from eval import scb
 from model.encoders import Methods, load_encoder
-from eval.report import markdown_table, write_text
 from pipeline.cli import flag, parse_config, run_cli
 
 
 def read_articles(data: str) -> list[dict]:
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval import scb
+
     articles = []
     for path in scb.scb_files(data):
         with FileSystems.open(path) as handle:
@@ -32,6 +32,10 @@ def read_articles(data: str) -> list[dict]:
 
 
 def benchmark_method(spec: str, data: str, articles: list[dict], output: str) -> dict:
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval import scb
+
     encoder = load_encoder(spec)
     start = time.perf_counter()
     for article in articles:
@@ -60,6 +64,11 @@ class ScbBenchmarkConfig:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
+    from apache_beam.io.filesystems import FileSystems   # Beam and the SCB job load once the flags are parsed
+
+    from eval import scb
+    from eval.report import markdown_table, write_text
+
     scb.check_scb_input(args.data)
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
     articles = read_articles(args.data)
