@@ -6,7 +6,7 @@ reads `<data>/scb/*.jsonl.gz` (local or gs://), and per article and method: enco
 once, clusters them with k-means, Iclust and average-link (k = the article's number of sections)
 and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Each method
 embeds the articles through Beam's RunInference with the project's handler
-(`model.embed.EncoderModelHandler`: the encoder built once per worker from its spec string, an
+(`model.inference.EncoderModelHandler`: the encoder built once per worker from its spec string, an
 article's sentences encoded together). Per-article rows go to
 `<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
 driver then macro-averages per method x algorithm x variant and writes the report files.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from model.encoders import Methods, check_encoder_specs, method_names
 from pipeline.cli import flag, parse_config, parse_first, run_cli
@@ -49,12 +50,10 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 import apache_beam as beam  # noqa: E402
 import numpy as np  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
-from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from eval.intervals import comparisons  # noqa: E402
-from model.embed import EncoderModelHandler  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
@@ -151,7 +150,7 @@ class ScoreArticleFn(beam.DoFn):
     def setup(self):
         self.progress = tqdm(desc=f"scb articles [{self.method}]", unit="article")
 
-    def process(self, keyed: tuple[dict, PredictionResult]):
+    def process(self, keyed: tuple[dict, Any]):   # (article record, its RunInference PredictionResult)
         record, embedded = keyed
         self.sentences.inc(len(record["sentences"]))
         for row in score_article(record, self.method, embedded.inference, self.seed):
@@ -199,6 +198,10 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
     # Each method embeds every article with RunInference (one element = one article's sentences,
     # encoded together), keyed by the article record, then scores it.
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference   # PyTorch too, where installed
+
+    from model.inference import EncoderModelHandler
+
     articles = articles | "CountArticles" >> beam.Map(count_articles_scored)
     specs = config.methods.specs()
     rows = [(articles

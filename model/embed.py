@@ -11,8 +11,8 @@ Beam reads a file in parallel ranges without line numbers), JSON lines (`--text-
 (string), `text` (string) and `embedding` (fixed-size list of float32, the encoder's width),
 written by Beam's `WriteToParquet` (pyarrow).
 
-`EncoderModelHandler` is the project's RunInference handler, for any method's encoder (`eval.scb`
-embeds its articles with it too): Beam batches sentences (`BatchElements`,
+`model.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
+encoder (`eval.scb` embeds its articles with it too): Beam batches sentences (`BatchElements`,
 `--min-batch`/`--max-batch`), loads the encoder once per worker process and shares it across
 threads, and calls `encode` on each batch. It is keyed (`KeyedModelHandler`) so ids travel with
 their sentences.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 
@@ -64,50 +64,10 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 import apache_beam as beam  # noqa: E402
 import numpy as np  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
-from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from pipeline import records  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
-
-
-class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
-    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`, e.g.
-    `saved:NAME=MODEL_DIR`, `mean-vectors`, `tfidf`).
-
-    An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
-    or a tuple of sentences that are encoded together into one [n, d] array (an SCB article: a
-    method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
-
-    def __init__(self, spec: str, min_batch_size: int = 32, max_batch_size: int = 512):
-        """`spec`: an encoder spec, or a trained encoder's path (checked here, not at run time)."""
-        from model.encoders import as_encoder_spec
-
-        super().__init__()
-        self.spec = as_encoder_spec(spec)
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size
-
-    def load_model(self):
-        from model.encoders import load_encoder
-
-        return load_encoder(self.spec)
-
-    def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable[PredictionResult]:
-        if batch and isinstance(batch[0], str):
-            embeddings = model.encode(list(batch))
-        else:
-            embeddings = [model.encode(list(sentences)) for sentences in batch]
-        return [PredictionResult(example, embedding) for example, embedding in zip(batch, embeddings)]
-
-    def batch_elements_kwargs(self):
-        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
-
-    def share_model_across_processes(self) -> bool:
-        return False
-
-    def get_metrics_namespace(self) -> str:
-        return "wikisim_embed"
 
 
 def parquet_schema(dim: int):
@@ -166,12 +126,17 @@ def line_id(file_name: str, text: str) -> str:
     return f"{file_name}#{stable_hash(text):016x}"
 
 
-def to_row(keyed: tuple[str, PredictionResult]) -> dict:
+def to_row(keyed: tuple[str, Any]) -> dict:
+    """A Parquet row from RunInference's (id, PredictionResult)."""
     key, result = keyed
     return {"id": key, "text": result.example, "embedding": np.asarray(result.inference, np.float32).tolist()}
 
 
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+
+    from model.inference import EncoderModelHandler
+
     handler = KeyedModelHandler(EncoderModelHandler(f"saved:embed={args.model_dir}", args.min_batch, args.max_batch))
     (read_inputs(pipeline, args)
      | "Embed" >> RunInference(handler)

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 
 from model import embed
 from model.encoder import load_encoder
+from model.inference import EncoderModelHandler
 
 
 def _rows(folder):
@@ -83,9 +84,9 @@ def test_run_inference_takes_a_model_path_and_refuses_a_bad_one_at_construction(
 
     with TestPipeline() as pipeline:
         embedded = (pipeline | beam.Create(sentences)
-                    | RunInference(embed.EncoderModelHandler(tiny_model)))   # a plain model dir, not a spec
+                    | RunInference(EncoderModelHandler(tiny_model)))   # a plain model dir, not a spec
         assert_that(embedded, equal_to_the_encoders)
     from model.encoders import EncoderSpecError
 
     with pytest.raises(EncoderSpecError, match="nowhere"):
-        embed.EncoderModelHandler(str(tmp_path / "nowhere"))
+        EncoderModelHandler(str(tmp_path / "nowhere"))
