@@ -28,6 +28,7 @@ from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 
 SOURCES = ("scb", "passages")
 PROG = "python -m model.embed"
+SENTENCES_EMBEDDED = "embed_sentences"   # the job's counter of sentences (or paragraphs) embedded
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from pipeline import records  # noqa: E402
+from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
 
@@ -132,6 +134,25 @@ def to_row(keyed: tuple[str, Any]) -> dict:
     return {"id": key, "text": result.example, "embedding": np.asarray(result.inference, np.float32).tolist()}
 
 
+class ToRowsFn(beam.DoFn):
+    """`to_row`, counting the sentences embedded: a Beam counter (the job's page on Dataflow, the
+    summary line here) and, on a terminal, a progress bar in sentences."""
+
+    def setup(self):
+        from tqdm import tqdm
+
+        self.sentences = beam.metrics.Metrics.counter(NAMESPACE, SENTENCES_EMBEDDED)
+        self.progress = tqdm(desc="model.embed", unit=" sentences", disable=None, mininterval=2)
+
+    def process(self, keyed: tuple[str, Any]):
+        self.sentences.inc()
+        self.progress.update()
+        yield to_row(keyed)
+
+    def teardown(self):
+        self.progress.close()
+
+
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
@@ -140,7 +161,7 @@ def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     handler = KeyedModelHandler(EncoderModelHandler(f"saved:embed={args.model_dir}", args.min_batch, args.max_batch))
     (read_inputs(pipeline, args)
      | "Embed" >> RunInference(handler)
-     | "ToRows" >> beam.Map(to_row)
+     | "ToRows" >> beam.ParDo(ToRowsFn())
      | "WriteParquet" >> beam.io.WriteToParquet(FileSystems.join(args.output, "embeddings"), parquet_schema(dim),
                                                  file_name_suffix=".parquet"))
 
@@ -164,8 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
     result.wait_until_finish()
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)
-    print(f"embeddings ({dim} floats per sentence) in {len(files)} Parquet file(s) under {args.output}")
-    return {"dim": dim, "files": files}
+    sentences = job_totals(result).get(SENTENCES_EMBEDDED, 0)
+    print(f"{sentences} sentences embedded ({dim} float32 each, not normalised) in {len(files)} Parquet file(s) "
+          f"under {args.output}")
+    return {"dim": dim, "files": files, "sentences": sentences}
 
 
 if __name__ == "__main__":

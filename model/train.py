@@ -478,7 +478,9 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     if tf.io.gfile.exists(best.filepath):   # tested and exported: the best validation epoch, of this run or a killed one
         model.load_weights(best.filepath)
 
+    LOG.info("training done; scoring the best epoch on the test split")   # silent otherwise: the test pass takes a while
     test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0, return_dict=True)
+    LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
     counts = {split: future.result() for split, future in record_counts.items()}
     counting.shutdown()
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
@@ -509,6 +511,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "config": dataclasses.asdict(config),
     }
     if chief:
+        LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", config.model_dir)
         exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
         if config.serving_version is not None:
