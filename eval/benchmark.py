@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     write_text(FileSystems.join(output, "benchmark.md"), "## SCB scoring throughput (DirectRunner)\n\n" + table)
     write_text(FileSystems.join(output, "benchmark.json"), json.dumps(rows, indent=2) + "\n")
     print(table)
+    print(f"benchmark.md, benchmark.json and the jobs' outputs in {output}")
     return rows
 
 

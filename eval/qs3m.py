@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (encoder,) = load_encoders([spec])
     results = evaluate(config, encoder)
     print(qs3m_markdown(results))
+    print(f"QS3M results in {config.output} (qs3m.json, qs3m.md, qs3m-*.png)")
     return results
 
 

@@ -231,7 +231,13 @@ def parse_args(argv: list[str] | None) -> SickConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(parse_args(argv))
+    config = parse_args(argv)
+    result = run(config)
+    from eval.report import sick_markdown
+
+    print(sick_markdown(result))
+    print(f"SICK results in {config.output}")
+    return result
 
 
 if __name__ == "__main__":

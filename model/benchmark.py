@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         with tf.io.gfile.GFile(f"{args.out}/benchmark.json", "w") as handle:
             json.dump(results, handle, indent=2)
         plot(results, f"{args.out}/benchmark.png")
+        print(f"benchmark.json and benchmark.png in {args.out}")
     return results
 
 

@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (encoder,) = load_encoders([config.encoder])
     summary = train(config, encoder)
     print(json.dumps(summary["counts"], indent=2))
+    print(f"QS3M models, config.json and training.png in {config.output}")
     return summary
 
 
