@@ -103,7 +103,8 @@ class MiniLMEncoder:
     def __init__(self, name: str = "minilm", batch_size: int = 128):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         load_pytorch_first()
-        if "torch._dynamo" not in sys.modules and "tensorflow" in sys.modules:
+        if ("torch._dynamo" not in sys.modules and "tensorflow" in sys.modules
+                and importlib.util.find_spec("sentence_transformers")):
             raise EncoderSpecError("encoder 'minilm': PyTorch cannot load after TensorFlow in one process (it "
                                    "segfaults); load the minilm encoder before importing tensorflow")
         try:

@@ -112,3 +112,8 @@ def test_choosing_minilm_loads_pytorch_before_tensorflow_or_says_why_it_cannot(t
                            "try:\n    load_encoder('minilm')\nexcept EncoderSpecError as error:\n    print(error)"],
                     PYTHONPATH=os.pathsep.join([str(REPO), str(fake)]))
     assert too_late.returncode == 0 and "before importing tensorflow" in too_late.stdout, too_late.stderr
+    without_extra = _run(["-c", "import sys, types\nsys.modules['tensorflow'] = types.ModuleType('tensorflow')\n"
+                                "sys.modules['sentence_transformers'] = None   # not installed\n"
+                                "from model.encoders import EncoderSpecError, load_encoder\n"
+                                "try:\n    load_encoder('minilm')\nexcept EncoderSpecError as error:\n    print(error)"])
+    assert "needs the optional extra" in without_extra.stdout, without_extra.stderr
