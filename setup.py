@@ -1,4 +1,5 @@
-"""Installs the three stages (`pipeline`, `model`, `eval`) as one distribution.
+"""Installs the three stages (`pipeline`, `model`, `eval`) and the cloud tooling (`infra`, with
+its specs and templates as package data) as one distribution.
 
 Workers install what they run: `install_requires` is what the pipeline needs, because Dataflow
 workers of `pipeline.run` install the package from `--setup_file ./setup.py` (no extras); so
@@ -30,7 +31,12 @@ setuptools.setup(
     description="Thematic sentence similarity learned from Wikipedia sections "
     "(Ein Dor et al., ACL 2018) at Wikipedia scale with Apache Beam and Keras.",
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "model", "model.*", "eval", "eval.*"]),
+    packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "model", "model.*", "eval", "eval.*",
+                                               "infra", "infra.*"]),
+    # What infra.submit reads beside its code: the Vertex AI specs, the Flex Template metadata, the
+    # Cloud Build recipe and the TPU constraints.
+    package_data={"infra": ["vertex/*.yaml", "flex_template.json", "cloudbuild.yaml", "tpu-constraints.txt",
+                            "Dockerfile", "Dockerfile.dockerignore", "README.md"]},
     install_requires=[   # the pipeline (a Dataflow worker of pipeline.run installs only these)
         "apache-beam>=2.77",
         "spacy>=3.8,<4",

@@ -18,13 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
-
-from eval import scb, sick, triplets
-from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 from model.encoders import Methods, check_encoder_specs
-from eval.report import (learning_curves_figure, scb_markdown, sick_markdown, triplets_markdown, write_figure,
-                         write_json, write_text)
 from pipeline.cli import flag, parse_config, run_cli
 
 
@@ -43,6 +37,8 @@ class ReportConfig:
 
 def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
     """name -> history.json of each `--model-dir` that has one (an untrained export has none)."""
+    from apache_beam.io.filesystems import FileSystems
+
     histories = {}
     for entry in model_dirs:
         name, separator, path = entry.partition("=")
@@ -57,6 +53,13 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_config(ReportConfig, argv, "python -m eval.all", __doc__.split("\n\n")[0],
                                    passthrough=True)
+    from apache_beam.io.filesystems import FileSystems   # the jobs' libraries load once the flags are parsed
+
+    from eval import scb, sick, triplets
+    from eval.report import (learning_curves_figure, scb_markdown, sick_markdown, triplets_markdown, write_figure,
+                             write_json, write_text)
+    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+
     check_encoder_specs(args.methods.specs())
     scb.check_scb_input(args.data)
     sick_splits = sick.read_sick(args.sick) if args.sick else None

@@ -16,15 +16,15 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
-
-from eval import scb
 from model.encoders import Methods, load_encoder
-from eval.report import markdown_table, write_text
 from pipeline.cli import flag, parse_config, run_cli
 
 
 def benchmark_method(spec: str, data: str, articles: list[dict], output: str) -> dict:
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval import scb
+
     encoder = load_encoder(spec)
     start = time.perf_counter()
     for article in articles:
@@ -53,6 +53,11 @@ class ScbBenchmarkConfig:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
+    from apache_beam.io.filesystems import FileSystems   # Beam and the SCB job load once the flags are parsed
+
+    from eval import scb
+    from eval.report import markdown_table, write_text
+
     scb.check_scb_input(args.data)
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
     articles = scb.read_articles(args.data)
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     write_text(FileSystems.join(output, "benchmark.md"), "## SCB scoring throughput (DirectRunner)\n\n" + table)
     write_text(FileSystems.join(output, "benchmark.json"), json.dumps(rows, indent=2) + "\n")
     print(table)
+    print(f"benchmark.md, benchmark.json and the jobs' outputs in {output}")
     return rows
 
 

@@ -12,7 +12,6 @@ would cost more than the evaluation. A difference is significant when its interv
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
 
 # The methods every other one is compared with, where present: the paper's baseline and the
 # off-the-shelf sentence encoder a user would pick instead (its Keras export or its PyTorch one).
@@ -44,6 +43,8 @@ def mean_interval(values: np.ndarray, seed: int = 0, confidence: float = 0.95) -
 
 def paired_difference(left: np.ndarray, right: np.ndarray, seed: int = 0, confidence: float = 0.95) -> dict:
     """Mean of `left - right` over paired items with its bootstrap interval."""
+    from scipy import stats
+
     left, right = np.asarray(left, np.float64), np.asarray(right, np.float64)
     difference = float(np.mean(left - right))
     if len(left) < 2 or np.all(left - right == difference):   # no spread to resample

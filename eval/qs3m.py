@@ -20,27 +20,14 @@ import json
 import sys
 from typing import Any, Callable, Sequence
 
-import matplotlib
 import numpy as np
-from scipy import stats
-from scipy.special import rel_entr
-from sklearn.cluster import AgglomerativeClustering
-from sklearn.decomposition import LatentDirichletAllocation
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer, TfidfVectorizer
-from sklearn.metrics import adjusted_rand_score
-from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
 from tqdm import tqdm
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-
 from model.encoders import load_encoders
-from eval.report import markdown_table, write_figure, write_json, write_text
 from model.encoder import SentenceEncoder
 from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
-from model.text import tokenize
 from pipeline.cli import flag, parse_config, run_cli
 from pipeline.outputs import read_bytes
 from pipeline.splits import SPLITS
@@ -78,6 +65,8 @@ class Qs3mEvalConfig:
 
 def cluster(distances: np.ndarray, num_clusters: int) -> np.ndarray:
     """Average-link agglomerative clustering of a precomputed distance matrix into `num_clusters`."""
+    from sklearn.cluster import AgglomerativeClustering
+
     distances = np.clip((distances + distances.T) / 2.0, 0.0, None)
     np.fill_diagonal(distances, 0.0)
     return AgglomerativeClustering(n_clusters=num_clusters, metric="precomputed", linkage="average").fit_predict(distances)
@@ -89,6 +78,8 @@ def jensen_shannon_divergences(topic_mixtures: np.ndarray) -> np.ndarray:
     Not `pdist(..., "jensenshannon") ** 2`: that distance takes a square root of a rounding-level
     negative for near-identical topic mixtures (common with LDA) and returns NaN.
     """
+    from scipy.special import rel_entr
+
     first, second = topic_mixtures[:, None, :], topic_mixtures[None, :, :]
     middle = (first + second) / 2.0
     divergence = (rel_entr(first, middle) + rel_entr(second, middle)).sum(axis=-1) / (2.0 * np.log(2.0))
@@ -97,6 +88,8 @@ def jensen_shannon_divergences(topic_mixtures: np.ndarray) -> np.ndarray:
 
 def compare_with_reference(scores: dict[str, list[float]], reference: str = REFERENCE) -> dict[str, dict[str, Any]]:
     """Macro-averaged ARI per method and a paired t-test of each method against the reference."""
+    from scipy import stats
+
     base = np.asarray(scores[reference])
     summary = {}
     for method, values in scores.items():
@@ -127,6 +120,14 @@ def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], 
     `model.encoders.TfidfEncoder`: it fits its IDF on each call, i.e. on one query's few passages,
     which on the embedded excerpt scored a flat ARI of 0.054 against 0.122 with corpus IDF.
     """
+    from model.text import tokenize
+
+    from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
+
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer, TfidfVectorizer
+
+    from sklearn.decomposition import LatentDirichletAllocation
+
     tokens = tokenize(corpus)
     tfidf = TfidfVectorizer(analyzer=lambda words: words, sublinear_tf=True).fit(tokens)
     counts = CountVectorizer(analyzer=lambda words: [w for w in words if w.isalnum() and w not in ENGLISH_STOP_WORDS])
@@ -159,6 +160,8 @@ def model_methods(model_dir: str, trained: dict[str, dict[str, Any]], embeddings
 
 def qs3m_markdown(results: dict[str, Any]) -> str:
     """Rows = methods; per benchmark the ARI, its difference to the reference and the t-test's p."""
+    from eval.report import markdown_table
+
     def ari_cell(row: dict[str, Any]) -> str:
         sem = f" ± {row['sem']:.3f}" if row["sem"] is not None else ""
         significant = row["p"] is not None and row["p"] < 0.05
@@ -186,6 +189,10 @@ def qs3m_markdown(results: dict[str, Any]) -> str:
 
 def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
     """PNG: for each method, per-query ARI minus the reference's, sorted; green helps, red hurts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     methods = [method for method in per_query if method != REFERENCE]
     columns = min(4, max(1, len(methods)))
     rows = -(-len(methods) // columns) or 1
@@ -211,6 +218,10 @@ def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
 
 def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     """Clusters every query of `config.split` with every method and writes JSON, Markdown and PNGs."""
+    from eval.report import write_figure, write_json, write_text
+
+    from sklearn.metrics import adjusted_rand_score
+
     trained = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["models"]
     articles_per_split = dict.fromkeys(SPLITS, 0)
     corpus_queries, dead_letters = read_queries(config.passages, None, config.corpus_queries, config.seed,
@@ -262,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (encoder,) = load_encoders([spec])
     results = evaluate(config, encoder)
     print(qs3m_markdown(results))
+    print(f"QS3M results in {config.output} (qs3m.json, qs3m.md, qs3m-*.png)")
     return results
 
 

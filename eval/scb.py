@@ -6,7 +6,7 @@ reads `<data>/scb/*.jsonl.gz` (local or gs://), and per article and method: enco
 once, clusters them with k-means, Iclust and average-link (k = the article's number of sections)
 and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Each method
 embeds the articles through Beam's RunInference with the project's handler
-(`model.embed.EncoderModelHandler`: the encoder built once per worker from its spec string, an
+(`model.inference.EncoderModelHandler`: the encoder built once per worker from its spec string, an
 article's sentences encoded together). Per-article rows go to
 `<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
 driver then macro-averages per method x algorithm x variant and writes the report files.
@@ -17,24 +17,10 @@ import heapq
 import json
 import sys
 from dataclasses import dataclass
+from typing import Any
 
-import apache_beam as beam
-import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
-from tqdm import tqdm
-
-from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, macro_average
-from eval.intervals import comparisons, mean_interval
-from model.embed import EncoderModelHandler
-from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 from model.encoders import Methods, check_encoder_specs, method_names
-from eval.report import read_jsonl, scb_markdown, write_scb_report
-from pipeline import records
-from pipeline.counters import NAMESPACE, job_totals
-from pipeline.cli import flag, parse_config, run_cli
-from pipeline.splits import stable_hash
+from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
 
@@ -52,6 +38,26 @@ class ScbConfig:
     methods: Methods = Methods()
     seed: int = flag(0, help="seed of the clustering and of the article sample")
     max_articles: int | None = flag(None, help="score a seeded sample of this many articles; none = all")
+
+
+def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
+    """(config, Beam's pipeline options)."""
+    return parse_config(ScbConfig, argv, "python -m eval.scb", __doc__.split("\n\n")[0], passthrough=True)
+
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before Beam loads
+    parse_first(parse_args)
+
+import apache_beam as beam  # noqa: E402
+import numpy as np  # noqa: E402
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from eval.intervals import comparisons, mean_interval  # noqa: E402
+from pipeline import records  # noqa: E402
+from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
+from pipeline.splits import stable_hash  # noqa: E402
 
 
 def parse_scb_record(line: str) -> dict:
@@ -91,6 +97,8 @@ def score_article(record: dict, embeddings_by_method: dict[str, np.ndarray], see
     k is the number of sections that have sentences in the variant; a variant with fewer than
     two such sections is skipped (openers only can lose whole sections) and reported as such.
     All methods' embeddings of the article are clustered together (`cluster_embeddings`)."""
+    from eval.clustering import cluster_embeddings, clustering_metrics   # scikit-learn: after the flags parse
+
     rows = []
     labels = np.asarray(record["labels"])
     for variant in VARIANTS:
@@ -145,7 +153,7 @@ class ScoreArticleFn(beam.DoFn):
     def setup(self):
         self.progress = tqdm(desc="scb articles clustered", unit="article")
 
-    def process(self, embedded: tuple[dict, dict[str, np.ndarray]]):
+    def process(self, embedded: tuple[dict, dict[str, Any]]):   # (article record, its embeddings by method)
         record, embeddings_by_method = embedded
         self.sentences.inc(len(record["sentences"]))
         for row in score_article(record, embeddings_by_method, self.seed):
@@ -213,6 +221,10 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
     # Each method embeds every article with RunInference (one element = one article's sentences,
     # encoded together), each adding its embeddings to the article's; then all are scored at once.
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference   # PyTorch too, where installed
+
+    from model.inference import EncoderModelHandler
+
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
     specs = config.methods.specs() if specs is None else specs
     for spec, method in zip(specs, method_names(specs)):
@@ -251,6 +263,8 @@ def remove_previous_rows(output: str) -> None:
 def summarise(rows: list[dict], seed: int = 0) -> list[dict]:
     """Macro-averages per variant x method x algorithm over the scored articles, the mean ARI with
     its 95 % bootstrap interval over them."""
+    from eval.clustering import macro_average
+
     summary = []
     for variant in VARIANTS:
         scored = [row for row in rows if row["variant"] == variant and "skipped" not in row]
@@ -264,6 +278,8 @@ def summarise(rows: list[dict], seed: int = 0) -> list[dict]:
 def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
     """Per variant and algorithm, each method's mean per-article ARI minus each reference
     method's, with a paired bootstrap over the articles all methods scored (`eval.intervals`)."""
+    from eval.clustering import ALGORITHMS
+
     differences = []
     for variant in VARIANTS:
         for algorithm in ALGORITHMS:
@@ -284,6 +300,9 @@ def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[str] 
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result.
     `specs`: the methods' encoders, e.g. eval.all's cached embeddings; by default each method
     embeds the scored articles' distinct sentences once (`model.embedding_cache`)."""
+    from eval.report import read_jsonl, write_scb_report
+    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+
     check_scb_input(config.data)
     check_encoder_specs(config.methods.specs())
     if specs is None:
@@ -311,14 +330,11 @@ def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[str] 
     return result
 
 
-def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
-    """(config, Beam's pipeline options)."""
-    return parse_config(ScbConfig, argv, "python -m eval.scb", __doc__.split("\n\n")[0], passthrough=True)
-
-
 def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
     result = run(config, beam_args)
+    from eval.report import scb_markdown
+
     print(scb_markdown(result))
     print(f"report: {FileSystems.join(config.output, 'scb.md')} (+ scb.json, scb_ari.png, per-article rows in scb/)")
     return result

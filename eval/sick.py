@@ -20,16 +20,9 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from scipy import sparse
-from scipy.optimize import minimize
-from scipy.special import logsumexp, softmax
-from scipy.stats import pearsonr, spearmanr
-from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from model.encoders import Methods, load_encoders
-from eval.report import write_sick_report
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 CLASSES = np.arange(1, 6)
@@ -60,6 +53,8 @@ def read_sick(path: str) -> dict[str, dict[str, list]]:
     A row whose score is not a number in [1, 5] or whose split is unknown is an error naming the
     line: the file is a fixed, published data set, so a bad row means a wrong or damaged file.
     """
+    from apache_beam.io.filesystems import FileSystems
+
     if not FileSystems.match([path])[0].metadata_list:
         raise SickInputError(f"SICK file not found: {path}")
     with FileSystems.open(path) as handle:
@@ -113,6 +108,8 @@ class SoftmaxRegression:
     bias: np.ndarray  # [classes]
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:
+        from scipy.special import softmax
+
         return softmax(self.logits(features), axis=1)
 
     def logits(self, features: np.ndarray) -> np.ndarray:
@@ -134,6 +131,10 @@ def soft_logistic_path(features: np.ndarray, target: np.ndarray, c_grid):
     optimiser stay float64; the chosen C and the metrics agree to 4 decimals); a feature constant
     on TRAIN (a TF-IDF word absent from it) is left out of the fit, its weight 0 as at the
     optimum."""
+    from scipy.optimize import minimize   # scipy: after the flags parse
+    from scipy.special import logsumexp
+    from threadpoolctl import threadpool_limits
+
     features = np.asarray(features, dtype=np.float64)
     target = np.asarray(target, dtype=np.float64)
     n_pairs = features.shape[0]
@@ -178,6 +179,8 @@ def expected_score(model: SoftmaxRegression, features: np.ndarray) -> np.ndarray
 
 def relatedness_metrics(predicted, gold) -> dict[str, float]:
     """Pearson r (with its 95 % Fisher-z interval), Spearman rho and MSE against the gold scores."""
+    from scipy.stats import pearsonr, spearmanr
+
     predicted, gold = np.asarray(predicted), np.asarray(gold)
     pearson = pearsonr(predicted, gold)
     interval = pearson.confidence_interval(0.95)
@@ -194,7 +197,7 @@ def score_encoder(encoder, splits: dict, c_grid, full_c_grid: bool = False) -> d
     unique = sick_sentences(splits)
     row_of = {sentence: row for row, sentence in enumerate(unique)}
     embeddings = encoder.encode(unique)
-    if sparse.issparse(embeddings):   # TF-IDF: SICK's vocabulary is small enough to be dense
+    if hasattr(embeddings, "toarray"):   # TF-IDF's sparse rows: SICK's vocabulary is small enough to be dense
         embeddings = embeddings.toarray()
 
     def features(split):
@@ -224,6 +227,8 @@ def sick_sentences(splits: dict) -> list[str]:
 def run(config: SickConfig, specs: list[str] | None = None) -> dict:
     """Scores every method (`specs`: eval.all's cached embeddings; default: the config's
     encoders) and writes `<output>/sick.{json,md}` and the plot."""
+    from eval.report import write_sick_report
+
     splits = read_sick(config.sick)
     encoders = load_encoders(config.methods.specs() if specs is None else specs)
     methods = [score_encoder(encoder, splits, config.c_grid, config.full_c_grid)
@@ -239,7 +244,13 @@ def parse_args(argv: list[str] | None) -> SickConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(parse_args(argv))
+    config = parse_args(argv)
+    result = run(config)
+    from eval.report import sick_markdown
+
+    print(sick_markdown(result))
+    print(f"SICK results in {config.output}")
+    return result
 
 
 if __name__ == "__main__":

@@ -17,14 +17,9 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from scipy import sparse
 from tqdm import tqdm
 
 from eval.intervals import comparisons, proportion_interval
-from eval.report import triplets_markdown, write_triplets_report
-from model.data import triplet_sample, triplet_strings, verify_split
-from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 from model.encoders import Methods, check_encoder_specs, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline import records
@@ -55,6 +50,8 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
                   seed: int = 0) -> dict[str, list[str]]:
     """{"anchor", "positive", "negative"}: parallel lists of sentences of one split, or of a
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
+    from model.data import triplet_sample, triplet_strings   # TensorFlow: after the flags parse
+
     columns = {"anchor": [], "positive": [], "negative": []}
     triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
                 else triplet_strings(data, dataset, split, deterministic=True))
@@ -81,6 +78,8 @@ def _row_sums(matrix) -> np.ndarray:
 
 def _cosines(left, right) -> np.ndarray:
     """Row-wise cosine similarity of two dense arrays or two sparse matrices (kept sparse)."""
+    from scipy import sparse
+
     if sparse.issparse(left):
         dots = _row_sums(left.multiply(right))
         norms = np.sqrt(_row_sums(left.multiply(left)) * _row_sums(right.multiply(right)))
@@ -121,6 +120,8 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
 
 def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
     """The split's triplets (or the configured sample), checked whole against the run's manifest."""
+    from model.data import verify_split   # TensorFlow: after the flags parse
+
     verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplets["anchor"]:
@@ -135,6 +136,11 @@ def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
         specs: list[str] | None = None) -> dict:
     """Scores every method and writes `<output>/triplets.{json,md}` and the plot; returns the result.
     eval.all passes the triplets it read and specs of the embeddings it cached for all its steps."""
+    from apache_beam.io.filesystems import FileSystems   # Beam, pyarrow, matplotlib: after the flags parse
+
+    from eval.report import write_triplets_report
+    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+
     triplets = triplets or read_test_triplets(config)
     if specs is None:
         specs = cache_embeddings(config.methods.specs(), distinct_sentences(triplets),
@@ -158,6 +164,10 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
     check_encoder_specs(config.methods.specs())
     result = run(config)
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval.report import triplets_markdown
+
     print(triplets_markdown(result))
     print(f"report: {FileSystems.join(config.output, 'triplets.md')} (+ triplets.json, triplets_accuracy.png)")
     return result

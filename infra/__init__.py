@@ -1,4 +1,5 @@
 """Repository tooling for Google Cloud: job specs, the worker container and the submission wrapper.
 
-Not shipped to workers (setup.py packages only pipeline/model/eval); run from a checkout.
+Installed with the package (its specs and templates as package data), so `python -m infra.submit`
+runs from any folder; Dataflow workers never import it.
 """

@@ -22,10 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from pipeline import run as pipeline_run
 from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.dumps import embedded_dump_path
-from pipeline.dump_writers import dump_parts, renumber_page, write_multistream_dump
 
 ID_STRIDE = 10_000_000  # page ids of copy N: id + N * ID_STRIDE (the excerpt's ids are below 31,000)
 
@@ -43,6 +40,9 @@ class Measurement:
 
 def build_copies(copies: int, folder: str) -> str:
     """The embedded excerpt repeated `copies` times as a multistream dump (with its index)."""
+    from pipeline.dump_writers import dump_parts, renumber_page, write_multistream_dump
+    from pipeline.dumps import embedded_dump_path
+
     header, pages = dump_parts(embedded_dump_path())
     pages = list(pages)
     dump = os.path.join(folder, f"excerpt-x{copies}-multistream.xml.bz2")
@@ -52,6 +52,9 @@ def build_copies(copies: int, folder: str) -> str:
 
 
 def measure(dump: str | None, output: str) -> Measurement:
+    from pipeline import run as pipeline_run
+    from pipeline.dumps import embedded_dump_path
+
     argv = ["--output", output, "--runner", "DirectRunner"] + (["--input", dump] if dump else [])
     cpu_before = time.process_time()
     stats = pipeline_run.main(argv)

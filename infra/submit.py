@@ -2,8 +2,9 @@
 
     python -m infra.submit {layout,pipeline,scb,train,image,flex} --project P --region R --bucket B [--dry-run]
 
-Each sub-command prints the exact commands it runs, shell-quoted and runnable as printed from the
-repository root; `--dry-run` prints them (and writes the filled Vertex AI spec) without submitting.
+Each sub-command prints the exact commands it runs, shell-quoted and runnable as printed from any
+folder (the files they name are absolute paths into the installed package; only `image`, which
+builds the checkout, runs in the repository root); `--dry-run` prints them (and writes the filled Vertex AI spec) without submitting.
 Before anything is printed the Dataflow options pass Beam's own `PipelineOptionsValidator` with the
 DataflowRunner, and the Vertex AI spec parses into the Vertex client's `CustomJobSpec` message, so
 a malformed project, bucket, job name or accelerator fails here, naming the flag, not in the cloud.
@@ -63,7 +64,7 @@ class CloudConfig:
     variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template), gpu or tpu (Vertex)")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset model.train reads: one of {', '.join(TRIPLET_DATASETS)}")
     embeddings: str | None = flag(None, help="GloVe text file; none = gs://BUCKET/vectors/glove.840B.300d.txt")
-    spec_dir: str = flag("build/vertex", help="where the filled Vertex AI spec is written")
+    spec_dir: str = flag("build/vertex", help="where the filled Vertex AI spec is written (relative: to the current folder)")
 
     def __post_init__(self):
         for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu", "tpu")),
@@ -142,7 +143,7 @@ def dataflow_options(cfg: CloudConfig, stage: str) -> list[str]:
     if cfg.container or stage != "pipeline":
         options.append(f"--sdk_container_image={image_uri(cfg, 'cpu')}")
     else:
-        options.append("--setup_file=./setup.py")
+        options.append(f"--setup_file={REPO_ROOT / 'setup.py'}")
     return options
 
 
@@ -307,7 +308,7 @@ def train_commands(cfg: CloudConfig) -> tuple[list[list[str]], dict[Path, str]]:
     """`gcloud ai custom-jobs create` with the filled spec (returned as a file to write); one spec
     and job name per run, dataset and accelerator, so training titles never overwrites sen's."""
     spec = vertex_spec(cfg)
-    spec_path = Path(cfg.spec_dir) / f"{job_name(cfg.run, cfg.dataset, cfg.accelerator)}.yaml"
+    spec_path = Path(cfg.spec_dir).resolve() / f"{job_name(cfg.run, cfg.dataset, cfg.accelerator)}.yaml"
     command = [
         "gcloud", "ai", "custom-jobs", "create",
         f"--project={cfg.project}",
@@ -438,9 +439,9 @@ def main(argv: list[str] | None = None) -> None:
             commands = flex_commands(cfg)
     except ValueError as err:
         raise SystemExit(f"infra.submit {stage}: {err}") from None
-    for path, text in files.items():  # relative paths are from the repository root, like the commands
-        (REPO_ROOT / path).parent.mkdir(parents=True, exist_ok=True)
-        (REPO_ROOT / path).write_text(text)
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
         print(f"# wrote {path}", flush=True)
     execute(commands, dry_run)
 

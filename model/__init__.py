@@ -1,10 +1,10 @@
-"""The triplet network, its trainer, and every sentence encoder the evaluation jobs score."""
-import importlib.util
-import sys
+"""The triplet network, its trainer, and every sentence encoder the evaluation jobs score.
 
-# The `minilm` extra's PyTorch crashes the process (a segfault importing torch._dynamo, which
-# transformers imports) when TensorFlow's libraries were loaded first; loaded before them, both
-# work. So with the extra installed, importing `model` loads it first when it still can
-# (`model.encoders.MiniLMEncoder` names the import order otherwise).
-if "tensorflow" not in sys.modules and importlib.util.find_spec("sentence_transformers"):
-    import torch._dynamo  # noqa: F401
+Importing `model` loads nothing heavy (no TensorFlow, no PyTorch): each module imports what it
+uses, and the entry points parse their flags first. What it does set is TensorFlow's C++ log
+level, quiet by default (`TF_CPP_MIN_LOG_LEVEL=3`); set the variable yourself (e.g. to 0)
+to bring TensorFlow's logs back.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -42,18 +42,42 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import keras
-import tensorflow as tf
-
 from model.config import TrainConfig
-from model.data import article_chunks, training_batches, triplet_strings
-from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, build_triplet_model,
-                           compile_triplet_model)
-from model.text import WordIds
-from model.transformer import build_transformer_encoder, token_ids
-from model.train import build_vocabulary, embedding_matrix
-from pipeline.cli import flag, parse_config, run_cli
+from pipeline.cli import flag, parse_config, parse_first, run_cli
 from pipeline.records import PAPER_DATASET
+
+
+@dataclass(frozen=True)
+class TrainerBenchmarkConfig:
+    """Flags of `python -m model.benchmark`."""
+
+    data: str = flag(help="pipeline output folder (local or gs://)")
+    dataset: str = flag(PAPER_DATASET, help="triplet dataset whose training split is timed")
+    triplets: int = flag(4096, help="training triplets per timed pass")
+    batch_size: int = flag(TrainConfig.batch_size, help="the fast trainer's batch")
+    article_chunk: int = flag(TrainConfig.article_chunk, help="triplets of one article kept together in a batch")
+    lstm_units: int = flag(TrainConfig.lstm_units, help="BiLSTM units per direction")
+    encoder: str = flag(TrainConfig.encoder, help="Net: bilstm or minilm (the fine-tuned transformer)")
+    rounds: int = flag(1, help="timed passes per variant; the best counts")
+    out: str | None = flag(None, help="folder for benchmark.json and benchmark.png")
+
+
+def parse_args(argv: list[str] | None) -> TrainerBenchmarkConfig:
+    return parse_config(TrainerBenchmarkConfig, argv, "python -m model.benchmark", __doc__.split("\n")[0])
+
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from model.data import article_chunks, training_batches, triplet_strings  # noqa: E402
+from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, build_triplet_model,  # noqa: E402
+                           compile_triplet_model)
+from model.text import WordIds  # noqa: E402
+from model.transformer import build_transformer_encoder, token_ids  # noqa: E402
+from model.train import build_vocabulary, embedding_matrix  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
@@ -185,23 +209,8 @@ def plot(results: dict, path: str) -> None:
     plt.close(figure)
 
 
-@dataclass(frozen=True)
-class TrainerBenchmarkConfig:
-    """Flags of `python -m model.benchmark`."""
-
-    data: str = flag(help="pipeline output folder (local or gs://)")
-    dataset: str = flag(PAPER_DATASET, help="triplet dataset whose training split is timed")
-    triplets: int = flag(4096, help="training triplets per timed pass")
-    batch_size: int = flag(TrainConfig.batch_size, help="the fast trainer's batch")
-    article_chunk: int = flag(TrainConfig.article_chunk, help="triplets of one article kept together in a batch")
-    lstm_units: int = flag(TrainConfig.lstm_units, help="BiLSTM units per direction")
-    encoder: str = flag(TrainConfig.encoder, help="Net: bilstm or minilm (the fine-tuned transformer)")
-    rounds: int = flag(1, help="timed passes per variant; the best counts")
-    out: str | None = flag(None, help="folder for benchmark.json and benchmark.png")
-
-
 def main(argv: list[str] | None = None) -> dict:
-    args = parse_config(TrainerBenchmarkConfig, argv, "python -m model.benchmark", __doc__.split("\n")[0])
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,
@@ -216,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         with tf.io.gfile.GFile(f"{args.out}/benchmark.json", "w") as handle:
             json.dump(results, handle, indent=2)
         plot(results, f"{args.out}/benchmark.png")
+        print(f"benchmark.json and benchmark.png in {args.out}")
     return results
 
 

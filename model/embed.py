@@ -11,8 +11,8 @@ Beam reads a file in parallel ranges without line numbers), JSON lines (`--text-
 (string), `text` (string) and `embedding` (fixed-size list of float32, the encoder's width),
 written by Beam's `WriteToParquet` (pyarrow).
 
-`EncoderModelHandler` is the project's RunInference handler, for any method's encoder (`eval.scb`
-embeds its articles with it too): Beam batches sentences (`BatchElements`,
+`model.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
+encoder (`eval.scb` embeds its articles with it too): Beam batches sentences (`BatchElements`,
 `--min-batch`/`--max-batch`), loads the encoder once per worker process and shares it across
 threads, and calls `encode` on each batch. It is keyed (`KeyedModelHandler`) so ids travel with
 their sentences.
@@ -22,59 +22,55 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
-import apache_beam as beam
-import numpy as np
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, PredictionResult, RunInference
-from apache_beam.options.pipeline_options import PipelineOptions
-
-from model.embedding_cache import parquet_schema
-from pipeline import records
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.splits import stable_hash
+from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 
 SOURCES = ("scb", "passages")
+PROG = "python -m model.embed"
+SENTENCES_EMBEDDED = "embed_sentences"   # the job's counter of sentences (or paragraphs) embedded
 
 
-class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
-    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`, e.g.
-    `saved:NAME=MODEL_DIR`, `mean-vectors`, `tfidf`).
+@dataclass(frozen=True)
+class EmbedConfig:
+    """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
 
-    An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
-    or a tuple of sentences that are encoded together into one [n, d] array (an SCB article: a
-    method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
+    model_dir: str = flag(help="a trained model dir (holding encoder/), local or gs://")
+    output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
+    input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")
+    data: str | None = flag(None, help="a pipeline run folder; with --source")
+    source: str = flag("scb", help=f"which output of the run to embed: one of {', '.join(SOURCES)}")
+    text_field: str = flag("text", help="JSON lines: the field holding the sentence")
+    id_field: str = flag("id", help="JSON lines: the field holding its id")
+    min_batch: int = flag(32, help="smallest batch RunInference forms")
+    max_batch: int = flag(512, help="largest batch RunInference forms")
 
-    def __init__(self, spec: str, min_batch_size: int = 32, max_batch_size: int = 512):
-        """`spec`: an encoder spec, or a trained encoder's path (checked here, not at run time)."""
-        from model.encoders import as_encoder_spec
+    def __post_init__(self):
+        if bool(self.input) == bool(self.data):
+            raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
+        if self.source not in SOURCES:
+            raise UsageError(f"--source must be one of {SOURCES}, got {self.source!r}")
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise UsageError(f"--min-batch {self.min_batch} / --max-batch {self.max_batch}: need 1 <= min <= max")
 
-        super().__init__()
-        self.spec = as_encoder_spec(spec)
-        self.min_batch_size = min_batch_size
-        self.max_batch_size = max_batch_size
 
-    def load_model(self):
-        from model.encoders import load_encoder
+def parse_flags(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
+    """(config, Beam's pipeline options), from the flags alone."""
+    return parse_config(EmbedConfig, argv, PROG, __doc__.split("\n\n")[0], passthrough=True)
 
-        return load_encoder(self.spec)
 
-    def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable[PredictionResult]:
-        if batch and isinstance(batch[0], str):
-            embeddings = model.encode(list(batch))
-        else:
-            embeddings = [model.encode(list(sentences)) for sentences in batch]
-        return [PredictionResult(example, embedding) for example, embedding in zip(batch, embeddings)]
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before Beam and the encoder load
+    parse_first(parse_flags)
 
-    def batch_elements_kwargs(self):
-        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
+import apache_beam as beam  # noqa: E402
+import numpy as np  # noqa: E402
+from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
-    def share_model_across_processes(self) -> bool:
-        return False
-
-    def get_metrics_namespace(self) -> str:
-        return "wikisim_embed"
+from model.embedding_cache import parquet_schema  # noqa: E402
+from pipeline import records  # noqa: E402
+from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
+from pipeline.splits import stable_hash  # noqa: E402
 
 
 def embedding_width(model_dir: str) -> int:
@@ -126,47 +122,47 @@ def line_id(file_name: str, text: str) -> str:
     return f"{file_name}#{stable_hash(text):016x}"
 
 
-def to_row(keyed: tuple[str, PredictionResult]) -> dict:
+def to_row(keyed: tuple[str, Any]) -> dict:
+    """A Parquet row from RunInference's (id, PredictionResult)."""
     key, result = keyed
     return {"id": key, "text": result.example, "embedding": np.asarray(result.inference, np.float32).tolist()}
 
 
+class ToRowsFn(beam.DoFn):
+    """`to_row`, counting the sentences embedded: a Beam counter (the job's page on Dataflow, the
+    summary line here) and, on a terminal, a progress bar in sentences."""
+
+    def setup(self):
+        from tqdm import tqdm
+
+        self.sentences = beam.metrics.Metrics.counter(NAMESPACE, SENTENCES_EMBEDDED)
+        self.progress = tqdm(desc="model.embed", unit=" sentences", disable=None, mininterval=2)
+
+    def process(self, keyed: tuple[str, Any]):
+        self.sentences.inc()
+        self.progress.update()
+        yield to_row(keyed)
+
+    def teardown(self):
+        self.progress.close()
+
+
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+
+    from model.inference import EncoderModelHandler
+
     handler = KeyedModelHandler(EncoderModelHandler(f"saved:embed={args.model_dir}", args.min_batch, args.max_batch))
     (read_inputs(pipeline, args)
      | "Embed" >> RunInference(handler)
-     | "ToRows" >> beam.Map(to_row)
+     | "ToRows" >> beam.ParDo(ToRowsFn())
      | "WriteParquet" >> beam.io.WriteToParquet(FileSystems.join(args.output, "embeddings"), parquet_schema(dim),
                                                  file_name_suffix=".parquet"))
 
 
-@dataclass(frozen=True)
-class EmbedConfig:
-    """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
-
-    model_dir: str = flag(help="a trained model dir (holding encoder/), local or gs://")
-    output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
-    input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")
-    data: str | None = flag(None, help="a pipeline run folder; with --source")
-    source: str = flag("scb", help=f"which output of the run to embed: one of {', '.join(SOURCES)}")
-    text_field: str = flag("text", help="JSON lines: the field holding the sentence")
-    id_field: str = flag("id", help="JSON lines: the field holding its id")
-    min_batch: int = flag(32, help="smallest batch RunInference forms")
-    max_batch: int = flag(512, help="largest batch RunInference forms")
-
-    def __post_init__(self):
-        if bool(self.input) == bool(self.data):
-            raise UsageError("give exactly one of --input GLOB and --data RUN_FOLDER")
-        if self.source not in SOURCES:
-            raise UsageError(f"--source must be one of {SOURCES}, got {self.source!r}")
-        if not 1 <= self.min_batch <= self.max_batch:
-            raise UsageError(f"--min-batch {self.min_batch} / --max-batch {self.max_batch}: need 1 <= min <= max")
-
-
 def parse_args(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
     """(config, Beam's pipeline options); the input is checked before any work."""
-    args, beam_args = parse_config(EmbedConfig, argv, "python -m model.embed", __doc__.split("\n\n")[0],
-                                   passthrough=True)
+    args, beam_args = parse_flags(argv)
     if args.input and not FileSystems.match([args.input])[0].metadata_list:
         raise UsageError(f"--input {args.input} matches no file")
     if args.data:
@@ -183,8 +179,10 @@ def main(argv: list[str] | None = None) -> dict:
     result.wait_until_finish()
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)
-    print(f"embeddings ({dim} floats per sentence) in {len(files)} Parquet file(s) under {args.output}")
-    return {"dim": dim, "files": files}
+    sentences = job_totals(result).get(SENTENCES_EMBEDDED, 0)
+    print(f"{sentences} sentences embedded ({dim} float32 each, not normalised) in {len(files)} Parquet file(s) "
+          f"under {args.output}")
+    return {"dim": dim, "files": files, "sentences": sentences}
 
 
 if __name__ == "__main__":

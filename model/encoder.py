@@ -6,10 +6,11 @@
 A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
 FileSystems (`model.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
 
-`load_encoder(path)` is the standalone entry point: it works in a fresh interpreter because this
-module imports `tensorflow_text`, which registers the tokenizer's ops (`CaseFoldUTF8`,
+`load_encoder(path)` is the standalone entry point: it works in a fresh interpreter because loading
+imports `tensorflow_text`, which registers the tokenizer's ops (`CaseFoldUTF8`,
 `RegexSplitWithOffsets`) that the SavedModel's graph uses; plain `tf.saved_model.load` of an
-export needs `import tensorflow_text` first for the same reason.
+export needs `import tensorflow_text` first for the same reason. TensorFlow itself is imported
+when an encoder is loaded, not with this module: its `SentenceEncoder` protocol is for every job.
 """
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ import tempfile
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_text  # noqa: F401  registers the tokenizer ops the exported graph uses
 
 from model.storage import download_tree, is_remote
 
@@ -45,7 +44,7 @@ def _encoder_dir(path: str) -> str:
 
         join, exists = FileSystems.join, FileSystems.exists
     else:
-        join, exists = os.path.join, tf.io.gfile.exists
+        join, exists = os.path.join, os.path.exists
     if exists(join(path, "saved_model.pb")):
         return path
     nested = join(path, "encoder")
@@ -58,6 +57,9 @@ class SavedModelEncoder:
     """Encodes with an exported encoder SavedModel, in batches of `batch_size` sentences."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int = 512):
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401  registers the tokenizer ops the exported graph uses
+
         self.path = _encoder_dir(path)
         self.name = name or os.path.basename(os.path.dirname(self.path.rstrip("/"))) or "saved"
         self.batch_size = batch_size
@@ -83,6 +85,8 @@ class SavedModelEncoder:
             return self.encode([sentences], batch_size, normalize_embeddings)[0]
         if not len(sentences):
             return np.zeros((0, self.dim), np.float32)
+        import tensorflow as tf
+
         batch_size = batch_size or self.batch_size
         sentences = list(sentences)
         # Batches of similar length: each is padded to its longest sentence, so a random mix would

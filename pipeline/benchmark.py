@@ -37,14 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import dump_writers, multistream
 from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.dumps import embedded_dump_path, page_id_and_title
-from pipeline.transforms import DATASET_OF_STRATEGY
+from pipeline.records import SENTENCE_DATASETS
 
 GOALS = {"pipeline_vs_segment_wiki": ("<=", 1.0), "pipeline_vs_bzcat": ("<=", 10.0),
          "rss_16x_vs_1x": ("<=", 1.2), "speedup_2_vs_1_workers": (">=", 1.6)}
-ALL_NEGATIVES = ["--negatives", ",".join(DATASET_OF_STRATEGY)]
+ALL_NEGATIVES = ["--negatives", ",".join(SENTENCE_DATASETS.values())]   # every negative strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +95,9 @@ def measure(name: str, command: list[str]) -> Measurement:
 
 def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
     """The 1x excerpt and, built from it, the scaled plain and multistream dumps."""
+    from pipeline import dump_writers, multistream
+    from pipeline.dumps import embedded_dump_path, page_id_and_title
+
     source = embedded_dump_path()
     header, pages = dump_writers.dump_parts(source)
     pages = list(pages)

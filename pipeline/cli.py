@@ -44,6 +44,16 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) 
     return 0
 
 
+def parse_first(parse: Callable[[list[str]], object]) -> None:
+    """The flags before the heavy imports: an entry module that needs TensorFlow or Keras at
+    import time calls this under `if __name__ == "__main__":` above those imports, so `--help`
+    answers and a bad flag is refused (`run_cli`'s one `error:` line, exit 2) before they load.
+    `parse` must only read the flags (its `main` parses them again)."""
+    status = run_cli(parse)
+    if status:
+        sys.exit(status)
+
+
 def flag(default: Any = dataclasses.MISSING, *, help: str, name: str | None = None,
          repeatable: bool = False) -> Any:
     """A config field that is also a command-line flag; its help text lives beside it. `name`:

@@ -5,8 +5,6 @@ below or from `READ_REASON_PREFIX`); the rules' own per-section and per-sentence
 (`sentences_too_short`, ...) are named where `pipeline.rules` counts them, the only place.
 `job_totals` reads the namespace back from a finished job (pipeline.run, eval.scb).
 """
-from apache_beam.metrics.metric import MetricsFilter
-
 NAMESPACE = "wikisim"   # the Beam metrics namespace of every counter below
 
 # The read stage.
@@ -53,6 +51,8 @@ def split_counter(dataset: str, split: str) -> str:
 def job_totals(result) -> dict[str, int]:
     """Every counter of this namespace in a finished Beam job, by name, summed over the steps that
     increment it (committed values; attempted where a runner commits none)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
     totals: dict[str, int] = {}
     for metric in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         value = metric.committed if metric.committed is not None else metric.attempted

@@ -18,9 +18,6 @@ import os
 import socket
 import time
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
-
 from pipeline import records
 from pipeline.cli import UsageError
 
@@ -39,6 +36,8 @@ class OutputInUseError(UsageError):
 
 def _entries(out: str) -> list[str]:
     """Names directly under `out` (files and first-level folders), local or remote."""
+    from apache_beam.io.filesystems import FileSystems
+
     if not FileSystems.exists(out):
         return []
     if "://" not in out:
@@ -49,6 +48,8 @@ def _entries(out: str) -> list[str]:
 
 def read_bytes(path: str) -> bytes:
     """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
+    from apache_beam.io.filesystems import FileSystems
+
     with FileSystems.open(path) as handle:
         return handle.read()
 
@@ -56,6 +57,9 @@ def read_bytes(path: str) -> bytes:
 def write_bytes(path: str, data: bytes) -> None:
     """Writes exactly `data` (no compression chosen by extension) through Beam's FileSystems, so
     `path` may be local or gs://. The one such helper: eval and model import it."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         handle.write(data)
 
@@ -100,6 +104,8 @@ def live_lock_owner(out: str) -> str | None:
 
 
 def _claim(out: str, overwrite: bool) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
     entries = _entries(out)
     if LOCK in entries:
         owner = live_lock_owner(out)
@@ -145,6 +151,8 @@ def write_manifest(out: str, counts: dict[str, int]) -> dict:
     give (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records).
     Where the two differ, records were lost or mixed on the way to the files: ShardError,
     and nothing is published."""
+    from apache_beam.io.filesystems import FileSystems
+
     outputs = {}
     for folder, n_records in counts.items():
         metadata = sorted(FileSystems.match([f"{out}/{folder}/part-*"])[0].metadata_list, key=lambda meta: meta.path)
@@ -164,5 +172,7 @@ def write_manifest(out: str, counts: dict[str, int]) -> dict:
 
 def release(out: str) -> None:
     """Removes the lock (the run is over, published or not), if it is still there."""
+    from apache_beam.io.filesystems import FileSystems
+
     if FileSystems.exists(f"{out}/{LOCK}"):
         FileSystems.delete([f"{out}/{LOCK}"])

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from pipeline import counters
 from pipeline.cli import flag
-from pipeline.sentences import SentenceSplitter
-from pipeline.wikitext import Paragraph, ParsedPage
+
+if TYPE_CHECKING:   # annotations only: every command's flags (RuleConfig) parse without spaCy or the parser
+    from pipeline.sentences import SentenceSplitter
+    from pipeline.wikitext import Paragraph, ParsedPage
 
 REMOVED_SECTION_TITLES = frozenset(
     {

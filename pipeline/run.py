@@ -18,18 +18,17 @@ import json
 import shutil
 import sys
 import time
-
-import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from typing import TYPE_CHECKING
 
 from pipeline import counters as counter_names
-from pipeline import outputs, progress, records, transforms
+from pipeline import progress, records
 from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
-from pipeline.dumps import embedded_dump_path
-from pipeline.read import ReadDumpPages
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
+
+if TYPE_CHECKING:   # Beam loads after the flags parse (main): --help and a bad flag answer without it
+    import apache_beam as beam
 
 
 
@@ -78,6 +77,8 @@ class PipelineConfig:
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
+        from pipeline import transforms   # Beam: after the flags parse (--help answers without it)
+
         unknown = [name for name in self.negative_strategies() if name not in transforms.DATASET_OF_STRATEGY]
         if unknown or not self.negative_strategies():
             raise ConfigError(f"--negatives {self.negatives!r}: choose one or more of "
@@ -125,6 +126,11 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
           progress_folder: str | None = None) -> list[str]:
     """Adds every stage and output of the job to `pipeline`; returns the inputs' multistream
     indexes ([] when one has none), which give the number of pages to read."""
+    import apache_beam as beam
+
+    from pipeline import transforms
+    from pipeline.read import ReadDumpPages
+
     out = config.output.rstrip("/")
     reader = ReadDumpPages(input_pattern, config.index, config.page_shards, progress_folder)
     read = pipeline | "ReadDump" >> reader
@@ -164,6 +170,8 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
 
 def expected_counters(config: PipelineConfig) -> list[str]:
     """Counters stats.json always lists, at 0 when nothing incremented them."""
+    from pipeline import transforms
+
     datasets = config.triplet_datasets()
     return [
         counter_names.PAGES_READ,
@@ -188,6 +196,8 @@ def counters_of(result, config: PipelineConfig) -> dict[str, int]:
 
 def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
+    from pipeline import transforms
+
     dataset = transforms.DATASET_OF_STRATEGY[strategy]
     written = sum(counters.get(counter_names.split_counter(dataset, split), 0) for split in SPLITS)
     return written + counters.get(transforms.unfilled_slots_counter(strategy), 0)
@@ -296,6 +306,12 @@ def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
 def main(argv: list[str] | None = None) -> dict:
     """Runs the job and returns what it wrote to stats.json."""
     config, beam_args = parse_args(argv)
+    import apache_beam as beam   # Beam and the job's stages load once the flags are parsed
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    from pipeline import outputs
+    from pipeline.dumps import embedded_dump_path
+
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
-import spacy
-from spacy.attrs import IS_SPACE
 
 DEFAULT_SPACY_MODEL = "blank:en"
 # spaCy's vocabulary keeps every word type it has tokenised (about 400 bytes each, measured), so
@@ -53,6 +51,8 @@ class SentenceSplitter:
 def sentences_of(text: str, doc) -> list[Sentence]:
     """The non-blank sentences of a paragraph's Doc. Reads only span offsets and one array of the
     Doc: creating a Python Token per token to count them cost as much as spaCy's tokenizer."""
+    from spacy.attrs import IS_SPACE
+
     space = doc.to_array(IS_SPACE)  # whitespace tokens: runs of whitespace other than one space
     has_space = space.any()
     sentences = []
@@ -68,6 +68,8 @@ def sentences_of(text: str, doc) -> list[Sentence]:
 
 def load_sentence_pipeline(model: str):
     """A blank pipeline (`blank:<lang>`) or an installed model, with a sentence splitter."""
+    import spacy   # here, not above: every command's flags (the --spacy-model default) parse without it
+
     if model.startswith("blank:"):
         nlp = spacy.blank(model.split(":", 1)[1])
     else:

@@ -7,9 +7,11 @@ import time
 import uuid
 from pathlib import Path
 
-import model  # noqa: F401  first: with the minilm extra, PyTorch must load before TensorFlow (model/__init__.py)
 import pytest
+from model.encoders import load_pytorch_first
 from dump_support import ALL_NEGATIVES
+
+load_pytorch_first()   # with the minilm extra: PyTorch before any test's TensorFlow (model.encoders)
 
 
 def _free_port() -> int:

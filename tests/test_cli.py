@@ -11,7 +11,7 @@ COMMANDS = {   # python -m module -> its config class
     "pipeline.run": "PipelineConfig", "pipeline.benchmark": "BenchmarkConfig",
     "model.train": "TrainConfig", "model.benchmark": "TrainerBenchmarkConfig", "model.embed": "EmbedConfig",
     "model.qs3m": "Qs3mConfig", "model.pretrained": "PretrainedConfig", "eval.scb": "ScbConfig", "eval.triplets": "TripletsConfig",
-    "eval.sick": "SickConfig", "eval.all": "ReportConfig", "eval.benchmark": "ScbBenchmarkConfig",
+    "eval.sick": "SickConfig", "eval.all": "ReportConfig", "eval.benchmark": "ScbBenchmarkConfig", "eval.readme": "ReadmeConfig",
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
 }
 DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}

@@ -8,8 +8,6 @@ import json
 from typing import Sequence
 
 import numpy as np
-import tensorflow as tf
-from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
 from model.encoder import SentenceEncoder
@@ -26,6 +24,8 @@ QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of pas
 def passages_files(source: str) -> list[str]:
     """The passages files of `source`: a pipeline run folder (listed from its manifest, so only a
     published run is read) or a glob of JSON-lines files."""
+    from apache_beam.io.filesystems import FileSystems
+
     if FileSystems.exists(f"{source.rstrip('/')}/{records.MANIFEST}"):
         records.verify_output(source, "passages")   # every article the run wrote, or a ShardError
         return records.manifest_output(source, "passages")[0]
@@ -47,6 +47,8 @@ def read_queries(source: str, splits: Sequence[str] | None = None, max_queries: 
     file and line, never silently dropped. `articles_per_split`, when given, receives the count of
     every valid article read, per split (kept or not).
     """
+    from apache_beam.io.filesystems import FileSystems
+
     kept: list[tuple[int, int, Query]] = []   # a max-heap on the hash (negated) when sampling
     dead_letters = []
     progress = tqdm(desc="read passages", unit=" articles", leave=False)
@@ -151,6 +153,8 @@ def pair_features(pairs: Sequence[Pair], embeddings: QueryEmbeddings) -> dict[st
 def pair_dataset(pairs: Sequence[Pair], embeddings: QueryEmbeddings, query_representation: str, kind: str,
                  batch_size: int, shuffle_seed: int | None = None):
     """tf.data of ({input name: vector}, same-cluster label); vectors are gathered per batch in graph."""
+    import tensorflow as tf
+
     indices = pair_features(pairs, embeddings)
     tables = {"query": tf.constant(embeddings.queries[query_representation]),
               "passage1": tf.constant(embeddings.passages), "passage2": tf.constant(embeddings.passages)}

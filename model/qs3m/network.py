@@ -5,7 +5,6 @@ import os
 import tempfile
 from typing import Sequence
 
-import keras
 import numpy as np
 
 from pipeline.outputs import read_bytes, write_bytes
@@ -26,11 +25,15 @@ LOSS = "mean_squared_error"  # the seed trains the same-cluster probability with
 
 def dense_stack(units: Sequence[int], name: str):
     """A small ReLU MLP; NN1 is one such stack shared by the query and both passages."""
+    import keras
+
     return keras.Sequential([keras.layers.Dense(size, activation="relu") for size in units], name=name)
 
 
 def same_cluster_head(units: Sequence[int], name: str = "nn2"):
     """NN2: an MLP ending in one sigmoid unit, the same-cluster probability."""
+    import keras
+
     return keras.Sequential(
         [*(keras.layers.Dense(size, activation="relu") for size in units), keras.layers.Dense(1, activation="sigmoid")],
         name=name,
@@ -44,6 +47,8 @@ def standardizer(train_passages: np.ndarray | None, dim: int):
     near 1 and a small model barely moves off a constant prediction; centring and scaling the
     inputs (one layer shared by q, p1 and p2, saved with the model) removes that. None: identity.
     """
+    import keras
+
     if train_passages is None:
         return keras.layers.Identity(name="standardize")
     layer = keras.layers.Normalization(axis=-1, name="standardize")
@@ -58,6 +63,8 @@ def build_qs3m(dim: int, nn1_units: Sequence[int] = (64,), nn2_units: Sequence[i
     With `use_query=False` this is QS3M-no-q: the same network with the query terms left out,
     z = [p1'-p2', p1', p2'].
     """
+    import keras
+
     standardize, nn1 = standardizer(train_passages, dim), dense_stack(nn1_units, "nn1")
     passage1 = keras.Input((dim,), name="passage1")
     passage2 = keras.Input((dim,), name="passage2")
@@ -80,6 +87,8 @@ def build_qss(dim: int, nn1_units: Sequence[int] = (64,), train_passages: np.nda
     The calibration is kept increasing in the cosine (non-negative weight, started at 1): left
     free, training on mean word vectors settled on a negative weight, i.e. a constant prediction.
     """
+    import keras
+
     standardize = standardizer(train_passages, dim)
     query = keras.Input((dim,), name="query")
     passage1 = keras.Input((dim,), name="passage1")
@@ -97,6 +106,8 @@ def build_qss(dim: int, nn1_units: Sequence[int] = (64,), train_passages: np.nda
 def build_model(kind: str, dim: int, nn1_units: Sequence[int], nn2_units: Sequence[int], learning_rate: float,
                 train_passages: np.ndarray | None = None):
     """One compiled model of `kind` with the MSE loss; inputs standardised on `train_passages` if given."""
+    import keras
+
     if kind == "qs3m":
         model = build_qs3m(dim, nn1_units, nn2_units, use_query=True, train_passages=train_passages)
     elif kind == "qs3m-noq":
@@ -146,6 +157,8 @@ def save_model(model, path: str) -> None:
 
 def load_model(path: str):
     """Inverse of `save_model`."""
+    import keras
+
     with tempfile.TemporaryDirectory() as scratch:
         local = os.path.join(scratch, "model.keras")
         with open(local, "wb") as handle:

@@ -14,8 +14,6 @@ import json
 import sys
 from typing import Any
 
-import keras
-
 from model.encoder import SentenceEncoder
 from model.qs3m.pairs import LABELINGS, sample_pairs
 from pipeline.cli import flag, parse_config, run_cli
@@ -74,6 +72,8 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
 
     Returns and writes `config.json`; models go to `<output>/<name>.keras`.
     """
+    import keras
+
     by_split, dead_letters = {}, []
     for split, limit in (("train", config.max_train_queries), ("validation", config.max_validation_queries)):
         by_split[split], dead = read_queries(config.passages, (split,), limit, config.seed)
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (encoder,) = load_encoders([config.encoder])
     summary = train(config, encoder)
     print(json.dumps(summary["counts"], indent=2))
+    print(f"QS3M models, config.json and training.png in {config.output}")
     return summary
 
 

@@ -370,3 +370,39 @@ def test_each_dataset_gets_its_own_training_spec_and_job(capsys, tmp_path):
     assert sen_path != titles_path and sen_name != titles_name
     assert sen_path.read_text() == sen_text                      # the second did not overwrite the first
     assert "--dataset=triplets-titles" in titles_text and "--dataset=triplets-titles" not in sen_text
+
+
+
+def test_submit_runs_from_any_folder_once_installed(tmp_path):
+    """A real (non-editable) install of a copy of the project, run from an unrelated folder: the
+    specs and templates it reads come with the package, and the spec it writes lands there."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    source = tmp_path / "source"
+    for folder in ("pipeline", "model", "eval", "infra"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "setup.py", source)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(source)], check=True, capture_output=True, timeout=300)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+
+    def submit_from_elsewhere(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "infra.submit", *argv, *CLOUD, "--dry-run"], cwd=elsewhere,
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "gs://wikisim-data/wikisim/enwiki-latest/data" in submit_from_elsewhere("layout")
+    assert "flex-template build" in submit_from_elsewhere("flex")   # reads the packaged flex_template.json
+    printed = submit_from_elsewhere("train")                         # fills the packaged Vertex AI spec
+    [spec] = (elsewhere / "build" / "vertex").glob("*.yaml")
+    assert f"--config={spec}" in printed and yaml.safe_load(spec.read_text())["workerPoolSpecs"]
+    imported = subprocess.run([sys.executable, "-c", "import infra.submit; print(infra.submit.__file__)"],
+                              cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env).stdout
+    assert imported.startswith(str(site))

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 
 from model import embed
 from model.encoder import load_encoder
+from model.inference import EncoderModelHandler
 
 
 def _rows(folder):
@@ -28,13 +29,16 @@ def test_embeds_the_runs_scb_sentences_like_the_encoder(embedded_pipeline_output
     np.testing.assert_allclose(np.array([rows[key]["embedding"] for key in some]), direct, rtol=1e-4, atol=1e-5)
 
 
-def test_embeds_json_lines_with_their_ids(tiny_model, tmp_path):
+def test_embeds_json_lines_with_their_ids(tiny_model, tmp_path, capsys):
     source = tmp_path / "sentences.jsonl"
     source.write_text("".join(json.dumps({"id": f"s{i}", "text": text}) + "\n"
                               for i, text in enumerate(["The striker scored.", "Bake the bread.", "A star."])))
-    embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(tmp_path / "out")])
+    result = embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(tmp_path / "out")])
     rows, _ = _rows(tmp_path / "out")
     assert sorted(rows) == ["s0", "s1", "s2"] and rows["s1"]["text"] == "Bake the bread."
+    assert result["sentences"] == 3   # counted as they are embedded (the progress bar's unit)
+    printed = capsys.readouterr().out
+    assert "3 sentences embedded (16 float32 each, not normalised) in " in printed and str(tmp_path / "out") in printed
 
 
 def test_encode_batches_by_length_and_returns_rows_in_the_input_order(tiny_model):
@@ -83,9 +87,9 @@ def test_run_inference_takes_a_model_path_and_refuses_a_bad_one_at_construction(
 
     with TestPipeline() as pipeline:
         embedded = (pipeline | beam.Create(sentences)
-                    | RunInference(embed.EncoderModelHandler(tiny_model)))   # a plain model dir, not a spec
+                    | RunInference(EncoderModelHandler(tiny_model)))   # a plain model dir, not a spec
         assert_that(embedded, equal_to_the_encoders)
     from model.encoders import EncoderSpecError
 
     with pytest.raises(EncoderSpecError, match="nowhere"):
-        embed.EncoderModelHandler(str(tmp_path / "nowhere"))
+        EncoderModelHandler(str(tmp_path / "nowhere"))

@@ -1,0 +1,54 @@
+"""The project's handler for Beam's RunInference: any method's encoder in one's own pipeline.
+
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+    from model.inference import EncoderModelHandler
+    embedded = keyed_sentences | RunInference(KeyedModelHandler(EncoderModelHandler("MODEL_DIR")))
+
+Its own module, imported by the jobs only as they build a pipeline: Beam's RunInference module
+imports PyTorch when it is installed (seconds, and PyTorch must not load after TensorFlow for
+`minilm`, `model.encoders`), which importing `model.embed` or an eval job must not do.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+
+class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
+    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`, e.g.
+    `saved:NAME=MODEL_DIR`, `mean-vectors`, `tfidf`).
+
+    An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
+    or a tuple of sentences that are encoded together into one [n, d] array (an SCB article: a
+    method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
+
+    def __init__(self, spec: str, min_batch_size: int = 32, max_batch_size: int = 512):
+        """`spec`: an encoder spec, or a trained encoder's path (checked here, not at run time)."""
+        from model.encoders import as_encoder_spec
+
+        super().__init__()
+        self.spec = as_encoder_spec(spec)
+        self.min_batch_size = min_batch_size
+        self.max_batch_size = max_batch_size
+
+    def load_model(self):
+        from model.encoders import load_encoder
+
+        return load_encoder(self.spec)
+
+    def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable[PredictionResult]:
+        if batch and isinstance(batch[0], str):
+            embeddings = model.encode(list(batch))
+        else:
+            embeddings = [model.encode(list(sentences)) for sentences in batch]
+        return [PredictionResult(example, embedding) for example, embedding in zip(batch, embeddings)]
+
+    def batch_elements_kwargs(self):
+        return {"min_batch_size": self.min_batch_size, "max_batch_size": self.max_batch_size}
+
+    def share_model_across_processes(self) -> bool:
+        return False
+
+    def get_metrics_namespace(self) -> str:
+        return "wikisim_embed"
