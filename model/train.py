@@ -26,11 +26,14 @@ checkpoint and logs); everything is uploaded at the end.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -79,6 +82,27 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     return resolver is None or resolver.task_type in (None, "chief") or (
         resolver.task_type == "worker" and resolver.task_id == 0)
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+@contextlib.contextmanager
+def worker_temp_dir(strategy: tf.distribute.Strategy):
+    """The folder a non-chief worker writes to, Keras' multi-worker saving rule (every worker runs
+    the same callbacks and saves, but only the chief's files count: the others write to a
+    temporary folder of their own, deleted at the end): `workertemp_<task id>-*` in the system's
+    temporary folder (TMPDIR), outside the model dir, so nothing of the worker's lands there."""
+    task_id = strategy.cluster_resolver.task_id
+    with tempfile.TemporaryDirectory(prefix=f"workertemp_{task_id}-") as folder:
+        yield folder
+
+
+# What a non-chief worker copies from the chief's model dir into its own before training: a
+# restarted job resumes every worker from the chief's backup and best-epoch score (Keras 3's
+# BackupAndRestore, unlike Keras 2's, has no multi-worker logic of its own).
+RESUME_ENTRIES = ("backup", "checkpoints")
 
 
 # What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
@@ -200,8 +224,19 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: 
                                shuffle_buffer=config.shuffle_buffer if training else 0, repeat=repeat,
                                seed=config.seed, article_chunk=config.article_chunk,
                                group_by_length=config.group_by_length,
-                               skip_batches=resume_at_step if repeat else 0)
-    return batches if repeat else with_known_length(batches)
+                               skip_batches=resume_at_step if repeat else 0, static_shapes=config.static_shapes)
+    batches = batches if repeat else with_known_length(batches)
+    # Every worker of a multi-worker job reads the whole stream and builds the same global
+    # batches (a fixed shard order, a seeded shuffle), each holding one block per replica on
+    # axis 0. `experimental_distribute_dataset` first splits each global batch into its blocks
+    # (rebatch), then shards by the policy: DATA gives worker i the blocks i, i + W, ..., its own
+    # block of every global batch, so a step equals one process's step on the same global batch
+    # (tests/model/test_model_multi_worker.py). AUTO would try FILE first: each worker would read
+    # other shard files, other batches than one process, unevenly when a split has few shards.
+    # The price: every worker tokenises the whole global batch (input work, not model work).
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return batches.with_options(options)
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int):
@@ -211,14 +246,17 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
 
     if config.encoder == "bilstm":
         encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
-                                         dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
+                                         dropout=config.resolved("dropout"),
+                                         fine_tune_embeddings=config.fine_tune_embeddings)
     else:
         from model.transformer import build_transformer_encoder
 
-        encoder = build_transformer_encoder(config.encoder, frozen_layers=config.frozen_layers)
-    model = build_triplet_model(encoder, distance=config.resolved("distance"))
+        encoder = build_transformer_encoder(config.encoder, frozen_layers=config.frozen_layers,
+                                            dropout=config.resolved("dropout"))
+    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=config.static_shapes)
     half_life = config.learning_rate_half_life
-    compile_triplet_model(model, config.resolved("learning_rate"), jit_compile=config.jit_compile,
+    compile_triplet_model(model, config.resolved("learning_rate"),
+                          jit_compile=config.jit_compile or config.static_shapes,
                           half_life_steps=half_life / global_batch if half_life else None,
                           warmup_steps=config.warmup_triplets / global_batch,
                           weight_decay=config.weight_decay if config.encoder != "bilstm" else None)
@@ -335,7 +373,12 @@ def time_budget(minutes: float):
             self.stopped = False
 
         def on_train_batch_end(self, batch, logs=None):
-            if time.monotonic() >= self.deadline:
+            expired = time.monotonic() >= self.deadline
+            strategy = self.model.distribute_strategy
+            if is_multi_worker(strategy):   # workers stop at the same step, or the first to stop leaves the others hanging
+                votes = strategy.run(lambda: tf.constant(float(expired)))
+                expired = bool(strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None) > 0)
+            if expired:
                 self.model.stop_training = self.stopped = True
 
     return TimeBudget()
@@ -410,12 +453,16 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     strategy = make_strategy(config.distribution_strategy)
     chief = is_chief(strategy)
     with staged(config.model_dir, push=chief) as (model_dir, mirror):
-        return _train(config, strategy, model_dir, mirror if chief else None, extra_callbacks)
+        if chief:
+            return _train(config, strategy, model_dir, mirror, extra_callbacks)
+        with worker_temp_dir(strategy) as own_dir:
+            return _train(config, strategy, own_dir, None, extra_callbacks, resume_from=model_dir)
 
 
 def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str, mirror: TreeMirror | None,
-           extra_callbacks: list | None) -> dict:
-    """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one."""
+           extra_callbacks: list | None, resume_from: str | None = None) -> dict:
+    """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one.
+    `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     import keras
 
     from model.network import ExportableEncoder
@@ -424,6 +471,9 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
     claim_model_dir(config, model_dir)
+    for entry in RESUME_ENTRIES if resume_from else ():
+        if os.path.isdir(os.path.join(resume_from, entry)):
+            shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))
     if config.encoder == "bilstm":
         vocabulary = build_vocabulary(config, model_dir)
         word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
