@@ -2,6 +2,7 @@
 (`pipeline.cli.parse_config`: `model_dir` -> `--model-dir`, booleans take true/false)."""
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -122,8 +123,21 @@ class TrainConfig:
         return ENCODER_DEFAULTS[self.encoder][name] if value is None else value
 
 
+def vertex_model_dir() -> str | None:
+    """The model dir a Vertex AI job gives the trainer: its base output directory, of which Vertex
+    sets AIP_MODEL_DIR = <base>/model/, AIP_CHECKPOINT_DIR = <base>/checkpoints/ and
+    AIP_TENSORBOARD_LOG_DIR = <base>/logs/: the model dir's own `model/` (the encoder, exported
+    there too), `checkpoints/` and `logs/`. None outside Vertex AI."""
+    model = os.environ.get("AIP_MODEL_DIR")
+    return model.rstrip("/").rsplit("/", 1)[0] if model else None
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """TrainConfig from the command line (`--strategy`, its old name, still accepted)."""
-    return parse_config(TrainConfig, sys.argv[1:] if argv is None else argv, "python -m model.train",
+    """TrainConfig from the command line (`--strategy`, its old name, still accepted); in a Vertex
+    AI job `--model-dir` defaults to `vertex_model_dir()` (a `--model-dir` given still wins)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if vertex_model_dir():
+        argv = ["--model-dir", vertex_model_dir(), *argv]
+    return parse_config(TrainConfig, argv, "python -m model.train",
                         "Trains the triplet network and exports the sentence encoder.",
                         renamed={"strategy": "distribution_strategy"})

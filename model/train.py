@@ -39,7 +39,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from model.config import TrainConfig, parse_args
+from model.config import TrainConfig, parse_args, vertex_model_dir
 from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
                         triplet_sample, triplet_strings, verify_split, with_known_length)
 from model.storage import TreeMirror, staged
@@ -133,7 +133,7 @@ STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_c
 # nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
 CLAIM = "inputs.json"
 RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", "backup", "checkpoints", "logs", "history.json",
-               "training_curve.png", "learning_curve.png", "encoder", "serving")
+               "training_curve.png", "learning_curve.png", "encoder", "serving", "model")
 
 
 def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
@@ -578,6 +578,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         exportable.export(f"{model_dir}/encoder")
         if config.serving_version is not None:
             exportable.export(f"{model_dir}/serving/{config.serving_version}")
+        if vertex_model_dir() == config.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
+            exportable.export(f"{model_dir}/model")
         with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
             json.dump(summary, handle, indent=2)
         plot_history(summary, f"{model_dir}/training_curve.png")
