@@ -217,6 +217,21 @@ def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size
     return {"sentences": padded, "roles": pad_triplets(roles)}, flat(labels), flat(weights)
 
 
+def distributed_by_blocks(batches: tf.data.Dataset) -> tf.data.Dataset:
+    """`training_batches` as a multi-worker job must read them. Every worker reads the whole
+    stream and builds the same global batches (a fixed shard order, a seeded shuffle), each
+    holding one block per replica on axis 0. `experimental_distribute_dataset` first splits each
+    global batch into its blocks (rebatch), then shards by the policy: DATA gives worker i the
+    blocks i, i + W, ...: its own block of every global batch, so a step equals one process's
+    step on the same global batch (tests/model/test_model_multi_worker.py). AUTO would try FILE
+    first: each worker would read other shard files, so other batches than one process, and
+    unevenly when a split has few shards. The price: every worker tokenises whole global batches
+    (input work, not model work). One worker or one machine: no effect."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return batches.with_options(options)
+
+
 def with_known_length(batches: tf.data.Dataset) -> tf.data.Dataset:
     """The dataset with its number of batches counted (one pass) and asserted, so that Keras
     knows where an epoch ends instead of running into the end of the data (and warning)."""

@@ -40,8 +40,8 @@ import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
-from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,
-                        triplet_sample, triplet_strings, verify_split, with_known_length)
+from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, distributed_by_blocks,
+                        training_batches, triplet_sample, triplet_strings, verify_split, with_known_length)
 from model.storage import TreeMirror, staged
 from model.text import WordIds
 from model.vectors import load_word_vectors
@@ -244,18 +244,7 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: 
                                seed=config.seed, article_chunk=config.article_chunk,
                                group_by_length=config.group_by_length,
                                skip_batches=resume_at_step if repeat else 0, static_shapes=config.static_shapes)
-    batches = batches if repeat else with_known_length(batches)
-    # Every worker of a multi-worker job reads the whole stream and builds the same global
-    # batches (a fixed shard order, a seeded shuffle), each holding one block per replica on
-    # axis 0. `experimental_distribute_dataset` first splits each global batch into its blocks
-    # (rebatch), then shards by the policy: DATA gives worker i the blocks i, i + W, ..., its own
-    # block of every global batch, so a step equals one process's step on the same global batch
-    # (tests/model/test_model_multi_worker.py). AUTO would try FILE first: each worker would read
-    # other shard files, other batches than one process, unevenly when a split has few shards.
-    # The price: every worker tokenises the whole global batch (input work, not model work).
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return batches.with_options(options)
+    return distributed_by_blocks(batches if repeat else with_known_length(batches))
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int):
