@@ -51,6 +51,7 @@ import time
 from dataclasses import dataclass
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from model.config import TrainConfig
@@ -223,7 +224,10 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     """One process of a scaling run (TF_CONFIG names its cluster, none when alone): the trainer's
     model and input (`training_batches`, one block per replica, `distributed_by_blocks`) on the
     same in-memory triplets as `run`; a warm-up pass, then `rounds` timed passes of one pass's
-    worth of global batches each. Wall seconds of the best pass."""
+    worth of global batches each. Wall seconds of the best pass; also the seconds of the input
+    pipeline alone over the same batches (what every worker spends tokenising global batches) and
+    the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
+    (docs/distributed.md)."""
     from model.data import distributed_by_blocks
     from model.train import make_strategy
 
@@ -252,7 +256,12 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
         start = time.perf_counter()
         model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
         seconds.append(time.perf_counter() - start)
-    return {"replicas": replicas, "global_batch": global_batch, "steps": steps, "seconds": min(seconds)}
+    start = time.perf_counter()
+    for _ in batches.take(steps):
+        pass
+    return {"replicas": replicas, "global_batch": global_batch, "steps": steps, "seconds": min(seconds),
+            "input_seconds": time.perf_counter() - start,
+            "gradient_bytes": 4 * sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)}
 
 
 WORKER_SCRIPT = ("import json, sys; from model.benchmark import TrainConfig, time_worker; a = json.loads(sys.argv[1]); "
@@ -262,7 +271,7 @@ WORKER_SCRIPT = ("import json, sys; from model.benchmark import TrainConfig, tim
 def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, rounds: int) -> dict:
     """Triplets/s of the trainer as 1, 2, ... worker processes on this machine, one count after the
     other in this run; every worker process gets a 15-minute timeout."""
-    rates = {}
+    rates, details = {}, {}
     for count in workers:
         ports = []
         for _ in range(count):
@@ -291,10 +300,14 @@ def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, roun
                    for out in outputs]
         slowest = max(result["seconds"] for result in results)   # a step ends when every worker's does
         rates[count] = results[0]["steps"] * results[0]["global_batch"] / slowest
+        details[count] = {"step_seconds": slowest / results[0]["steps"],
+                          "input_triplets_per_s": results[0]["steps"] * results[0]["global_batch"]
+                          / results[0]["input_seconds"], "gradient_bytes": results[0]["gradient_bytes"]}
     return {"encoder": config.encoder, "cpu_cores": os.cpu_count(), "batch_size_per_replica": config.batch_size,
             "lstm_units": config.lstm_units, "triplets_per_pass": n_triplets, "rounds": rounds,
             "triplets_per_s": {str(count): rate for count, rate in rates.items()},
-            "ratio_to_1": {str(count): rate / rates[workers[0]] for count, rate in rates.items()}}
+            "ratio_to_1": {str(count): rate / rates[workers[0]] for count, rate in rates.items()},
+            "per_count": {str(count): detail for count, detail in details.items()}}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -308,7 +321,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'workers':>7} {'triplets/s':>10} {'x 1 worker':>10}   (batch {args.batch_size} per worker, "
               f"{results['cpu_cores']} cores)")
         for count, rate in results["triplets_per_s"].items():
-            print(f"{count:>7} {rate:>10.1f} {results['ratio_to_1'][count]:>10.2f}")
+            detail = results["per_count"][count]
+            print(f"{count:>7} {rate:>10.1f} {results['ratio_to_1'][count]:>10.2f}   step {detail['step_seconds']:.3f} s, "
+                  f"input pipeline alone {detail['input_triplets_per_s']:.0f} triplets/s, all-reduce "
+                  f"{detail['gradient_bytes'] / 1e6:.2f} MB")
         if args.out:
             with tf.io.gfile.GFile(f"{args.out}/scaling.json", "w") as handle:
                 json.dump(results, handle, indent=2)
