@@ -95,7 +95,8 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
         if config.encoder == "bilstm":
             encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units,
-                                             attention_size=config.attention_size, dropout=config.dropout)
+                                             attention_size=config.attention_size,
+                                             dropout=config.resolved("dropout"))
         else:
             encoder = build_transformer_encoder(config.encoder, frozen_layers=frozen_layers)
         triplet_model = build_triplet_model(encoder, slices) if slices else three_call_triplet_model(encoder)
@@ -245,7 +246,8 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     batches = distributed_by_blocks(training_batches(triplets, word_ids, config.batch_size, repeat=True,
                                                      article_chunk=config.article_chunk, replicas=replicas))
     with strategy.scope():
-        encoder = (build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size)
+        encoder = (build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+                                          dropout=config.resolved("dropout"))
                    if config.encoder == "bilstm" else build_transformer_encoder(config.encoder))
         model = build_triplet_model(encoder, LENGTH_SLICES)
         compile_triplet_model(model, config.resolved("learning_rate"),
