@@ -21,12 +21,12 @@ import pytest
 from model_shards import write_triplet_shards
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 420
+TIMEOUT_S = 900   # minilm on 2 busy cores: several minutes (TensorFlow start, BERT, a SavedModel export)
 # Per-replica batch 4 (global 8 with two workers); no dropout, so one process on the global
 # batch computes the same step. The single process trains with batch_size 8 on one device.
 ENCODER_CONFIGS = {
     "bilstm": dict(lstm_units=8, attention_size=4, vocabulary="train"),
-    "minilm": dict(encoder="minilm", max_tokens=16, frozen_layers=4),
+    "minilm": dict(encoder="minilm", max_tokens=16, frozen_layers=4, epochs=1, steps=2),
 }
 COMMON = dict(batch_size=4, epochs=2, steps=3, checkpoint_every=2, dropout=0.0, progress=False,
               evaluation_triplets=8, article_chunk=2, shuffle_buffer=64)
