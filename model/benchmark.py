@@ -129,9 +129,11 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
 
 def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Dataset:
     """About `n_triplets` training triplets: the first chunk (`model.data.article_chunks`) of
-    each article, until enough, in memory."""
+    each article, until enough, in memory; the same in every process (shards read in a fixed order),
+    as the workers of a scaling run must build the same global batches."""
     chunks, articles = [], set()
-    for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train"), config.article_chunk):
+    for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train", deterministic=True),
+                                config.article_chunk):
         article = int(chunk["article_id"][0])
         if article not in articles:
             articles.add(article)
