@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
 # The shuffle buffer holds a whole training split (about 1 M sentence triplets, ~1 GB): the shards
 # hold each article's triplets together in page-id order, and a partial buffer (the trainer's
@@ -37,14 +38,14 @@ class Recipe:
 RECIPES = {
     # The learning rate halves every 200 k triplets: at a constant 1e-3 validation accuracy
     # stopped rising after about 270 k triplets of the 2019 data.
-    "triplets-sen": Recipe("triplets-sen", (*_SCALE, "--evaluation-triplets", "5000", "--steps", "300",
+    PAPER_DATASET: Recipe(PAPER_DATASET, (*_SCALE, "--evaluation-triplets", "5000", "--steps", "300",
                                             "--learning-rate-half-life", "200000"), 75),
-    "triplets-titles": Recipe("triplets-titles", (*_SCALE, "--evaluation-triplets", "5000", "--steps", "150"), 15),
+    TITLES_DATASET: Recipe(TITLES_DATASET, (*_SCALE, "--evaluation-triplets", "5000", "--steps", "150"), 15),
     # The transformer: AdamW 5e-5 after a 16 k-triplet warmup, halving every 100 k triplets; batches of
     # 64 (more optimizer steps for the triplets a CPU budget affords); the embeddings and the two lowest
     # of six layers frozen, as in the run of docs/transformer.md (python -m model.benchmark --encoder
     # minilm measured no speed gain from freezing them: 48.5 vs 48.7 triplets/s).
-    "minilm-sen": Recipe("triplets-sen", (*_SCALE, "--evaluation-triplets", "2000", "--encoder", "minilm",
+    "minilm-sen": Recipe(PAPER_DATASET, (*_SCALE, "--evaluation-triplets", "2000", "--encoder", "minilm",
                                           "--frozen-layers", "2", "--batch-size", "64", "--steps", "250",
                                           "--warmup-triplets", "16000", "--learning-rate-half-life", "100000"), 85),
 }
