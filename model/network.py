@@ -75,23 +75,30 @@ class SharedSentenceDistances(keras.layers.Layer):
     `sentences` [1, s, t] int ids of the batch's distinct sentences, shortest first, and
     `roles` [1, n, 3] the rows of each triplet's anchor, positive and negative. Net runs on
     `slices` length slices of the sentences, each cut to its longest sentence. Output: [n, 2]
-    (labels and sample weights are flat, [replicas * n], so Keras weighs every triplet alike)."""
+    (labels and sample weights are flat, [replicas * n], so Keras weighs every triplet alike).
+    With `static_shapes`, Net runs once on the sentences as given (`model.data.static_batch`
+    padded them to fixed shapes): no shape depends on the data, as XLA on a TPU requires."""
 
-    def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, distance: str = "l1", **kwargs):
+    def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, distance: str = "l1",
+                 static_shapes: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.sentence_encoder = sentence_encoder
         self.slices = slices
         self.distance = distance
+        self.static_shapes = static_shapes
 
     def call(self, inputs):
         sentences, roles = inputs["sentences"][0], inputs["roles"][0]
-        count = tf.shape(sentences)[0]
-        pieces = []
-        for piece in range(self.slices):
-            rows = sentences[count * piece // self.slices: count * (piece + 1) // self.slices]
-            width = tf.maximum(1, tf.reduce_max(tf.math.count_nonzero(rows, axis=1, dtype=tf.int32)))
-            pieces.append(self.sentence_encoder(rows[:, :width]))
-        embeddings = tf.concat(pieces, axis=0)
+        if self.static_shapes:
+            embeddings = self.sentence_encoder(sentences)
+        else:
+            count = tf.shape(sentences)[0]
+            pieces = []
+            for piece in range(self.slices):
+                rows = sentences[count * piece // self.slices: count * (piece + 1) // self.slices]
+                width = tf.maximum(1, tf.reduce_max(tf.math.count_nonzero(rows, axis=1, dtype=tf.int32)))
+                pieces.append(self.sentence_encoder(rows[:, :width]))
+            embeddings = tf.concat(pieces, axis=0)
         if self.distance == "cosine":
             embeddings = tf.math.l2_normalize(embeddings, axis=-1)
         anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
@@ -103,6 +110,7 @@ class SharedSentenceDistances(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "slices": self.slices, "distance": self.distance,
+                "static_shapes": self.static_shapes,
                 "sentence_encoder": keras.saving.serialize_keras_object(self.sentence_encoder)}
 
     @classmethod
@@ -150,12 +158,12 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
 
 
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,
-                        distance: str = "l1") -> keras.Model:
+                        distance: str = "l1", static_shapes: bool = False) -> keras.Model:
     """The same Net on (x, x+, x-) -> distances [n, 2] = (d+, d-), from a batch given as its
     distinct sentences and each triplet's rows in them (see `SharedSentenceDistances`)."""
     inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
               "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles")}
-    distances = SharedSentenceDistances(sentence_encoder, slices, distance, name="distances")(inputs)
+    distances = SharedSentenceDistances(sentence_encoder, slices, distance, static_shapes, name="distances")(inputs)
     return keras.Model(inputs, distances, name="triplet_network")
 
 

@@ -26,14 +26,17 @@ checkpoint and logs); everything is uploaded at the end.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 
-from model.config import TrainConfig, parse_args
+from model.config import TrainConfig, parse_args, vertex_model_dir
 from pipeline.cli import parse_first, run_cli
 
 if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
@@ -42,8 +45,9 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from model.data import (TripletDataError, TripletDataLoss, count_records, count_words, training_batches,  # noqa: E402
-                        triplet_sample, triplet_strings, verify_split, with_known_length)
+from model.data import (TripletDataError, TripletDataLoss, count_records, count_words,  # noqa: E402
+                        distributed_by_blocks, training_batches, triplet_sample, triplet_strings, verify_split,
+                        with_known_length)
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
@@ -71,7 +75,7 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     if name == "multi_worker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return NestedReduceMultiWorkerStrategy()
     gpus = [device.name for device in tf.config.list_logical_devices("GPU")]
     if name == "mirrored":
         # Without GPUs, mirror over the logical CPU devices (tests configure two).
@@ -79,10 +83,50 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else "/cpu:0")
 
 
+class NestedReduceMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """MultiWorkerMirroredStrategy with the two `reduce` calls Keras 3 makes that MWMS' own
+    rejects (Keras 3 and MWMS have not been made to fit, tensorflow/tensorflow#72388):
+    * the first distributed batch of `fit` and `evaluate`, reduced to build the model, is a nest
+      (the triplet model's dict of inputs), which MWMS converts to one tensor and fails
+      ("Attempt to convert a value ({'sentences': PerReplica..."): reduced one tensor at a time;
+    * every scalar metric of the logs is reduced with `axis=0` ("Invalid reduction dimension 0
+      for input with 0 dimensions"): a scalar is reduced across replicas only (`axis=None`)."""
+
+    def reduce(self, reduce_op, value, axis):
+        if isinstance(value, dict):
+            return {key: self.reduce(reduce_op, part, axis) for key, part in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.reduce(reduce_op, part, axis) for part in value)
+        if axis is not None and self.experimental_local_results(value)[0].shape.rank == 0:
+            axis = None
+        return super().reduce(reduce_op, value, axis)
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     return resolver is None or resolver.task_type in (None, "chief") or (
         resolver.task_type == "worker" and resolver.task_id == 0)
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+@contextlib.contextmanager
+def worker_temp_dir(strategy: tf.distribute.Strategy):
+    """The folder a non-chief worker writes to, Keras' multi-worker saving rule (every worker runs
+    the same callbacks and saves, but only the chief's files count: the others write to a
+    temporary folder of their own, deleted at the end): `workertemp_<task id>-*` in the system's
+    temporary folder (TMPDIR), outside the model dir, so nothing of the worker's lands there."""
+    task_id = strategy.cluster_resolver.task_id
+    with tempfile.TemporaryDirectory(prefix=f"workertemp_{task_id}-") as folder:
+        yield folder
+
+
+# What a non-chief worker copies from the chief's model dir into its own before training: a
+# restarted job resumes every worker from the chief's backup and best-epoch score (Keras 3's
+# BackupAndRestore, unlike Keras 2's, has no multi-worker logic of its own).
+RESUME_ENTRIES = ("backup", "checkpoints")
 
 
 # What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
@@ -94,7 +138,7 @@ STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_c
 # nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
 CLAIM = "inputs.json"
 RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", "backup", "checkpoints", "logs", "history.json",
-               "training_curve.png", "learning_curve.png", "encoder", "serving")
+               "training_curve.png", "learning_curve.png", "encoder", "serving", "model")
 
 
 def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
@@ -204,8 +248,8 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: 
                                shuffle_buffer=config.shuffle_buffer if training else 0, repeat=repeat,
                                seed=config.seed, article_chunk=config.article_chunk,
                                group_by_length=config.group_by_length,
-                               skip_batches=resume_at_step if repeat else 0)
-    return batches if repeat else with_known_length(batches)
+                               skip_batches=resume_at_step if repeat else 0, static_shapes=config.static_shapes)
+    return distributed_by_blocks(batches if repeat else with_known_length(batches))
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int):
@@ -215,14 +259,17 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
 
     if config.encoder == "bilstm":
         encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
-                                         dropout=config.dropout, fine_tune_embeddings=config.fine_tune_embeddings)
+                                         dropout=config.resolved("dropout"),
+                                         fine_tune_embeddings=config.fine_tune_embeddings)
     else:
         from model.transformer import build_transformer_encoder
 
-        encoder = build_transformer_encoder(config.encoder, frozen_layers=config.frozen_layers)
-    model = build_triplet_model(encoder, distance=config.resolved("distance"))
+        encoder = build_transformer_encoder(config.encoder, frozen_layers=config.frozen_layers,
+                                            dropout=config.resolved("dropout"))
+    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=config.static_shapes)
     half_life = config.learning_rate_half_life
-    compile_triplet_model(model, config.resolved("learning_rate"), jit_compile=config.jit_compile,
+    compile_triplet_model(model, config.resolved("learning_rate"),
+                          jit_compile=config.jit_compile or config.static_shapes,
                           half_life_steps=half_life / global_batch if half_life else None,
                           warmup_steps=config.warmup_triplets / global_batch,
                           weight_decay=config.weight_decay if config.encoder != "bilstm" else None)
@@ -339,7 +386,12 @@ def time_budget(minutes: float):
             self.stopped = False
 
         def on_train_batch_end(self, batch, logs=None):
-            if time.monotonic() >= self.deadline:
+            expired = time.monotonic() >= self.deadline
+            strategy = self.model.distribute_strategy
+            if is_multi_worker(strategy):   # workers stop at the same step, or the first to stop leaves the others hanging
+                votes = strategy.run(lambda: tf.constant(float(expired)))
+                expired = bool(strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None) > 0)
+            if expired:
                 self.model.stop_training = self.stopped = True
 
     return TimeBudget()
@@ -414,12 +466,16 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     strategy = make_strategy(config.distribution_strategy)
     chief = is_chief(strategy)
     with staged(config.model_dir, push=chief) as (model_dir, mirror):
-        return _train(config, strategy, model_dir, mirror if chief else None, extra_callbacks)
+        if chief:
+            return _train(config, strategy, model_dir, mirror, extra_callbacks)
+        with worker_temp_dir(strategy) as own_dir:
+            return _train(config, strategy, own_dir, None, extra_callbacks, resume_from=model_dir)
 
 
 def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str, mirror: TreeMirror | None,
-           extra_callbacks: list | None) -> dict:
-    """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one."""
+           extra_callbacks: list | None, resume_from: str | None = None) -> dict:
+    """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one.
+    `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     import keras
 
     from model.network import ExportableEncoder
@@ -428,6 +484,9 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
     claim_model_dir(config, model_dir)
+    for entry in RESUME_ENTRIES if resume_from else ():
+        if os.path.isdir(os.path.join(resume_from, entry)):
+            shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))
     if config.encoder == "bilstm":
         vocabulary = build_vocabulary(config, model_dir)
         word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
@@ -516,6 +575,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         exportable.export(f"{model_dir}/encoder")
         if config.serving_version is not None:
             exportable.export(f"{model_dir}/serving/{config.serving_version}")
+        if vertex_model_dir() == config.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
+            exportable.export(f"{model_dir}/model")
         with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
             json.dump(summary, handle, indent=2)
         plot_history(summary, f"{model_dir}/training_curve.png")

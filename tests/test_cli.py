@@ -13,6 +13,7 @@ COMMANDS = {   # python -m module -> its config class
     "model.qs3m": "Qs3mConfig", "model.pretrained": "PretrainedConfig", "eval.scb": "ScbConfig", "eval.triplets": "TripletsConfig",
     "eval.sick": "SickConfig", "eval.all": "ReportConfig", "eval.benchmark": "ScbBenchmarkConfig", "eval.readme": "ReadmeConfig",
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
+    "infra.recipe": "RecipeConfig",
 }
 DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}
 

@@ -25,6 +25,7 @@ from google.cloud.dataflow_v1beta3.types import TemplateMetadata
 from google.protobuf import json_format
 
 from infra import submit
+from infra.recipe import RECIPES
 
 REPO = Path(submit.__file__).resolve().parent.parent
 CLOUD = ["--project", "wikisim-demo", "--region", "europe-west4", "--bucket", "wikisim-data"]
@@ -121,6 +122,7 @@ def test_repository_vertex_specs_are_custom_job_specs(accelerator, strategy):
     message = as_custom_job_spec(raw)  # unknown fields or accelerator names raise here
     [pool] = message.worker_pool_specs
     machine = pool.machine_spec
+    assert message.base_output_directory.output_uri_prefix == "${MODEL_DIR}"
     assert machine.machine_type and pool.replica_count == 1
     assert pool.WhichOneof("task") == "container_spec" and pool.container_spec.image_uri
     assert list(pool.container_spec.command) == ["python", "-m", "model.train"]
@@ -134,7 +136,7 @@ def test_repository_vertex_specs_are_custom_job_specs(accelerator, strategy):
 
 
 @pytest.mark.parametrize("accelerator", sorted(submit.VERTEX_SPECS))
-def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path, accelerator):
+def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path, monkeypatch, accelerator):
     [command] = printed_commands(
         capsys, ["train", "--accelerator", accelerator, "--spec-dir", str(tmp_path), "--run", "enwiki-2026"]
     )
@@ -143,19 +145,70 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
     config = Path(next(arg for arg in command if arg.startswith("--config=")).split("=", 1)[1])
     text = config.read_text()
     assert "${" not in text
-    [pool] = as_custom_job_spec(yaml.safe_load(text)).worker_pool_specs
+    pool = as_custom_job_spec(yaml.safe_load(text)).worker_pool_specs[0]
     args = list(pool.container_spec.args)
     assert "--data=gs://wikisim-data/wikisim/enwiki-2026/data" in args
-    assert "--model-dir=gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen" in args
     assert pool.container_spec.image_uri.startswith("europe-west4-docker.pkg.dev/wikisim-demo/wikisim/")
-    # The container runs `python -m model.train` unchanged: its own parser takes the args.
+    # The container runs `python -m model.train` unchanged: its own parser takes the args, and
+    # the model dir from the AIP_MODEL_DIR Vertex AI sets from the spec's base output directory.
     from model.config import parse_args as train_args
 
+    monkeypatch.setenv("AIP_MODEL_DIR", "gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen/model/")
     config = train_args(args)
+    assert config.model_dir == "gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen"
     assert config.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
     assert config.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
-    assert config.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu"}[accelerator]
-    assert config.steps is None and config.epochs > 1  # full passes, not the demo-sized default
+    assert config.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu",
+                                            "multi-worker": "multi_worker"}[accelerator]
+    assert config.shuffle_buffer == 1100000 and config.budget_minutes  # make scale's recipe, not the demo's
+
+
+# accelerator -> (replicas per worker pool, image variant, strategy, trainer flags the spec adds)
+SPEC_SHAPES = {
+    "gpu": ([1], "wikisim-gpu", "one_device", {}),
+    "multi-gpu": ([1], "wikisim-gpu", "mirrored", {}),
+    "multi-worker": ([1, 3], "wikisim", "multi_worker", {}),
+    "tpu": ([1], "wikisim-tpu", "tpu", {"static_shapes": True}),
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize("accelerator", sorted(submit.VERTEX_SPECS))
+def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, monkeypatch, accelerator, recipe):
+    from model.config import TrainConfig, parse_args as train_args
+
+    dataset = RECIPES[recipe].dataset
+    [command] = printed_commands(capsys, ["train", "--accelerator", accelerator, "--recipe", recipe, "--dataset",
+                                          dataset, "--spec-dir", str(tmp_path), "--run", "r1"])
+    spec = yaml.safe_load(Path(next(a for a in command if a.startswith("--config=")).split("=", 1)[1]).read_text())
+    message = as_custom_job_spec(spec)
+    replicas, image, strategy, spec_flags = SPEC_SHAPES[accelerator]
+    model_dir = f"gs://wikisim-data/wikisim/r1/models/{dataset}"
+    assert [pool.replica_count for pool in message.worker_pool_specs] == replicas
+    assert message.base_output_directory.output_uri_prefix == model_dir      # -> AIP_MODEL_DIR etc.
+    monkeypatch.setenv("AIP_MODEL_DIR", f"{model_dir}/model/")
+    recipe_args = RECIPES[recipe].arguments()
+    for pool in message.worker_pool_specs:
+        assert pool.container_spec.image_uri == f"europe-west4-docker.pkg.dev/wikisim-demo/wikisim/{image}:latest"
+        args = list(pool.container_spec.args)
+        assert args[-len(recipe_args):] == recipe_args                      # the recipe the Makefile reads
+        assert list(pool.container_spec.args) == list(message.worker_pool_specs[0].container_spec.args)
+        config = train_args(args)
+        assert (config.model_dir, config.dataset, config.distribution_strategy) == (model_dir, dataset, strategy)
+        recipe_config = train_args(["--data", "d", "--model-dir", "m", *recipe_args])
+        for name in ("shuffle_buffer", "epochs", "steps", "budget_minutes", "learning_rate_half_life",
+                     "encoder", "batch_size", "evaluation_triplets"):
+            assert getattr(config, name) == getattr(recipe_config, name), name
+        assert config.shuffle_buffer > TrainConfig.shuffle_buffer and config.budget_minutes
+        for name, value in spec_flags.items():
+            assert getattr(config, name) == value
+
+
+def test_a_recipe_of_another_dataset_is_refused(capsys):
+    from pipeline.cli import UsageError
+
+    with pytest.raises(UsageError, match="--recipe for --dataset triplets-titles must be one of triplets-titles"):
+        submit.main(["train", "--dataset", "triplets-titles", "--recipe", "minilm-sen", *CLOUD, "--dry-run"])
 
 
 def valid_spec() -> dict:

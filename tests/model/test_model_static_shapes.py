@@ -1,0 +1,66 @@
+"""`--static-shapes`: batches of a few fixed shapes, the step XLA-compiled (what a TPU runs),
+trained on CPU beside the dynamic path from the same weights on the same triplets."""
+import numpy as np
+import pytest
+
+from model.config import TrainConfig
+from model_shards import write_triplet_shards
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def triplets(tmp_path_factory):
+    from model.data import triplet_strings
+
+    data = write_triplet_shards(str(tmp_path_factory.mktemp("static-shards")),
+                                sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
+    return triplet_strings(data, "triplets-sen", "train", deterministic=True)
+
+
+def test_the_static_xla_step_trains_like_the_dynamic_one(triplets):
+    import keras
+
+    from model.data import count_words, training_batches
+    from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
+    from model.text import WordIds
+
+    vocabulary = sorted(count_words(triplets))
+    word_ids = WordIds(vocabulary, num_oov_buckets=1, max_tokens=40)
+    matrix = np.random.default_rng(0).normal(0, 0.3, (word_ids.num_ids, 8)).astype(np.float32)
+
+    def model(static_shapes: bool):
+        keras.utils.set_random_seed(0)   # the same initial weights for both
+        network = build_triplet_model(build_sentence_encoder(matrix, lstm_units=6, attention_size=4),
+                                      static_shapes=static_shapes)
+        compile_triplet_model(network, 1e-2, jit_compile=static_shapes)
+        return network
+
+    def batches(static_shapes: bool):   # the same triplets in the same order; full batches
+        return list(training_batches(triplets, word_ids, BATCH, article_chunk=0, group_by_length=False,
+                                     static_shapes=static_shapes))
+
+    dynamic, static = model(False), model(True)
+    assert static.jit_compile is True and dynamic.jit_compile is False   # Keras kept XLA on
+    dynamic_batches, static_batches = batches(False), batches(True)
+    assert len(dynamic_batches) == len(static_batches) == 4
+    for inputs, labels, weights in static_batches:     # shapes from a fixed set, none from the data
+        rows, width = inputs["sentences"].shape[1:]
+        assert rows % BATCH == 0 and rows <= 3 * BATCH and width in (16, 32, 40)
+        assert inputs["roles"].shape == (1, BATCH, 3) and labels.shape == weights.shape == (BATCH,)
+    assert any(inputs["sentences"].shape[2] < 16 for inputs, _, _ in dynamic_batches)   # padding did happen
+
+    for (dynamic_inputs, labels, weights), (static_inputs, static_labels, static_weights) in zip(
+            dynamic_batches, static_batches):
+        dynamic_loss = dynamic.train_on_batch(dynamic_inputs, labels, sample_weight=weights)[0]
+        static_loss = static.train_on_batch(static_inputs, static_labels, sample_weight=static_weights)[0]
+        assert static_loss == pytest.approx(dynamic_loss, rel=1e-4)
+    for mine, theirs in zip(static.get_weights(), dynamic.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(dynamic.get_weights()[1], model(False).get_weights()[1])   # it did train
+
+
+def test_a_tpu_run_needs_static_shapes():
+    with pytest.raises(ValueError, match="--static-shapes"):
+        TrainConfig(data="d", model_dir="m", distribution_strategy="tpu")
+    assert TrainConfig(data="d", model_dir="m", distribution_strategy="tpu", static_shapes=True).static_shapes
