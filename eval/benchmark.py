@@ -53,7 +53,7 @@ class ScbBenchmarkConfig:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
-    from apache_beam.io.filesystems import FileSystems   # Beam and the SCB job load once the flags are parsed
+    from apache_beam.io.filesystems import FileSystems  # Beam and the SCB job load once the flags are parsed
 
     from eval import scb
     from eval.report import markdown_table, write_text

@@ -168,7 +168,8 @@ def iclust(similarity: np.ndarray, n_clusters: int, config: IclustConfig = Iclus
     return iclust_many([similarity], n_clusters, config)[0]
 
 
-def iclust_many(similarities: list[np.ndarray], n_clusters: int, config: IclustConfig = IclustConfig()) -> list[np.ndarray]:
+def iclust_many(similarities: list[np.ndarray], n_clusters: int,
+                config: IclustConfig = IclustConfig()) -> list[np.ndarray]:
     """`iclust` of each of several [N, N] similarity matrices of the same N items (one article's
     sentences by several methods), with the same labels as one call each, in a fraction of the time:
     all their restarts anneal together."""
@@ -177,7 +178,8 @@ def iclust_many(similarities: list[np.ndarray], n_clusters: int, config: IclustC
         if similarity.ndim != 2 or similarity.shape[0] != similarity.shape[1]:
             raise ValueError(f"iclust needs a square similarity matrix, got shape {similarity.shape}")
         if similarity.shape != similarities[0].shape:
-            raise ValueError(f"iclust_many needs matrices of one shape, got {similarity.shape} and {similarities[0].shape}")
+            raise ValueError(f"iclust_many needs matrices of one shape, got {similarity.shape} "
+                             f"and {similarities[0].shape}")
     n_items = similarities[0].shape[0]
     if not 1 <= n_clusters <= n_items:
         raise ValueError(f"iclust needs 1 <= n_clusters <= number of items ({n_items}), got {n_clusters}")

@@ -4,10 +4,11 @@ A method's own score: its triplet accuracy, a proportion of n triplets, gets the
 interval (`proportion_interval`); a mean over SCB articles (ARI) a percentile bootstrap over the
 articles (`mean_interval`); SICK's Pearson r the Fisher-z interval (eval.sick).
 
-Differences between methods: two methods are scored on the same items (the same triplets, the same SCB articles), so their
-difference is bootstrapped *paired*: each resample draws items, not methods, and the interval is
-that of the mean per-item difference. Percentile intervals: BCa's jackknife over 100 k triplets
-would cost more than the evaluation. A difference is significant when its interval excludes 0.
+Differences between methods: two methods are scored on the same items (the same triplets, the
+same SCB articles), so their difference is bootstrapped *paired*: each resample draws items, not
+methods, and the interval is that of the mean per-item difference. Percentile intervals: BCa's
+jackknife over 100 k triplets would cost more than the evaluation. A difference is significant
+when its interval excludes 0.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ RESAMPLES = 2000
 
 def proportion_interval(successes: np.ndarray, confidence: float = 0.95) -> dict:
     """The share of true values among n with its Wilson score interval."""
+    from scipy import stats  # scipy: loaded by the jobs after their flags parse
+
     successes = np.asarray(successes, bool)
     interval = stats.binomtest(int(successes.sum()), len(successes)).proportion_ci(confidence, method="wilson")
     return {"mean": float(successes.mean()), "low": float(interval.low), "high": float(interval.high),
@@ -29,6 +32,8 @@ def proportion_interval(successes: np.ndarray, confidence: float = 0.95) -> dict
 
 def mean_interval(values: np.ndarray, seed: int = 0, confidence: float = 0.95) -> dict:
     """The mean of per-item values with its percentile bootstrap interval over the items."""
+    from scipy import stats
+
     values = np.asarray(values, np.float64)
     mean = float(np.mean(values))
     if len(values) < 2 or np.all(values == mean):   # no spread to resample

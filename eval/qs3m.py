@@ -18,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from model.encoders import load_encoders
 from model.encoder import SentenceEncoder
+from model.encoders import load_encoders
 from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
@@ -69,7 +70,8 @@ def cluster(distances: np.ndarray, num_clusters: int) -> np.ndarray:
 
     distances = np.clip((distances + distances.T) / 2.0, 0.0, None)
     np.fill_diagonal(distances, 0.0)
-    return AgglomerativeClustering(n_clusters=num_clusters, metric="precomputed", linkage="average").fit_predict(distances)
+    return AgglomerativeClustering(n_clusters=num_clusters, metric="precomputed",
+                                   linkage="average").fit_predict(distances)
 
 
 def jensen_shannon_divergences(topic_mixtures: np.ndarray) -> np.ndarray:
@@ -120,13 +122,11 @@ def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], 
     `model.encoders.TfidfEncoder`: it fits its IDF on each call, i.e. on one query's few passages,
     which on the embedded excerpt scored a flat ARI of 0.054 against 0.122 with corpus IDF.
     """
-    from model.text import tokenize
-
+    from sklearn.decomposition import LatentDirichletAllocation
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer, TfidfVectorizer
     from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
 
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer, TfidfVectorizer
-
-    from sklearn.decomposition import LatentDirichletAllocation
+    from model.text import tokenize
 
     tokens = tokenize(corpus)
     tfidf = TfidfVectorizer(analyzer=lambda words: words, sublinear_tf=True).fit(tokens)
@@ -140,14 +140,15 @@ def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], 
         REFERENCE: lambda i: euclidean_distances(passage_vectors(i)),
         "embedding cosine": lambda i: cosine_distances(passage_vectors(i)),
         "TF-IDF cosine": lambda i: cosine_distances(tfidf.transform(query_tokens(i))),
-        "LDA + JS divergence": lambda i: jensen_shannon_divergences(topics.transform(counts.transform(query_tokens(i)))),
+        "LDA + JS divergence":
+            lambda i: jensen_shannon_divergences(topics.transform(counts.transform(query_tokens(i)))),
     }
 
 
 def model_methods(model_dir: str, trained: dict[str, dict[str, Any]], embeddings) -> dict[str, DistanceFn]:
     """1 - predicted same-cluster probability for each model listed in the model dir's config.json."""
     methods = {}
-    for name, spec in trained.items():
+    for _name, spec in trained.items():
         model = load_model(f"{model_dir.rstrip('/')}/{spec['path']}")
         label = MODEL_LABELS[spec["kind"]] + (f" ({spec['query']})" if spec["query"] else "")
         query_table = embeddings.queries[spec["query"] or "P"]
@@ -218,9 +219,9 @@ def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
 
 def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     """Clusters every query of `config.split` with every method and writes JSON, Markdown and PNGs."""
-    from eval.report import write_figure, write_json, write_text
-
     from sklearn.metrics import adjusted_rand_score
+
+    from eval.report import write_figure, write_json, write_text
 
     trained = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["models"]
     articles_per_split = dict.fromkeys(SPLITS, 0)

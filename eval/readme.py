@@ -29,7 +29,7 @@ class ReadmeConfig:
 
 def headline_markdown(report: dict, source: str) -> str:
     """One row per method: triplet accuracy (cosine, L1), SCB mean ARI (all sentences) per algorithm, SICK r."""
-    from eval.clustering import ALGORITHMS   # scikit-learn and matplotlib: after the flags parse
+    from eval.clustering import ALGORITHMS  # scikit-learn and matplotlib: after the flags parse
     from eval.intervals import value_text
     from eval.report import markdown_table
 

@@ -9,8 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from matplotlib.lines import Line2D  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
 from eval.intervals import interval_text, value_text  # noqa: E402
@@ -165,7 +165,8 @@ def triplets_figure(result: dict):
     figure, axis = plt.subplots(figsize=(1.8 * len(methods) + 2, 3.6))
     positions = range(len(methods))
     width = 0.38
-    axis.bar([p - width / 2 for p in positions], [e["accuracy_cosine"] for e in result["methods"]], width, label="cosine")
+    axis.bar([p - width / 2 for p in positions], [e["accuracy_cosine"] for e in result["methods"]], width,
+             label="cosine")
     axis.bar([p + width / 2 for p in positions], [e["accuracy_l1"] for e in result["methods"]], width, label="L1")
     axis.axhline(0.5, color="grey", linestyle="--", linewidth=0.8, label="chance")
     axis.set_xticks(list(positions), methods, rotation=20)

@@ -68,7 +68,8 @@ def parse_scb_record(line: str) -> dict:
         raise ScbRecordError(f"not JSON: {error}") from error
     if not isinstance(record, dict):
         raise ScbRecordError("not a JSON object")
-    missing = [key for key in ("article_id", "title", "sections", "sentences", "labels", "openers") if key not in record]
+    missing = [key for key in ("article_id", "title", "sections", "sentences", "labels", "openers")
+               if key not in record]
     if missing:
         raise ScbRecordError(f"missing keys {missing}")
     sentences, labels, openers = record["sentences"], record["labels"], record["openers"]
@@ -97,7 +98,7 @@ def score_article(record: dict, embeddings_by_method: dict[str, np.ndarray], see
     k is the number of sections that have sentences in the variant; a variant with fewer than
     two such sections is skipped (openers only can lose whole sections) and reported as such.
     All methods' embeddings of the article are clustered together (`cluster_embeddings`)."""
-    from eval.clustering import cluster_embeddings, clustering_metrics   # scikit-learn: after the flags parse
+    from eval.clustering import cluster_embeddings, clustering_metrics  # scikit-learn: after the flags parse
 
     rows = []
     labels = np.asarray(record["labels"])
@@ -221,7 +222,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
     # Each method embeds every article with RunInference (one element = one article's sentences,
     # encoded together), each adding its embeddings to the article's; then all are scored at once.
-    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference   # PyTorch too, where installed
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference  # PyTorch too, where installed
 
     from model.inference import EncoderModelHandler
 

@@ -131,7 +131,7 @@ def soft_logistic_path(features: np.ndarray, target: np.ndarray, c_grid):
     optimiser stay float64; the chosen C and the metrics agree to 4 decimals); a feature constant
     on TRAIN (a TF-IDF word absent from it) is left out of the fit, its weight 0 as at the
     optimum."""
-    from scipy.optimize import minimize   # scipy: after the flags parse
+    from scipy.optimize import minimize  # scipy: after the flags parse
     from scipy.special import logsumexp
     from threadpoolctl import threadpool_limits
 

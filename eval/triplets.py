@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from eval.intervals import comparisons, proportion_interval
 from model.encoders import Methods, check_encoder_specs, load_encoders
-from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline import records
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 from pipeline.splits import SPLITS
 
@@ -50,7 +50,7 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
                   seed: int = 0) -> dict[str, list[str]]:
     """{"anchor", "positive", "negative"}: parallel lists of sentences of one split, or of a
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
-    from model.data import triplet_sample, triplet_strings   # TensorFlow: after the flags parse
+    from model.data import triplet_sample, triplet_strings  # TensorFlow: after the flags parse
 
     columns = {"anchor": [], "positive": [], "negative": []}
     triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
@@ -120,7 +120,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
 
 def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
     """The split's triplets (or the configured sample), checked whole against the run's manifest."""
-    from model.data import verify_split   # TensorFlow: after the flags parse
+    from model.data import verify_split  # TensorFlow: after the flags parse
 
     verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
@@ -136,7 +136,7 @@ def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
         specs: list[str] | None = None) -> dict:
     """Scores every method and writes `<output>/triplets.{json,md}` and the plot; returns the result.
     eval.all passes the triplets it read and specs of the embeddings it cached for all its steps."""
-    from apache_beam.io.filesystems import FileSystems   # Beam, pyarrow, matplotlib: after the flags parse
+    from apache_beam.io.filesystems import FileSystems  # Beam, pyarrow, matplotlib: after the flags parse
 
     from eval.report import write_triplets_report
     from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings

@@ -4,7 +4,8 @@
 
 Each sub-command prints the exact commands it runs, shell-quoted and runnable as printed from any
 folder (the files they name are absolute paths into the installed package; only `image`, which
-builds the checkout, runs in the repository root); `--dry-run` prints them (and writes the filled Vertex AI spec) without submitting.
+builds the checkout, runs in the repository root); `--dry-run` prints them (and writes the filled
+Vertex AI spec) without submitting.
 Before anything is printed the Dataflow options pass Beam's own `PipelineOptionsValidator` with the
 DataflowRunner, and the Vertex AI spec parses into the Vertex client's `CustomJobSpec` message, so
 a malformed project, bucket, job name or accelerator fails here, naming the flag, not in the cloud.
@@ -70,7 +71,8 @@ class CloudConfig:
     variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template), gpu or tpu (Vertex)")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset model.train reads: one of {', '.join(TRIPLET_DATASETS)}")
     embeddings: str | None = flag(None, help="GloVe text file; none = gs://BUCKET/vectors/glove.840B.300d.txt")
-    spec_dir: str = flag("build/vertex", help="where the filled Vertex AI spec is written (relative: to the current folder)")
+    spec_dir: str = flag("build/vertex",
+                         help="where the filled Vertex AI spec is written (relative: to the current folder)")
 
     def __post_init__(self):
         for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu", "tpu")),
@@ -271,7 +273,8 @@ def vertex_spec(cfg: CloudConfig) -> dict:
     }
     spec = fill_placeholders(yaml.safe_load(path.read_text()), values, path.name)
     for pool in spec["workerPoolSpecs"]:
-        pool["containerSpec"]["args"] = [*pool["containerSpec"]["args"], *RECIPES[cfg.recipe or cfg.dataset].arguments()]
+        pool["containerSpec"]["args"] = [*pool["containerSpec"]["args"],
+                                         *RECIPES[cfg.recipe or cfg.dataset].arguments()]
     errors = custom_job_spec_errors(spec)
     if errors:
         raise ValueError(f"{path.relative_to(REPO_ROOT)} filled for this run: " + "; ".join(errors))

@@ -93,11 +93,16 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from model.data import article_chunks, training_batches, triplet_strings  # noqa: E402
-from model.network import (LENGTH_SLICES, TRIPLET_KEYS, build_sentence_encoder, build_triplet_model,  # noqa: E402
-                           compile_triplet_model)
+from model.network import (  # noqa: E402
+    LENGTH_SLICES,
+    TRIPLET_KEYS,
+    build_sentence_encoder,
+    build_triplet_model,
+    compile_triplet_model,
+)
 from model.text import WordIds  # noqa: E402
-from model.transformer import build_transformer_encoder, token_ids  # noqa: E402
 from model.train import build_vocabulary, embedding_matrix  # noqa: E402
+from model.transformer import build_transformer_encoder, token_ids  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
@@ -225,7 +230,8 @@ def plot(results: dict, path: str) -> None:
     axis.set_ylabel("training triplets / s")
     network = f"BiLSTM {results['lstm_units']}" if results["encoder"] == "bilstm" else results["encoder"]
     axis.set_title(f"Trainer throughput, {network} ({results['device']}, "
-                   f"{results['cpu_cores']} cores): {results['fast_variant']} = {results['train_speedup']:.2f}x baseline",
+                   f"{results['cpu_cores']} cores): {results['fast_variant']} = "
+                   f"{results['train_speedup']:.2f}x baseline",
                    fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -335,7 +341,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{results['cpu_cores']} cores)")
         for count, rate in results["triplets_per_s"].items():
             detail = results["per_count"][count]
-            print(f"{count:>7} {rate:>10.1f} {results['ratio_to_1'][count]:>10.2f}   step {detail['step_seconds']:.3f} s, "
+            print(f"{count:>7} {rate:>10.1f} {results['ratio_to_1'][count]:>10.2f}   "
+                  f"step {detail['step_seconds']:.3f} s, "
                   f"input pipeline alone {detail['input_triplets_per_s']:.0f} triplets/s, all-reduce "
                   f"{detail['gradient_bytes'] / 1e6:.2f} MB")
         if args.out:

@@ -105,7 +105,10 @@ def count_records(data: str, dataset: str, split: str) -> dict[str, int]:
     triplet Example: `parse_triplets` skips them)."""
     shards, expected = _manifest_entry(data, dataset, split)
     records_read = read_records(shards)
-    count = lambda ds: int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
+
+    def count(ds):
+        return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
+
     raw = count(records_read)
     return {"expected": expected, "read": raw, "lost": max(0, expected - raw),
             "unparseable": raw - count(parse_triplets(records_read))}

@@ -5,11 +5,12 @@
 
 Inputs: text files (one sentence per line; id `file#hash`, a stable hash of the line, since
 Beam reads a file in parallel ranges without line numbers), JSON lines (`--text-field`,
-`--id-field`, the same `file#hash` where a record has no id; a `.jsonl.gz` is read as gzip), or a pipeline run's `scb/` (every sentence; id
-`article_id:index`) or `passages/` (every paragraph of the kept sections; id
-`article_id:section:paragraph`), the latter two listed from the run's manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id`
-(string), `text` (string) and `embedding` (fixed-size list of float32, the encoder's width),
-written by Beam's `WriteToParquet` (pyarrow).
+`--id-field`, the same `file#hash` where a record has no id; a `.jsonl.gz` is read as gzip), or
+a pipeline run's `scb/` (every sentence; id `article_id:index`) or `passages/` (every paragraph
+of the kept sections; id `article_id:section:paragraph`), the latter two listed from the run's
+manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id` (string), `text`
+(string) and `embedding` (fixed-size list of float32, the encoder's width), written by Beam's
+`WriteToParquet` (pyarrow).
 
 `model.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
 encoder (`eval.scb` embeds its articles with it too): Beam batches sentences (`BatchElements`,
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 

@@ -31,7 +31,6 @@ from model.encoder import SavedModelEncoder, SentenceEncoder
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
-
 CACHED_KIND = "cached"   # the spec of embeddings computed earlier (model.embedding_cache)
 
 

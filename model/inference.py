@@ -10,7 +10,8 @@ imports PyTorch when it is installed (seconds, and PyTorch must not load after T
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 

@@ -45,9 +45,18 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from model.data import (TripletDataError, TripletDataLoss, count_records, count_words,  # noqa: E402
-                        distributed_by_blocks, training_batches, triplet_sample, triplet_strings, verify_split,
-                        with_known_length)
+from model.data import (  # noqa: E402
+    TripletDataError,
+    TripletDataLoss,
+    count_records,
+    count_words,
+    distributed_by_blocks,
+    training_batches,
+    triplet_sample,
+    triplet_strings,
+    verify_split,
+    with_known_length,
+)
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
@@ -388,7 +397,8 @@ def time_budget(minutes: float):
         def on_train_batch_end(self, batch, logs=None):
             expired = time.monotonic() >= self.deadline
             strategy = self.model.distribute_strategy
-            if is_multi_worker(strategy):   # workers stop at the same step, or the first to stop leaves the others hanging
+            # workers stop at the same step, or the first to stop leaves the others hanging
+            if is_multi_worker(strategy):
                 votes = strategy.run(lambda: tf.constant(float(expired)))
                 expired = bool(strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None) > 0)
             if expired:
@@ -526,7 +536,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         *([mirror_backups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience),
-        keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=config.checkpoint_every),   # scalars every N steps and per epoch
+        # scalars every N steps and per epoch
+        keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=config.checkpoint_every),
         curve,
         *([budget] if budget else []),
         *(extra_callbacks or []),
@@ -534,11 +545,14 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
                     initial_epoch=step // config.steps if config.steps else 0,
                     steps_per_epoch=config.steps, callbacks=callbacks, verbose=1 if config.progress else 2)
-    if tf.io.gfile.exists(best.filepath):   # tested and exported: the best validation epoch, of this run or a killed one
+    # tested and exported: the best validation epoch, of this run or a killed one
+    if tf.io.gfile.exists(best.filepath):
         model.load_weights(best.filepath)
 
-    LOG.info("training done; scoring the best epoch on the test split")   # silent otherwise: the test pass takes a while
-    test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0, return_dict=True)
+    # silent otherwise: the test pass takes a while
+    LOG.info("training done; scoring the best epoch on the test split")
+    test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0,
+                          return_dict=True)
     LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
     counts = {split: future.result() for split, future in record_counts.items()}
     counting.shutdown()

@@ -85,7 +85,8 @@ def token_ids(max_tokens: int = 64, name: str = "minilm") -> BertIds:
     return BertIds(os.path.join(checkpoint_dir(name), "vocab.txt"), max_tokens)
 
 
-def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0, dropout: float | None = None) -> keras.Model:
+def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0,
+                              dropout: float | None = None) -> keras.Model:
     """Net: int wordpiece ids [n, t] (0 = padding) -> float32 [n, hidden]: the pre-trained
     backbone's token states averaged over the non-padding tokens (Keras' masked
     GlobalAveragePooling1D), as sentence-transformers pools this checkpoint. `frozen_layers`:

@@ -7,9 +7,9 @@ requested vocabulary are kept, so memory grows with the vocabulary, never with t
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 

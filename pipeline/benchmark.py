@@ -282,7 +282,7 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
     walls.set_title("Commands measured")
     ratio_names = list(measured_ratios)
     rates.barh(ratio_names, [measured_ratios[n] for n in ratio_names], color="tab:orange")
-    for name, (op, bound) in GOALS.items():
+    for name, (_op, bound) in GOALS.items():
         for i, ratio_name in enumerate(ratio_names):
             if ratio_name.startswith(name):
                 rates.plot([bound, bound], [i - 0.4, i + 0.4], color="black")

@@ -12,15 +12,17 @@ A command's `main(argv)` does the work; `run_cli(main)` is its shell face:
 Every command's flags come from one config dataclass (`config_parser`): a field is a flag spelt
 `--with-dashes` (the old `--with_underscores` spelling is still accepted, unlisted), its help
 text is the field's `flag(help=...)`, a tuple is a comma-separated list, a field whose default
-is itself a config adds that config's flags, and `__post_init__` checks the values. Beam's own pipeline options keep Beam's
-spelling (`--direct_num_workers`) and pass through untouched where a command runs a Beam job.
+is itself a config adds that config's flags, and `__post_init__` checks the values. Beam's own
+pipeline options keep Beam's spelling (`--direct_num_workers`) and pass through untouched where a
+command runs a Beam job.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class UsageError(ValueError):
@@ -104,8 +106,8 @@ def config_parser(config_type: type, prog: str, description: str) -> ArgumentPar
         if field.metadata.get("repeatable"):   # `--model-dir A --model-dir B` -> ("A", "B")
             parser.add_argument(name, dest=field.name, action="append", help=help_text + " (repeatable)")
         elif field.default is dataclasses.MISSING:
-            parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), required=True, default=argparse.SUPPRESS,
-                                help=help_text)
+            parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), required=True,
+                                default=argparse.SUPPRESS, help=help_text)
         elif isinstance(field.default, tuple):   # a comma-separated list of its default's item type
             item_type = type(field.default[0]) if field.default else str
             parser.add_argument(name, dest=field.name, default=field.default, metavar="A,B,...", help=help_text,

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import bz2
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from xml.sax.saxutils import unescape as xml_unescape
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.dumps import (HEADER_PATTERN, DumpInputError, decompressed_chunks, page_id_and_title, split_pages,
-                            until_failure)
+from pipeline.dumps import (
+    HEADER_PATTERN,
+    DumpInputError,
+    decompressed_chunks,
+    page_id_and_title,
+    split_pages,
+    until_failure,
+)
 
 _ENTITIES = {"&quot;": '"', "&apos;": "'"}
 _FOOTER = b"\n</mediawiki>\n"

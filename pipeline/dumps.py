@@ -24,7 +24,8 @@ import os
 import queue
 import re
 import threading
-from typing import Generator, Iterable, Iterator, NamedTuple
+from collections.abc import Generator, Iterable, Iterator
+from typing import NamedTuple
 
 import mwxml
 from apache_beam.io.filesystem import CompressionTypes
@@ -280,8 +281,8 @@ def parse_page(page_xml: bytes, source: str) -> Page:
     try:
         page = next(iter(mwxml.Dump.from_page_xml(text)))
         revision = None
-        for revision in page:  # pages-articles has one; a history dump ends with the latest
-            pass
+        for latest in page:  # pages-articles has one; a history dump ends with the latest
+            revision = latest
     except (mwxml.errors.MalformedXML, SyntaxError, ValueError, TypeError, AttributeError) as err:
         # expat's ParseError is a SyntaxError; mwxml raises the others on unexpected structure.
         raise PageError("malformed_xml", f"{type(err).__name__}: {err}") from err

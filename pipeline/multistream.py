@@ -20,11 +20,12 @@ workers never import.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.dumps import (DumpInputError, decompressed_chunks, match_dump_files)
+from pipeline.dumps import DumpInputError, decompressed_chunks, match_dump_files
 
 _MULTISTREAM_NAME = re.compile(r"multistream(\d*)\.xml")
 

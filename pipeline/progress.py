@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner", "PrismRunner")
 REPORT_EVERY_S = 1.0

@@ -7,7 +7,7 @@ them into `ReadDumpPages`, counting every outcome. The arrows point one way: rea
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import apache_beam as beam
 
@@ -124,6 +124,7 @@ class ReadDumpPages(beam.PTransform):
             | "ListDumpFiles" >> beam.Create(files)
             | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units, self.page_shards)
             | "SpreadReadUnits" >> beam.Reshuffle()
-            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn(self.progress_folder)).with_outputs("dead_letters", main="pages")
+            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn(self.progress_folder)).with_outputs(
+                "dead_letters", main="pages")
         )
         return {"pages": decoded.pages, "dead_letters": decoded.dead_letters}

@@ -16,7 +16,7 @@ TensorFlow's own serialisation of the same example.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 

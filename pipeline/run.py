@@ -59,7 +59,8 @@ class PipelineConfig:
     output: str = flag(help="output folder, local or gs://")
     overwrite: bool = flag(False, help="replace the run that --output holds (deletes only what a run of this "
                                        "pipeline writes); without it a non-empty --output is refused")
-    input: str | None = flag(None, help="dump file or glob (.xml, .xml.bz2), local or gs://; default: the embedded excerpt")
+    input: str | None = flag(None, help="dump file or glob (.xml, .xml.bz2), local or gs://; "
+                                        "default: the embedded excerpt")
     index: str | None = flag(None, help="multistream index of a single dump file")
     page_shards: int = flag(1, help="workers that share each dump file without a multistream index: each "
                                     "decompresses the file and parses every N-th page (by id); set it to about "
@@ -73,11 +74,12 @@ class PipelineConfig:
                                     "read stage loses more than this fraction of the pages the multistream index "
                                     "lists, or loses pages of a stream without an index (a loss of unknown size) "
                                     "unless this is 1")
-    other_article_bucket_size: int = flag(1000, help="about how many articles share a bucket when drawing other_article negatives")
+    other_article_bucket_size: int = flag(1000, help="about how many articles share a bucket when drawing "
+                                                     "other_article negatives")
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
-        from pipeline import transforms   # Beam: after the flags parse (--help answers without it)
+        from pipeline import transforms  # Beam: after the flags parse (--help answers without it)
 
         unknown = [name for name in self.negative_strategies() if name not in transforms.DATASET_OF_STRATEGY]
         if unknown or not self.negative_strategies():
@@ -91,7 +93,8 @@ class PipelineConfig:
             raise ConfigError(f"--other-article-bucket-size must be >= 1, got {self.other_article_bucket_size}")
         rules = self.rules
         if not 1 <= rules.min_tokens <= rules.max_tokens:
-            raise ConfigError(f"--min-tokens {rules.min_tokens} / --max-tokens {rules.max_tokens}: need 1 <= min <= max")
+            raise ConfigError(f"--min-tokens {rules.min_tokens} / --max-tokens {rules.max_tokens}: "
+                              "need 1 <= min <= max")
         if not 1 <= rules.scb_min_sections <= rules.scb_max_sections:
             raise ConfigError(
                 f"--scb-min-sections {rules.scb_min_sections} / --scb-max-sections {rules.scb_max_sections}: "
@@ -163,7 +166,8 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
     (
         (read["dead_letters"], built["dead_letters"])
         | "AllDeadLetters" >> beam.Flatten()
-        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part", counter_names.DEAD_LETTERS_WRITTEN)
+        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part",
+                                                         counter_names.DEAD_LETTERS_WRITTEN)
     )
     return reader.indexes()
 
@@ -211,7 +215,8 @@ def reconciliation(counters: dict[str, int], strategies: tuple[str, ...]) -> dic
     left unfilled."""
     outcomes = {name: counters.get(name, 0) for name in counter_names.PAGE_OUTCOMES}
     pages_read = counters.get(counter_names.PAGES_READ, 0)
-    index_pages, lost = counters.get(counter_names.INDEX_PAGES, 0), counters.get(counter_names.READ_PAGES_DEAD_LETTERED, 0)
+    index_pages = counters.get(counter_names.INDEX_PAGES, 0)
+    lost = counters.get(counter_names.READ_PAGES_DEAD_LETTERED, 0)
     read_balanced = not index_pages or index_pages == pages_read + lost
     slots = {strategy: triplet_slots_filled(counters, strategy) for strategy in strategies}
     balanced = read_balanced and pages_read == sum(outcomes.values()) and all(
@@ -306,7 +311,7 @@ def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
 def main(argv: list[str] | None = None) -> dict:
     """Runs the job and returns what it wrote to stats.json."""
     config, beam_args = parse_args(argv)
-    import apache_beam as beam   # Beam and the job's stages load once the flags are parsed
+    import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from pipeline import outputs

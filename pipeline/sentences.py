@@ -9,8 +9,8 @@ counts as a token, as it does for the GloVe-style tokenizer the model uses).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
-
+from collections.abc import Sequence
+from typing import NamedTuple
 
 DEFAULT_SPACY_MODEL = "blank:en"
 # spaCy's vocabulary keeps every word type it has tokenised (about 400 bytes each, measured), so
@@ -68,7 +68,7 @@ def sentences_of(text: str, doc) -> list[Sentence]:
 
 def load_sentence_pipeline(model: str):
     """A blank pipeline (`blank:<lang>`) or an installed model, with a sentence splitter."""
-    import spacy   # here, not above: every command's flags (the --spacy-model default) parse without it
+    import spacy  # here, not above: every command's flags (the --spacy-model default) parse without it
 
     if model.startswith("blank:"):
         nlp = spacy.blank(model.split(":", 1)[1])

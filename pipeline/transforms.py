@@ -168,7 +168,8 @@ class SentenceTriplets(beam.PTransform):
                 n=beam.pvalue.AsSingleton(n_articles),
             )
             | "GroupBuckets" >> beam.GroupByKey()
-            | "DrawFromOtherArticles" >> beam.ParDo(_OtherArticleTripletsFn(self.seed, self.rules)).with_outputs(*SPLITS)
+            | "DrawFromOtherArticles"
+            >> beam.ParDo(_OtherArticleTripletsFn(self.seed, self.rules)).with_outputs(*SPLITS)
         )
 
 

@@ -33,10 +33,12 @@ processing order.
 from __future__ import annotations
 
 import random
-from typing import Iterator, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 from pipeline.rules import Article, KeptSentence, RuleConfig, neighbour_sections, paragraph_openers, positive_pairs
 from pipeline.splits import stable_hash
+
 
 class Triplet(NamedTuple):
     anchor: str
@@ -107,7 +109,8 @@ def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConf
             if not openers[neighbour]:
                 no_opener += 1
                 continue
-            rng = seeded_rng(seed, "adjacent", article.article_id, index, anchor.paragraph, positive.paragraph, neighbour)
+            rng = seeded_rng(seed, "adjacent", article.article_id, index, anchor.paragraph, positive.paragraph,
+                             neighbour)
             negative = rng.choice(openers[neighbour])
             triplets.append(_triplet(article, "adjacent", index, anchor, positive, article, neighbour, negative))
     return triplets, no_opener
@@ -125,7 +128,8 @@ def same_article_triplets(article: Article, seed: int, config: RuleConfig = Rule
             if not others:
                 no_opener += 1
                 continue
-            rng = seeded_rng(seed, "same_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
+            rng = seeded_rng(seed, "same_article", article.article_id, index, anchor.paragraph, positive.paragraph,
+                             draw)
             chosen = rng.choice(others)
             negative = rng.choice(openers[chosen])
             triplets.append(_triplet(article, "same_article", index, anchor, positive, article, chosen, negative))
@@ -150,7 +154,8 @@ def other_article_triplets(
             if not donors:
                 missing += 1
                 continue
-            rng = seeded_rng(seed, "other_article", article.article_id, index, anchor.paragraph, positive.paragraph, draw)
+            rng = seeded_rng(seed, "other_article", article.article_id, index, anchor.paragraph, positive.paragraph,
+                             draw)
             donor = rng.choice(donors)
             donor_openers = openers_of[donor.article_id]
             chosen = rng.choice(sections_with_openers(donor_openers))

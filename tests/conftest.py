@@ -1,4 +1,7 @@
-"""Shared fixtures: a real GCS emulator on loopback, and the pipeline run once on the embedded dump."""
+"""Shared fixtures: a real GCS emulator on loopback, and the pipeline run once on the embedded dump.
+
+The tiers: a test that uses one of the session's heavy fixtures (`SLOW_FIXTURES`) or is marked
+`slow` (real training, worker processes, whole pipeline runs) is outside `make test-fast`."""
 import os
 import socket
 import subprocess
@@ -8,8 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from model.encoders import load_pytorch_first
 from dump_support import ALL_NEGATIVES
+
+from model.encoders import load_pytorch_first
 
 load_pytorch_first()   # with the minilm extra: PyTorch before any test's TensorFlow (model.encoders)
 
@@ -42,10 +46,10 @@ def gcs_emulator():
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
-        except OSError:
+        except OSError as err:
             if time.time() > deadline or proc.poll() is not None:
                 proc.kill()
-                raise RuntimeError("gcp-storage-emulator did not start")
+                raise RuntimeError("gcp-storage-emulator did not start") from err
             time.sleep(0.2)
     previous = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
@@ -81,3 +85,17 @@ def tiny_model(embedded_pipeline_output, tmp_path_factory):
                       batch_size=16, lstm_units=8, attention_size=4, patience=1, progress=False,
                       vocabulary="train"))
     return str(model_dir)
+
+
+# Fixtures that run the real pipeline, train, or start the emulator: minutes, not seconds.
+SLOW_FIXTURES = {"embedded_pipeline_output", "tiny_model", "gcs_emulator"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: outside the fast tier (make test-fast): real runs, training, processes")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -10,8 +10,9 @@ from pipeline.cli import UsageError, config_parser, parse_config
 COMMANDS = {   # python -m module -> its config class
     "pipeline.run": "PipelineConfig", "pipeline.benchmark": "BenchmarkConfig",
     "model.train": "TrainConfig", "model.benchmark": "TrainerBenchmarkConfig", "model.embed": "EmbedConfig",
-    "model.qs3m": "Qs3mConfig", "model.pretrained": "PretrainedConfig", "eval.scb": "ScbConfig", "eval.triplets": "TripletsConfig",
-    "eval.sick": "SickConfig", "eval.all": "ReportConfig", "eval.benchmark": "ScbBenchmarkConfig", "eval.readme": "ReadmeConfig",
+    "model.qs3m": "Qs3mConfig", "model.pretrained": "PretrainedConfig", "eval.scb": "ScbConfig",
+    "eval.triplets": "TripletsConfig", "eval.sick": "SickConfig", "eval.all": "ReportConfig",
+    "eval.benchmark": "ScbBenchmarkConfig", "eval.readme": "ReadmeConfig",
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
     "infra.recipe": "RecipeConfig",
 }

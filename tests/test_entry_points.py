@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_cli import COMMANDS, _config
 
 from pipeline.cli import config_parser
-from test_cli import COMMANDS, _config
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = sorted([*COMMANDS, "model.qs3m.train"])
@@ -115,5 +115,6 @@ def test_choosing_minilm_loads_pytorch_before_tensorflow_or_says_why_it_cannot(t
     without_extra = _run(["-c", "import sys, types\nsys.modules['tensorflow'] = types.ModuleType('tensorflow')\n"
                                 "sys.modules['sentence_transformers'] = None   # not installed\n"
                                 "from model.encoders import EncoderSpecError, load_encoder\n"
-                                "try:\n    load_encoder('minilm')\nexcept EncoderSpecError as error:\n    print(error)"])
+                                "try:\n    load_encoder('minilm')\n"
+                                "except EncoderSpecError as error:\n    print(error)"])
     assert "needs the optional extra" in without_extra.stdout, without_extra.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from tqdm import tqdm

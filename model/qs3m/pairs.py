@@ -8,7 +8,8 @@ query description D. Nothing here reads files or touches TensorFlow, so it is al
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import numpy as np
 

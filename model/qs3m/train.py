@@ -15,13 +15,11 @@ import sys
 from typing import Any
 
 from model.encoder import SentenceEncoder
+from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, pair_dataset, read_queries
+from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
 from model.qs3m.pairs import LABELINGS, sample_pairs
 from pipeline.cli import flag, parse_config, run_cli
 from pipeline.outputs import write_bytes
-
-from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, pair_dataset, read_queries
-from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
-
 
 # ---------------------------------------------------------------- training
 
@@ -118,7 +116,8 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
             "dead_letters": len(dead_letters),
             **{f"articles_{split}": len(chosen) for split, chosen in by_split.items()},
             **{f"pairs_{split}": len(chosen) for split, chosen in pairs.items()},
-            **{f"positive_pairs_{split}": int(sum(pair.same_cluster for pair in chosen)) for split, chosen in pairs.items()},
+            **{f"positive_pairs_{split}": int(sum(pair.same_cluster for pair in chosen))
+               for split, chosen in pairs.items()},
             "lead_missing_train": embeddings["train"].lead_missing,
         },
         "history": histories,

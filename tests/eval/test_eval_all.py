@@ -6,13 +6,13 @@ import json
 import numpy as np
 import reference_scoring
 from scipy import sparse
+from test_eval_sick import write_sick_fixture
 
 from eval import all as eval_all
 from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoders import load_encoders
-from test_eval_sick import write_sick_fixture
 
 
 def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny_model, tmp_path):
@@ -57,7 +57,8 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
     readme.write_text("# Title\n<!-- results:begin -->\nstale\n<!-- results:end -->\nafter\n")
     eval_readme.main(["--report", str(out), "--readme", str(readme)])
     text = readme.read_text()
-    assert text.startswith("# Title\n<!-- results:begin -->\n| method |") and text.endswith("<!-- results:end -->\nafter\n")
+    assert text.startswith("# Title\n<!-- results:begin -->\n| method |")
+    assert text.endswith("<!-- results:end -->\nafter\n")
     assert "stale" not in text and f"n = {test_triplets} test triplets and {scb_articles} SCB articles" in text
     for method in methods:
         accuracy = by_method[method]["accuracy_cosine"]

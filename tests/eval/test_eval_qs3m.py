@@ -3,7 +3,8 @@ import pytest
 
 from eval import qs3m as qs3m_eval
 from model.encoders import load_encoders
-from model.qs3m import data as qs3m_data, train as qs3m
+from model.qs3m import data as qs3m_data
+from model.qs3m import train as qs3m
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from eval_fixtures import write_scb
 
 from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
-from eval_fixtures import write_scb
-
 from pipeline import records
 from pipeline.outputs import write_manifest
 

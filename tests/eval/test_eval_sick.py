@@ -3,9 +3,9 @@ import csv
 
 import numpy as np
 import pytest
+from eval_fixtures import THEMES
 
 from eval import sick
-from eval_fixtures import THEMES
 
 COLUMNS = ["pair_ID", "sentence_A", "sentence_B", "entailment_label", "relatedness_score", "SemEval_set"]
 

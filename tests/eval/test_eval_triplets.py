@@ -3,9 +3,9 @@ import json
 
 import numpy as np
 import pytest
+from model_shards import write_triplet_shards
 
 from eval import triplets
-from model_shards import write_triplet_shards
 
 
 def test_triplet_accuracies_by_hand():

@@ -175,7 +175,8 @@ SPEC_SHAPES = {
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("accelerator", sorted(submit.VERTEX_SPECS))
 def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, monkeypatch, accelerator, recipe):
-    from model.config import TrainConfig, parse_args as train_args
+    from model.config import TrainConfig
+    from model.config import parse_args as train_args
 
     dataset = RECIPES[recipe].dataset
     [command] = printed_commands(capsys, ["train", "--accelerator", accelerator, "--recipe", recipe, "--dataset",
@@ -269,7 +270,8 @@ def test_flex_template_metadata_is_dataflow_template_metadata():
     # Each parameter reaches pipeline.run as --name=value: its parser must take them all.
     from pipeline.run import parse_args as pipeline_args
 
-    values = {name: ("7" if name == "seed" else f"gs://wikisim-data/{name}") for name in ("input", "index", "output", "seed")}
+    values = {name: ("7" if name == "seed" else f"gs://wikisim-data/{name}")
+              for name in ("input", "index", "output", "seed")}
     values.update({"page_shards": "4", "min_tokens": "6", "negatives": "adjacent,same_article", "overwrite": "True"})
     config, leftover = pipeline_args([f"--{name}={value}" for name, value in values.items()])
     assert leftover == []
@@ -426,6 +428,7 @@ def test_each_dataset_gets_its_own_training_spec_and_job(capsys, tmp_path):
 
 
 
+@pytest.mark.slow   # a real pip install of the project
 def test_submit_runs_from_any_folder_once_installed(tmp_path):
     """A real (non-editable) install of a copy of the project, run from an unrelated folder: the
     specs and templates it reads come with the package, and the spec it writes lands there."""

@@ -22,7 +22,8 @@ def _triplets(n: int, seed: int = 0, articles: int = 7) -> list[dict]:
     triplets = []
     for k in range(n):
         article = k % articles
-        triplet = {key: " ".join([f"k{k}"] + rng.choices(WORDS, k=rng.randint(1, 59))) for key in ("anchor", "positive")}
+        triplet = {key: " ".join([f"k{k}"] + rng.choices(WORDS, k=rng.randint(1, 59)))
+                   for key in ("anchor", "positive")}
         triplets.append({**triplet, "negative": rng.choice(shared[article]), "article_id": article})
     return triplets
 

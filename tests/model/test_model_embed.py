@@ -64,7 +64,8 @@ def test_embeds_from_and_to_gcs_with_a_model_on_gcs(tiny_model, gcs_emulator):
                 "".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(sentences)).encode())
     result = embed.main(["--model-dir", f"{root}/model", "--input", f"{root}/in/*.jsonl", "--output", f"{root}/out"])
     assert result["files"] and all(path.startswith(f"{root}/out/embeddings-") for path in result["files"])
-    rows = {row["id"]: row for path in result["files"] for row in pq.read_table(io.BytesIO(read_bytes(path))).to_pylist()}
+    rows = {row["id"]: row for path in result["files"]
+            for row in pq.read_table(io.BytesIO(read_bytes(path))).to_pylist()}
     assert sorted(rows) == ["s0", "s1", "s2"]
     np.testing.assert_allclose(np.array([rows[f"s{i}"]["embedding"] for i in range(3)]),
                                load_encoder(tiny_model).encode(sentences), rtol=1e-4, atol=1e-5)

@@ -2,12 +2,19 @@
 import shutil
 
 import numpy as np
-from scipy import sparse
 import pytest
+from scipy import sparse
 
-from model.encoders import (ConcatEncoder, EncoderSpecError, MeanVectorsEncoder, TfidfEncoder, default_encoder_specs,
-                           load_encoders, model_dir_specs)
 from model.encoder import SentenceEncoder
+from model.encoders import (
+    ConcatEncoder,
+    EncoderSpecError,
+    MeanVectorsEncoder,
+    TfidfEncoder,
+    default_encoder_specs,
+    load_encoders,
+    model_dir_specs,
+)
 from model.text import tokenize
 from model.vectors import load_word_vectors
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from model_shards import write_triplet_shards
+
+pytestmark = pytest.mark.slow   # TensorFlow worker processes
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 900   # minilm on 2 busy cores: several minutes (TensorFlow start, BERT, a SavedModel export)

@@ -10,8 +10,14 @@ import pytest
 import tensorflow as tf
 
 from model.encoder import SavedModelEncoder, SentenceEncoder
-from model.network import (COSINE_SCALE, ExportableEncoder, build_sentence_encoder, build_triplet_model, triplet_accuracy,
-                           triplet_loss)
+from model.network import (
+    COSINE_SCALE,
+    ExportableEncoder,
+    build_sentence_encoder,
+    build_triplet_model,
+    triplet_accuracy,
+    triplet_loss,
+)
 from model.text import WordIds
 
 REPO = Path(__file__).resolve().parents[2]

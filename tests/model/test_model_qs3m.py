@@ -10,9 +10,13 @@ from apache_beam.io.filesystems import FileSystems
 
 from eval import qs3m as qs3m_eval
 from model.encoders import load_encoders
-from model.qs3m import data as qs3m_data, network as qs3m_network, train as qs3m
-from pipeline.cli import UsageError, parse_config
+from model.qs3m import data as qs3m_data
+from model.qs3m import network as qs3m_network
+from model.qs3m import train as qs3m
 from model.qs3m.pairs import PassageRecordError, query_from_record, sample_pairs
+from pipeline.cli import UsageError, parse_config
+
+pytestmark = pytest.mark.slow   # QS3M training
 
 TOPICS = {
     "Climate": "rain snow monsoon humidity temperature winter summer drought",
@@ -135,7 +139,8 @@ def test_read_queries_from_a_run_folder_streams_a_seeded_sample_of_a_split(passa
     train, dead_letters = qs3m_data.read_queries(str(run), ("train",), articles_per_split=per_split)
     assert len(every) == 14 and per_split == {"train": 8, "validation": 2, "test": 4} and len(dead_letters) == 2
     assert [q.article_id for q in train] == [q.article_id for q in every if q.split == "train"]
-    samples = [[q.article_id for q in qs3m_data.read_queries(str(run), ("train",), 3, seed)[0]] for seed in (0, 0, 1, 2)]
+    samples = [[q.article_id for q in qs3m_data.read_queries(str(run), ("train",), 3, seed)[0]]
+               for seed in (0, 0, 1, 2)]
     assert samples[0] == samples[1] and len(samples[0]) == 3                  # same seed, same sample
     assert set(samples[0]) <= {q.article_id for q in train}
     assert len({tuple(sample) for sample in samples}) > 1                     # the seed chooses it

@@ -2,9 +2,11 @@
 trained on CPU beside the dynamic path from the same weights on the same triplets."""
 import numpy as np
 import pytest
+from model_shards import write_triplet_shards
 
 from model.config import TrainConfig
-from model_shards import write_triplet_shards
+
+pytestmark = pytest.mark.slow   # XLA compilation and training
 
 BATCH = 8
 

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from model_shards import write_triplet_shards
 
 from model.config import TrainConfig, parse_args
-from pipeline.cli import UsageError
-from model.data import TripletDataError, TripletDataLoss, list_shards, triplet_strings
+from model.data import TripletDataError, list_shards, triplet_strings
 from model.encoder import SavedModelEncoder
 from pipeline import records
-from model_shards import write_triplet_shards
+from pipeline.cli import UsageError
+
+pytestmark = pytest.mark.slow   # real training runs
 
 # vocabulary "train": a few hundred words instead of GloVe's 400 k keeps the exports small and fast.
 # max_lost_fraction: the shards fixture plants one corrupt record among 257
@@ -35,8 +37,8 @@ def test_flags_mirror_the_config():
     assert (config.lstm_units, config.fine_tune_embeddings, config.steps, config.embeddings, config.dropout) \
         == (7, True, None, "g.txt", 0.5)
     defaults = TrainConfig(data="d", model_dir="m")
-    assert dataclasses.replace(config, lstm_units=defaults.lstm_units, fine_tune_embeddings=False, dropout=defaults.dropout,
-                               steps=defaults.steps, embeddings=None) == defaults
+    assert dataclasses.replace(config, lstm_units=defaults.lstm_units, fine_tune_embeddings=False,
+                               dropout=defaults.dropout, steps=defaults.steps, embeddings=None) == defaults
     with pytest.raises(UsageError, match="--distribution-strategy"):
         parse_args(["--data", "d", "--model-dir", "m", "--distribution-strategy", "gpu-please"])
     with pytest.raises(ValueError, match="--distribution-strategy"):
@@ -168,7 +170,8 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     assert any((model_dir / "logs").rglob("events.out.tfevents.*"))
     embeddings = SavedModelEncoder(str(model_dir)).encode(["The striker scored a goal.", "Bake the flour."])
     assert embeddings.shape == (2, 16) and np.isfinite(embeddings).all()
-    served = SavedModelEncoder(str(model_dir / "serving" / "3")).encode(["The striker scored a goal.", "Bake the flour."])
+    served = SavedModelEncoder(str(model_dir / "serving" / "3")).encode(["The striker scored a goal.",
+                                                                         "Bake the flour."])
     np.testing.assert_array_equal(served, embeddings)     # TF Serving's version folder: the same encoder
 
 
@@ -266,7 +269,8 @@ def _summary(result) -> dict:
 
 
 def test_mirrored_over_two_logical_cpus(shards, tmp_path):
-    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "distribution_strategy": "mirrored", "epochs": 1}
+    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "distribution_strategy": "mirrored",
+              "epochs": 1}
     summary = _summary(_train_in_subprocess(config, tmp_path / "probe.json", logical_cpus=2))
     assert summary["replicas"] == 2 and summary["global_batch_size"] == 2 * TINY["batch_size"]
     assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
@@ -316,7 +320,8 @@ def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
     assert summary["stopped_by_budget"] is True and summary["epochs_run"] == 1
     assert summary["learning_curve"][0]["triplets_seen"] == TINY["batch_size"]   # one step, then the stop
     assert (model_dir / "encoder" / "saved_model.pb").is_file()
-    unbounded = train(dataclasses.replace(config, model_dir=str(tmp_path / "n"), budget_minutes=None, epochs=1, steps=4))
+    unbounded = train(dataclasses.replace(config, model_dir=str(tmp_path / "n"), budget_minutes=None, epochs=1,
+                                          steps=4))
     assert unbounded["stopped_by_budget"] is False and unbounded["learning_curve"][0]["triplets_seen"] == 32
 
 

@@ -11,6 +11,8 @@ from model.config import TrainConfig
 from model.encoder import SavedModelEncoder
 from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
 
+pytestmark = pytest.mark.slow   # the MiniLM checkpoint built and run
+
 # Accents, ligatures, full-width forms, CJK, emoji, zero-width and soft hyphens, Greek variants,
 # dashes and quotes: where tensorflow-text's own lower-casing (NFKC) parts from the checkpoint's.
 HARD_SENTENCES = [

@@ -10,6 +10,8 @@ from dump_support import as_tuples, run_read
 from pipeline import dump_writers
 from pipeline.dumps import Page, decode_pages, embedded_dump_path, page_id_and_title
 
+pytestmark = pytest.mark.slow   # pipeline runs on faulty dumps
+
 PAGES_PER_STREAM = 20
 MALFORMED, UNDECODABLE, UNTERMINATED = 25, 27, 65  # positions of pages in the excerpt
 TRUNCATED_STREAM = 5  # pages 100..119

@@ -8,8 +8,18 @@ import pytest
 from dump_support import as_tuples, run_read
 
 from pipeline import dump_writers
-from pipeline.dumps import (DumpInputError, Page, bz2_chunks, check_input, decode_pages, decompressed_chunks,
-                            embedded_dump_path, raw_chunks, read_ahead, split_pages)
+from pipeline.dumps import (
+    DumpInputError,
+    Page,
+    bz2_chunks,
+    check_input,
+    decode_pages,
+    decompressed_chunks,
+    embedded_dump_path,
+    raw_chunks,
+    read_ahead,
+    split_pages,
+)
 from pipeline.read import ReadDumpPages
 
 

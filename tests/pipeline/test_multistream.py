@@ -10,6 +10,8 @@ from dump_support import ALL_NEGATIVES, as_tuples, run_read
 from pipeline import dump_writers, multistream
 from pipeline.dumps import decode_pages, embedded_dump_path
 
+pytestmark = pytest.mark.slow   # pipeline runs on multistream dumps
+
 PAGES_PER_STREAM = 20
 
 

@@ -19,17 +19,19 @@ import pytest
 import tensorflow as tf
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions
+from dump_support import ALL_NEGATIVES
 
+from model.data import triplet_feature_spec
 from pipeline import run
 from pipeline.cli import UsageError
-from pipeline.dumps import DumpInputError, embedded_dump_path
-from model.data import triplet_feature_spec
 from pipeline.counters import PAGE_OUTCOMES
+from pipeline.dumps import DumpInputError, embedded_dump_path
+from pipeline.records import SENTENCE_DATASETS
 from pipeline.rules import is_removed_section
 from pipeline.sentences import SentenceSplitter
 from pipeline.splits import SPLITS, split_of
-from pipeline.records import SENTENCE_DATASETS
-from dump_support import ALL_NEGATIVES
+
+pytestmark = pytest.mark.slow   # whole pipeline runs
 
 DATASETS = ("triplets-sen", "triplets-sen-same_article", "triplets-sen-other_article", "triplets-titles")
 
@@ -41,13 +43,15 @@ def read_triplets(out: Path, dataset: str, split: str) -> list[dict]:
         lambda record: tf.io.parse_single_example(record, triplet_feature_spec())
     )
     return [
-        {name: (value.numpy().decode("utf-8") if value.dtype == tf.string else int(value)) for name, value in ex.items()}
+        {name: (value.numpy().decode("utf-8") if value.dtype == tf.string else int(value))
+         for name, value in ex.items()}
         for ex in parsed
     ]
 
 
 def read_json_lines(out: Path, folder: str) -> list[dict]:
-    return [json.loads(line) for path in sorted(glob.glob(str(out / folder / "*.jsonl.gz"))) for line in gzip.open(path, "rt")]
+    return [json.loads(line) for path in sorted(glob.glob(str(out / folder / "*.jsonl.gz")))
+            for line in gzip.open(path, "rt")]
 
 
 @pytest.fixture(scope="module")
@@ -323,7 +327,8 @@ def test_bad_flags_stop_before_the_job_with_an_error_naming_the_flag(tmp_path, f
 
 def test_cli_reports_bad_input_as_one_line_and_exit_status_2(tmp_path):
     missing = tmp_path / "missing.xml.bz2"
-    done = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "out"), "--input", str(missing)],
+    done = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "out"),
+                           "--input", str(missing)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: ") and str(missing) in done.stderr

@@ -120,7 +120,8 @@ def test_an_article_without_enough_sections_with_paragraphs_is_rejected_before_s
             raise AssertionError("sentences were split for an article that cannot be used")
 
     four = "The lead.\n\n" + "".join(
-        _section(title, f"{title} is a section with a paragraph of prose.") for title in ("Alpha", "Beta", "Gamma", "Delta")
+        _section(title, f"{title} is a section with a paragraph of prose.")
+        for title in ("Alpha", "Beta", "Gamma", "Delta")
     ) + _section("Epsilon", "* a list, which is not a paragraph")
     article, counts = build_article(7, "Test page", "train", parse_wikitext(four), NoSplitting())
     assert article is None

@@ -166,7 +166,8 @@ def test_triplet_examples_are_byte_identical_to_tensorflows_own_serialisation():
     assert len(made) > 4 and len({t.kind for t in made}) == 2
 
     def tensorflows(triplet):
-        features = {name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[getattr(triplet, name).encode("utf-8")]))
+        features = {name: tf.train.Feature(
+                        bytes_list=tf.train.BytesList(value=[getattr(triplet, name).encode("utf-8")]))
                     for name in records.BYTES_FEATURES}
         features.update({name: tf.train.Feature(int64_list=tf.train.Int64List(value=[getattr(triplet, name)]))
                          for name in records.INT64_FEATURES})

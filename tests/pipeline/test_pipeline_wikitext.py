@@ -7,7 +7,8 @@ from pipeline.wikitext import parse_wikitext
 
 PAGE = """{{Infobox country|name=Freedonia|capital=Fredville|population=12,000}}
 {{Use British English|date=May 2016}}
-'''Freedonia''' is a small [[country]] in [[Europe]].<ref>{{cite web|url=http://x.org|title=Atlas}}</ref> It is fictional.
+'''Freedonia''' is a small [[country]] in [[Europe]].<ref>{{cite web|url=http://x.org|title=Atlas}}</ref> \
+It is fictional.
 <!-- editors: keep the lead short -->
 [[File:Flag of Freedonia.svg|thumb|The [[flag]] of Freedonia]]
 

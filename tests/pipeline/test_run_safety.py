@@ -15,6 +15,8 @@ import pytest
 from pipeline import dump_writers, outputs, records, run
 from pipeline.dumps import embedded_dump_path
 
+pytestmark = pytest.mark.slow   # pipeline runs in subprocesses
+
 REPO = Path(__file__).resolve().parents[2]
 PAGES, PER_STREAM = 40, 10
 FAST = ["--spacy-model", "blank:en"]
