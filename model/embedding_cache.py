@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
-from model.encoders import CACHED_KIND, load_encoder, method_names
+from model.encoders import CACHED_KIND, CachedEncoder, load_encoder, method_names
 from pipeline.outputs import write_bytes
 from pipeline.splits import stable_hash
 
@@ -36,28 +36,6 @@ ENCODE_CHUNK = 2048
 def parquet_schema(dim: int) -> pa.Schema:
     """`model.embed`'s output columns: id, text and a fixed-width float32 embedding."""
     return pa.schema([("id", pa.string()), ("text", pa.string()), ("embedding", pa.list_(pa.float32(), dim))])
-
-
-class CachedEncoder:
-    """Answers `encode` from a cache file written by `cache_embeddings` (local or gs://)."""
-
-    def __init__(self, path: str, name: str):
-        self.name = name
-        self.path = path
-        with FileSystems.open(path) as handle:
-            table = pq.read_table(handle)
-        texts = table.column("text").to_pylist()
-        column = table.column("embedding").combine_chunks()
-        self.dim = column.type.list_size
-        self._matrix = column.flatten().to_numpy().reshape(len(texts), self.dim)
-        self._row_of = {text: row for row, text in enumerate(texts)}
-
-    def encode(self, sentences: list[str]) -> np.ndarray:
-        try:
-            rows = [self._row_of[sentence] for sentence in sentences]
-        except KeyError as error:
-            raise KeyError(f"{self.path}: no cached embedding of the sentence {error.args[0][:80]!r}") from None
-        return self._matrix[rows] if rows else np.zeros((0, self.dim), np.float32)
 
 
 def sentences_sha256(sentences: list[str]) -> str:

@@ -133,6 +133,32 @@ class MiniLMEncoder:
         )
 
 
+class CachedEncoder:
+    """Answers `encode` from embeddings computed earlier, a Parquet file of `model.embedding_cache`
+    (local or gs://): the spec `cached:NAME=FILE`."""
+
+    def __init__(self, path: str, name: str):
+        import pyarrow.parquet as pq
+        from apache_beam.io.filesystems import FileSystems
+
+        self.name = name
+        self.path = path
+        with FileSystems.open(path) as handle:
+            table = pq.read_table(handle)
+        texts = table.column("text").to_pylist()
+        column = table.column("embedding").combine_chunks()
+        self.dim = column.type.list_size
+        self._matrix = column.flatten().to_numpy().reshape(len(texts), self.dim)
+        self._row_of = {text: row for row, text in enumerate(texts)}
+
+    def encode(self, sentences: list[str]) -> np.ndarray:
+        try:
+            rows = [self._row_of[sentence] for sentence in sentences]
+        except KeyError as error:
+            raise KeyError(f"{self.path}: no cached embedding of the sentence {error.args[0][:80]!r}") from None
+        return self._matrix[rows] if rows else np.zeros((0, self.dim), np.float32)
+
+
 class ConcatEncoder:
     """The concatenation of several encoders' embeddings (the paper's triplets-sen-titles)."""
 
@@ -198,8 +224,6 @@ def load_encoder(spec: str, exports: dict[str, SavedModelEncoder] | None = None)
     if spec.startswith("saved:"):
         return SavedModelEncoder(_named_value(spec, "saved")[1], name=name)
     if spec.startswith(f"{CACHED_KIND}:"):
-        from model.embedding_cache import CachedEncoder
-
         return CachedEncoder(_named_value(spec, CACHED_KIND)[1], name)
     return ConcatEncoder(name, [exports.get(path) or SavedModelEncoder(path)
                                 for path in _named_value(spec, "concat")[1].split("+")])

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from model.embedding_cache import CachedEncoder, cache_embeddings
-from model.encoders import MeanVectorsEncoder, load_encoders
+from model.embedding_cache import cache_embeddings
+from model.encoders import CachedEncoder, MeanVectorsEncoder, load_encoders
 
 SENTENCES = ["The river floods every spring.", "A violin has four strings.", "Stars burn hydrogen.",
              "The violin was made in Cremona."]
