@@ -183,13 +183,17 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
     return tf.data.Dataset.from_tensor_slices({key: tf.concat([c[key] for c in chunks], 0) for key in chunks[0]})
 
 
-def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
+def sentence_ids(config: TrainConfig):
+    """(the token-id lookup, the embedding matrix or None) of the configured Net, as the trainer builds them."""
     if config.encoder == "bilstm":
         vocabulary = build_vocabulary(config)
         word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
-        matrix = embedding_matrix(vocabulary, word_ids, config)
-    else:
-        word_ids, matrix = token_ids(config.max_tokens, config.encoder), None
+        return word_ids, embedding_matrix(vocabulary, word_ids, config)
+    return token_ids(config.max_tokens, config.encoder), None
+
+
+def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
+    word_ids, matrix = sentence_ids(config)
     triplets = one_chunk_per_article(config, n_triplets)
     n_triplets = int(triplets.cardinality())                   # the split may be smaller
     timed = variants(config, triplets, word_ids, matrix)
@@ -250,12 +254,7 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     from model.train import make_strategy
 
     strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
-    if config.encoder == "bilstm":
-        vocabulary = build_vocabulary(config)
-        word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
-        matrix = embedding_matrix(vocabulary, word_ids, config)
-    else:
-        word_ids, matrix = token_ids(config.max_tokens, config.encoder), None
+    word_ids, matrix = sentence_ids(config)
     triplets = one_chunk_per_article(config, n_triplets)
     replicas = strategy.num_replicas_in_sync
     global_batch = config.batch_size * replicas
