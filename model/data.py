@@ -64,11 +64,11 @@ def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int
 def _beam_records(path: bytes):
     """Records of one gzip TFRecord shard read through Beam FileSystems (CRC-checked)."""
     from apache_beam.io.filesystems import CompressionTypes, FileSystems
-    from apache_beam.io.tfrecordio import _TFRecordUtil  # Beam's own TFRecord framing reader
+
+    from pipeline.tfrecord import read_records as read_frames
 
     with FileSystems.open(path.decode(), compression_type=CompressionTypes.GZIP) as handle:
-        while (record := _TFRecordUtil.read_record(handle)) is not None:
-            yield record
+        yield from read_frames(handle, path.decode())
 
 
 def read_records(shards: list[str], deterministic: bool = False) -> tf.data.Dataset:

@@ -158,9 +158,9 @@ def run_read_only(input_path: str, beam_args: list[str]) -> None:
 def stage_seconds(input_path: str) -> dict[str, float]:
     """Each per-page stage timed alone, in this process, over the dump's article pages."""
     import mwparserfromhell
-    from mwparserfromhell.parser import Parser
 
     from pipeline.dumps import Page, decode_pages
+    from pipeline.mwtokens import tokenize
     from pipeline.sentences import SentenceSplitter
     from pipeline.wikitext import parse_wikitext
 
@@ -172,13 +172,12 @@ def stage_seconds(input_path: str) -> dict[str, float]:
     pages = []
     seconds = {"read: bz2 + page split + mwxml": timed(lambda: pages.extend(decode_pages(input_path)))}
     texts = [p.text for p in pages if isinstance(p, Page) and p.namespace == 0 and not p.redirect]
-    tokenizer = Parser()._tokenizer  # the C tokenizer when mwparserfromhell.parser.use_c
 
     def each_text(work):  # keeps no result alive, as the pipeline does not
         for text in texts:
             work(text)
 
-    seconds["mwparserfromhell tokenizer alone"] = timed(lambda: each_text(lambda t: tokenizer.tokenize(t, 0, False)))
+    seconds["mwparserfromhell tokenizer alone"] = timed(lambda: each_text(tokenize))
     seconds["mwparserfromhell parse (tokenizer + tree builder)"] = timed(lambda: each_text(mwparserfromhell.parse))
     parsed = []  # plain tuples of strings: keeping them costs the collector nothing like the trees
     seconds["parse_wikitext (parse + render to paragraphs)"] = timed(lambda: parsed.extend(map(parse_wikitext, texts)))
@@ -295,7 +294,7 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
 
 
 def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
-    import mwparserfromhell
+    from pipeline.mwtokens import C_TOKENIZER
 
     workdir = Path(config.workdir or tempfile.mkdtemp(prefix="wikisim-benchmark-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -303,7 +302,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
     stages = stage_seconds(paths["1x"])
     print(f"[benchmark] stages alone: {json.dumps(stages)}", flush=True)
     profile = profile_pipeline(paths["1x"], workdir / "out_profile", config.profile_top)
-    profile["mwparserfromhell_c_tokenizer"] = bool(mwparserfromhell.parser.use_c)
+    profile["mwparserfromhell_c_tokenizer"] = C_TOKENIZER
     print(f"[benchmark] profile: {json.dumps(profile['own_time_by_library_s'])}", flush=True)
     results: dict[str, Measurement] = {}
 

@@ -41,10 +41,7 @@ from mwparserfromhell.parser import ParserError
 from mwparserfromhell.parser import tokens as T
 from mwparserfromhell.parser.builder import Builder
 
-try:  # the C tokenizer, as mwparserfromhell.parse uses it when it is built
-    from mwparserfromhell.parser._tokenizer import CTokenizer as _Tokenizer
-except ImportError:  # pragma: no cover - a wheel without the extension
-    from mwparserfromhell.parser.tokenizer import Tokenizer as _Tokenizer
+from pipeline.mwtokens import tokenize
 
 # Link namespaces whose target is media or metadata, not prose.
 NON_PROSE_LINK_NAMESPACES = frozenset({"file", "image", "media", "category"})
@@ -69,7 +66,6 @@ _BREAK = "\n\n"
 # the renderer keeps that limit so that such a page is still dead-lettered.
 MAX_NESTING = 300
 
-_TOKENIZER = _Tokenizer()
 # Every construct is one span of tokens from its opener to its closer.
 _OPENERS = frozenset({T.TemplateOpen, T.ArgumentOpen, T.WikilinkOpen, T.ExternalLinkOpen, T.HTMLEntityStart,
                       T.HeadingStart, T.CommentStart, T.TagOpenOpen})
@@ -107,7 +103,7 @@ def parse_wikitext(text: str) -> ParsedPage:
     Raises what mwparserfromhell raises on wikitext it cannot tokenize, and RecursionError on
     constructs nested deeper than `MAX_NESTING`; the caller dead-letters the page.
     """
-    page = _TokenRenderer(_TOKENIZER.tokenize(text, 0, False))
+    page = _TokenRenderer(tokenize(text))
     lead: list[Paragraph] = []
     sections: list[tuple[str, list[Paragraph]]] = []
     path: tuple[str, ...] = ()

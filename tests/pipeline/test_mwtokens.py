@@ -1,0 +1,30 @@
+"""The one private piece of mwparserfromhell the pipeline uses (its tokenizer) still behaves as the
+library's own parse uses it: this test fails when an upgrade changes it."""
+import itertools
+
+import mwparserfromhell
+from mwparserfromhell.parser.builder import Builder
+
+from pipeline.dumps import Page, decode_pages, embedded_dump_path
+from pipeline.mwtokens import same_tokenizer_as_the_library, tokenize
+
+
+def _real_pages(count: int) -> list[str]:
+    pages = (page for page in decode_pages(embedded_dump_path())
+             if isinstance(page, Page) and page.namespace == 0 and not page.redirect)
+    return [page.text for page in itertools.islice(pages, count)]
+
+
+def test_it_is_the_tokenizer_the_library_parses_with():
+    assert same_tokenizer_as_the_library()
+
+
+def test_its_tokens_build_the_tree_the_library_parses_on_real_pages():
+    texts = _real_pages(12)
+    assert len(texts) == 12
+    for text in texts:
+        ours = Builder().build(tokenize(text))
+        library = mwparserfromhell.parse(text)
+        assert str(ours) == str(library) == text
+        assert [type(node) for node in ours.nodes] == [type(node) for node in library.nodes]
+        assert len(ours.filter_templates()) == len(library.filter_templates()) > 0
