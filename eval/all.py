@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     articles = scb.read_articles(args.data, args.max_scb_articles, args.seed)
     sentences = list(dict.fromkeys(
         triplets.distinct_sentences(test_triplets)
-        + [sentence for record in articles for sentence in record["sentences"]]
+        + [sentence for record in articles for sentence in record.sentences]
         + (sick.sick_sentences(sick_splits) if sick_splits else [])))
     specs = cache_embeddings(args.methods.specs(), sentences, FileSystems.join(args.output, EMBEDDINGS_FOLDER))
     seconds["embed"] = time.perf_counter() - start

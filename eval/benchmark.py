@@ -20,7 +20,7 @@ from model.encoders import Methods, load_encoder
 from pipeline.cli import flag, parse_config, run_cli
 
 
-def benchmark_method(spec: str, data: str, articles: list[dict], output: str) -> dict:
+def benchmark_method(spec: str, data: str, articles: list, output: str) -> dict:
     from apache_beam.io.filesystems import FileSystems
 
     from eval import scb
@@ -28,7 +28,7 @@ def benchmark_method(spec: str, data: str, articles: list[dict], output: str) ->
     encoder = load_encoder(spec)
     start = time.perf_counter()
     for article in articles:
-        encoder.encode(article["sentences"])
+        encoder.encode(list(article.sentences))
     encode_seconds = time.perf_counter() - start
     start = time.perf_counter()
     result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name),

@@ -25,10 +25,6 @@ from pipeline.cli import flag, parse_config, parse_first, run_cli
 VARIANTS = ("all", "openers")
 
 
-class ScbRecordError(ValueError):
-    """An SCB line that is not a usable article record."""
-
-
 @dataclass(frozen=True)
 class ScbConfig:
     """Flags of `python -m eval.scb` (and of eval.all's SCB step)."""
@@ -60,39 +56,16 @@ from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
 
-def parse_scb_record(line: str) -> dict:
-    """One SCB JSON line -> the article dict, checked against the data contract (`pipeline.records.scb_record`)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ScbRecordError(f"not JSON: {error}") from error
-    if not isinstance(record, dict):
-        raise ScbRecordError("not a JSON object")
-    missing = [key for key in ("article_id", "title", "sections", "sentences", "labels", "openers")
-               if key not in record]
-    if missing:
-        raise ScbRecordError(f"missing keys {missing}")
-    sentences, labels, openers = record["sentences"], record["labels"], record["openers"]
-    if not (len(sentences) == len(labels) == len(openers)):
-        raise ScbRecordError(
-            f"sentences/labels/openers lengths differ: {len(sentences)}/{len(labels)}/{len(openers)}")
-    if any(not isinstance(label, int) or not 0 <= label < len(record["sections"]) for label in labels):
-        raise ScbRecordError(f"labels must index sections (0..{len(record['sections']) - 1})")
-    if len(set(labels)) < 2:
-        raise ScbRecordError("fewer than 2 sections have sentences")
-    return record
-
-
-def variant_subset(record: dict, variant: str) -> np.ndarray:
+def variant_subset(record: records.ScbRecord, variant: str) -> np.ndarray:
     """Indices of the article's sentences that a variant clusters."""
     if variant == "all":
-        return np.arange(len(record["sentences"]))
+        return np.arange(len(record.sentences))
     if variant == "openers":
-        return np.flatnonzero(np.asarray(record["openers"], dtype=bool))
+        return np.flatnonzero(np.asarray(record.openers, dtype=bool))
     raise ValueError(f"unknown SCB variant {variant!r}; expected one of {VARIANTS}")
 
 
-def score_article(record: dict, embeddings_by_method: dict[str, np.ndarray], seed: int) -> list[dict]:
+def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.ndarray], seed: int) -> list[dict]:
     """Per method, variant and algorithm: the clustering metrics of one article.
 
     k is the number of sections that have sentences in the variant; a variant with fewer than
@@ -101,12 +74,12 @@ def score_article(record: dict, embeddings_by_method: dict[str, np.ndarray], see
     from eval.clustering import cluster_embeddings, clustering_metrics  # scikit-learn: after the flags parse
 
     rows = []
-    labels = np.asarray(record["labels"])
+    labels = np.asarray(record.labels)
     for variant in VARIANTS:
         subset = variant_subset(record, variant)
         n_clusters = len(np.unique(labels[subset]))
         if n_clusters < 2:
-            rows += [{"article_id": record["article_id"], "method": method, "variant": variant,
+            rows += [{"article_id": record.article_id, "method": method, "variant": variant,
                       "skipped": f"{n_clusters} section(s) with {variant} sentences"}
                      for method in embeddings_by_method]
             continue
@@ -115,7 +88,7 @@ def score_article(record: dict, embeddings_by_method: dict[str, np.ndarray], see
         for method, by_algorithm in predictions.items():
             for algorithm, predicted in by_algorithm.items():
                 rows.append({
-                    "article_id": record["article_id"], "title": record["title"], "method": method,
+                    "article_id": record.article_id, "title": record.title, "method": method,
                     "variant": variant, "algorithm": algorithm, "sentences": int(len(subset)),
                     "k": int(n_clusters), **clustering_metrics(labels[subset], predicted),
                 })
@@ -135,8 +108,8 @@ class ParseScbFn(beam.DoFn):
     def process(self, line: str):
         self.read.inc()
         try:
-            yield parse_scb_record(line)
-        except ScbRecordError as error:
+            yield records.ScbRecord.from_json(line)
+        except records.RecordError as error:
             self.malformed.inc()
             yield beam.pvalue.TaggedOutput(self.DEAD_LETTERS, {
                 "stage": "eval-scb", "source": self.source, "page_id": None, "title": None,
@@ -154,9 +127,9 @@ class ScoreArticleFn(beam.DoFn):
     def setup(self):
         self.progress = tqdm(desc="scb articles clustered", unit="article")
 
-    def process(self, embedded: tuple[dict, dict[str, Any]]):   # (article record, its embeddings by method)
+    def process(self, embedded: tuple[records.ScbRecord, dict[str, Any]]):   # (article, its embeddings by method)
         record, embeddings_by_method = embedded
-        self.sentences.inc(len(record["sentences"]))
+        self.sentences.inc(len(record.sentences))
         for row in score_article(record, embeddings_by_method, self.seed):
             if "skipped" in row:
                 self.skipped.inc()
@@ -167,17 +140,17 @@ class ScoreArticleFn(beam.DoFn):
         self.progress.close()
 
 
-def count_articles_scored(record: dict) -> dict:
+def count_articles_scored(record: records.ScbRecord) -> records.ScbRecord:
     beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_scored").inc()
     return record
 
 
-def sample_rank(record: dict, seed: int) -> int:
+def sample_rank(record: records.ScbRecord, seed: int) -> int:
     """The order in which a seeded sample takes articles: the same in every run and on every runner."""
-    return stable_hash("scb-sample", seed, record["article_id"])
+    return stable_hash("scb-sample", seed, record.article_id)
 
 
-def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> list[dict]:
+def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> list[records.ScbRecord]:
     """The run's SCB articles (or the seeded sample the job scores), read in the driver to list
     their sentences; a malformed line is left to the job, which counts and sets it aside."""
     articles = []
@@ -185,8 +158,8 @@ def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> 
         with FileSystems.open(path) as handle:
             for line in handle.read().decode("utf-8").splitlines():
                 try:
-                    articles.append(parse_scb_record(line))
-                except ScbRecordError:
+                    articles.append(records.ScbRecord.from_json(line))
+                except records.RecordError:
                     continue
     return heapq.nsmallest(max_articles, articles, key=lambda record: sample_rank(record, seed)) if max_articles \
         else articles
@@ -230,7 +203,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
     specs = config.methods.specs() if specs is None else specs
     for spec, method in zip(specs, method_names(specs)):
         embedded = (embedded
-                    | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0]["sentences"])))
+                    | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0].sentences)))
                     | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
                     | f"Add[{method}]" >> beam.Map(lambda keyed, method=method: (
                         keyed[0][0], {**keyed[0][1], method: keyed[1].inference})))
@@ -308,7 +281,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[str] 
     check_encoder_specs(config.methods.specs())
     if specs is None:
         articles = read_articles(config.data, config.max_articles, config.seed)
-        sentences = list(dict.fromkeys(sentence for record in articles for sentence in record["sentences"]))
+        sentences = list(dict.fromkeys(sentence for record in articles for sentence in record.sentences))
         specs = cache_embeddings(config.methods.specs(), sentences, FileSystems.join(config.output, EMBEDDINGS_FOLDER))
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))

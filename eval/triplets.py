@@ -48,24 +48,28 @@ class TripletsConfig:
 
 def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None = None,
                   seed: int = 0) -> dict[str, list[str]]:
-    """{"anchor", "positive", "negative"}: parallel lists of sentences of one split, or of a
+    """{role: sentences} (`records.ROLES`): parallel lists of sentences of one split, or of a
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
     from model.data import triplet_sample, triplet_strings  # TensorFlow: after the flags parse
 
-    columns = {"anchor": [], "positive": [], "negative": []}
+    columns = {role: [] for role in records.ROLES}
     triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
                 else triplet_strings(data, dataset, split, deterministic=True))
     with tqdm(desc=f"read {dataset}/{split}", unit="triplet") as progress:
         for batch in triplets.batch(4096).as_numpy_iterator():
             for key, values in columns.items():
                 values += [sentence.decode("utf-8") for sentence in batch[key]]
-            progress.update(len(batch["anchor"]))
+            progress.update(len(batch[records.ROLES[0]]))
     return columns
+
+
+def triplet_count(triplets: dict[str, list[str]]) -> int:
+    return len(triplets[records.ROLES[0]])
 
 
 def distinct_sentences(triplets: dict[str, list[str]]) -> list[str]:
     """Every sentence of the triplets once, in order of first appearance."""
-    return list(dict.fromkeys(triplets["anchor"] + triplets["positive"] + triplets["negative"]))
+    return list(dict.fromkeys(sentence for role in records.ROLES for sentence in triplets[role]))
 
 
 DISTANCES = ("cosine", "l1")
@@ -113,7 +117,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
     def rows(key):
         return embeddings[[row_of[sentence] for sentence in triplets[key]]]
 
-    correct = triplet_correct(rows("anchor"), rows("positive"), rows("negative"))
+    correct = triplet_correct(*map(rows, records.ROLES))
     return ({"method": encoder.name, **{f"accuracy_{d}": float(np.mean(correct[d])) for d in DISTANCES},
              **{f"interval_{d}": proportion_interval(correct[d]) for d in DISTANCES}}, correct)
 
@@ -124,10 +128,10 @@ def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
 
     verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
-    if not triplets["anchor"]:
+    if not triplet_count(triplets):
         raise ValueError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")
     if not config.max_triplets:   # every record of the split parsed and scored
-        records.check_record_count(f"{config.data}/{config.dataset}/{config.split}", len(triplets["anchor"]),
+        records.check_record_count(f"{config.data}/{config.dataset}/{config.split}", triplet_count(triplets),
                                    records.manifest_output(config.data, f"{config.dataset}/{config.split}")[1])
     return triplets
 
@@ -150,7 +154,7 @@ def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
     # Paired bootstrap over triplets: each method's accuracy minus each reference method's.
     differences = [{"distance": distance, **row} for distance in DISTANCES for row in comparisons(
         {entry["method"]: correct[distance] for entry, correct in scored}, config.seed)]
-    result = {"dataset": config.dataset, "split": config.split, "triplets": len(triplets["anchor"]),
+    result = {"dataset": config.dataset, "split": config.split, "triplets": triplet_count(triplets),
               "methods": methods, "differences": differences}
     write_triplets_report(result, config.output)
     return result

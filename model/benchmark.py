@@ -92,10 +92,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from model.data import article_chunks, training_batches, triplet_strings  # noqa: E402
+from model.data import ARTICLE_ID, article_chunks, training_batches, triplet_strings  # noqa: E402
 from model.network import (  # noqa: E402
     LENGTH_SLICES,
-    TRIPLET_KEYS,
     build_sentence_encoder,
     build_triplet_model,
     compile_triplet_model,
@@ -103,6 +102,7 @@ from model.network import (  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.train import build_vocabulary, embedding_matrix  # noqa: E402
 from model.transformer import build_transformer_encoder, token_ids  # noqa: E402
+from pipeline.records import ROLES  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 
@@ -117,14 +117,14 @@ class RoleDistances(keras.layers.Layer):
 
 def three_call_triplet_model(sentence_encoder: keras.Model) -> keras.Model:
     """The baseline's triplet model: Net called once per role, same weights and output."""
-    inputs = {key: keras.Input(shape=(None,), dtype="int32", name=key) for key in TRIPLET_KEYS}
-    return keras.Model(inputs, RoleDistances()(*(sentence_encoder(inputs[key]) for key in TRIPLET_KEYS)))
+    inputs = {key: keras.Input(shape=(None,), dtype="int32", name=key) for key in ROLES}
+    return keras.Model(inputs, RoleDistances()(*(sentence_encoder(inputs[key]) for key in ROLES)))
 
 
 def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int) -> tf.data.Dataset:
     """The baseline's input: random-order batches, each role padded to its own longest sentence."""
     def to_ids(batch):
-        return {key: word_ids(batch[key]) for key in TRIPLET_KEYS}, tf.zeros(tf.shape(batch["anchor"])[:1], tf.int32)
+        return {key: word_ids(batch[key]) for key in ROLES}, tf.zeros(tf.shape(batch[ROLES[0]])[:1], tf.int32)
 
     return (triplets.repeat().batch(batch_size).map(to_ids, num_parallel_calls=tf.data.AUTOTUNE)
             .prefetch(tf.data.AUTOTUNE))
@@ -174,11 +174,11 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
     chunks, articles = [], set()
     for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train", deterministic=True),
                                 config.article_chunk):
-        article = int(chunk["article_id"][0])
+        article = int(chunk[ARTICLE_ID][0])
         if article not in articles:
             articles.add(article)
             chunks.append(chunk)
-            if sum(len(c["anchor"]) for c in chunks) >= n_triplets:
+            if sum(len(c[ROLES[0]]) for c in chunks) >= n_triplets:
                 break
     return tf.data.Dataset.from_tensor_slices({key: tf.concat([c[key] for c in chunks], 0) for key in chunks[0]})
 

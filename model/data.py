@@ -14,20 +14,23 @@ import logging
 
 import tensorflow as tf
 
-from model.network import TRIPLET_KEYS
 from model.text import WordIds, pad_ids, tokenize_graph
 from pipeline import records
 from pipeline.cli import DataLossError, UsageError
+from pipeline.records import ROLES, FeatureType
 
 LOG = logging.getLogger(__name__)
+TF_DTYPES = {FeatureType.BYTES: tf.string, FeatureType.INT64: tf.int64}
+
+
 def triplet_feature_spec() -> dict:
-    """The `tf.io.parse_example` spec of every feature of the triplet contract (`pipeline.records`)."""
-    spec = {name: tf.io.FixedLenFeature([], tf.string) for name in records.BYTES_FEATURES}
-    spec.update({name: tf.io.FixedLenFeature([], tf.int64) for name in records.INT64_FEATURES})
-    return spec
+    """The `tf.io.parse_example` spec of every feature of the triplet contract (`pipeline.records.TRIPLET_FEATURES`)."""
+    return {name: tf.io.FixedLenFeature([], TF_DTYPES[kind]) for name, kind in records.TRIPLET_FEATURES.items()}
 
 
-FEATURES = {key: spec for key, spec in triplet_feature_spec().items() if key in (*TRIPLET_KEYS, "article_id")}
+# What training reads of a triplet: its three sentences, and its article (batches mix articles).
+ARTICLE_ID = "article_id"
+FEATURES = {key: spec for key, spec in triplet_feature_spec().items() if key in (*ROLES, ARTICLE_ID)}
 
 
 class TripletDataError(UsageError):
@@ -52,13 +55,21 @@ def verify_split(data: str, dataset: str, split: str, max_lost_fraction: float =
 
 
 def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int]:
-    """(shard paths, records written) of the split, from the run's manifest."""
+    """(shard paths, records written) of the split, from the run's manifest, whose triplets must
+    carry the features training reads, of the types it parses."""
     try:
-        return records.manifest_output(data, f"{dataset}/{split}")
+        entry = records.manifest_output(data, f"{dataset}/{split}")
+        written = records.manifest_triplet_features(data)
     except records.ManifestError as error:
         hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
                 if dataset.startswith("triplets-sen-") else "")
         raise TripletDataError(f"{error}{hint}") from None
+    differing = [f"{name} ({written.get(name, 'missing')})" for name in FEATURES
+                 if written.get(name) != records.TRIPLET_FEATURES[name]]
+    if differing:
+        raise TripletDataError(f"{data}/{records.MANIFEST}: its triplets carry {', '.join(differing)}, not as "
+                               "this code parses them; rerun the pipeline with this version")
+    return entry
 
 
 def _beam_records(path: bytes):
@@ -130,7 +141,7 @@ def count_words(triplets: tf.data.Dataset, batch_size: int = 1024) -> collection
     """Token counts over every sentence of the triplets (the vocabulary's source)."""
     counts: collections.Counter = collections.Counter()
     for batch in triplets.batch(batch_size).prefetch(tf.data.AUTOTUNE):
-        for key in TRIPLET_KEYS:
+        for key in ROLES:
             counts.update(tokenize_graph(batch[key]).flat_values.numpy())
     return collections.Counter({word.decode("utf-8"): n for word, n in counts.items()})
 
@@ -144,7 +155,7 @@ LENGTH_BOUNDARIES = (12, 16, 20, 24, 28, 33, 40, 50)
 def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor]:
     """(int ids [s, t] of the distinct sentences, shortest first; rows [n, 3] of each triplet's
     anchor, positive and negative among them)."""
-    stacked = tf.concat([triplets[key] for key in TRIPLET_KEYS], axis=0)
+    stacked = tf.concat([triplets[key] for key in ROLES], axis=0)
     distinct, row_of_sentence = tf.unique(stacked)
     ids = word_ids.ragged(distinct)
     order = tf.argsort(ids.row_lengths(), stable=True)
@@ -163,9 +174,9 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
     Labels and sample weights are flat ([replicas * n], one per triplet, split alike), so Keras
     averages metrics over triplets, not over batches; padded triplets have sample weight 0. The
     label is the constant 0 = "the positive is distances[..., 0]"."""
-    count = tf.shape(batch["anchor"])[0]
+    count = tf.shape(batch[ROLES[0]])[0]
     per_replica = -(-count // replicas)
-    blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in TRIPLET_KEYS},
+    blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in ROLES},
                                   word_ids) for r in range(replicas)]
     rows = tf.reduce_max([tf.shape(sentences)[0] for sentences, _ in blocks])
     width = tf.reduce_max([tf.shape(sentences)[1] for sentences, _ in blocks])
@@ -246,7 +257,7 @@ def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
     """Batches of up to `chunk` triplets of one article (tf.data's group_by_window on article_id;
     an article's last chunk may be smaller): kept together in a training batch, their shared
     sentences are encoded once."""
-    return triplets.group_by_window(key_func=lambda triplet: tf.cast(triplet["article_id"], tf.int64),
+    return triplets.group_by_window(key_func=lambda triplet: tf.cast(triplet[ARTICLE_ID], tf.int64),
                                     reduce_func=lambda _, window: window.batch(chunk), window_size=chunk)
 
 
@@ -284,7 +295,7 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
         if group_by_length:
             def with_lengths(batch):   # tokenised in large batches (one graph call each)
                 return {**batch, "length": tf.reduce_max(
-                    [word_ids.ragged(batch[key]).row_lengths() for key in TRIPLET_KEYS], axis=0)}
+                    [word_ids.ragged(batch[key]).row_lengths() for key in ROLES], axis=0)}
 
             triplets = (triplets.batch(1024).map(with_lengths, num_parallel_calls=tf.data.AUTOTUNE).unbatch())
             batches = triplets.bucket_by_sequence_length(

@@ -82,16 +82,17 @@ def embedding_width(model_dir: str) -> int:
     return load_encoder(model_dir).dim
 
 
-def sentences_of_record(record: dict, source: str) -> Iterable[tuple[str, str]]:
-    """(id, text) of every sentence (scb) or paragraph (passages) of one pipeline record."""
-    article = record["article_id"]
+def sentences_of_record(line: str, source: str) -> Iterable[tuple[str, str]]:
+    """(id, text) of every sentence (scb) or paragraph (passages) of one pipeline record's JSON line."""
     if source == "scb":
-        for index, text in enumerate(record["sentences"]):
-            yield f"{article}:{index}", text
+        record = records.ScbRecord.from_json(line)
+        for index, text in enumerate(record.sentences):
+            yield f"{record.article_id}:{index}", text
         return
-    for section, content in enumerate(record["sections"]):
-        for paragraph, passage in enumerate(content["paragraphs"]):
-            yield f"{article}:{section}:{paragraph}", passage["text"]
+    record = records.PassagesRecord.from_json(line)
+    for section, content in enumerate(record.sections):
+        for paragraph, passage in enumerate(content.paragraphs):
+            yield f"{record.article_id}:{section}:{paragraph}", passage.text
 
 
 def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> beam.PCollection:
@@ -102,7 +103,7 @@ def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> beam.PCollection:
         return (pipeline
                 | "ListRecords" >> beam.Create(files)
                 | "ReadRecords" >> beam.io.ReadAllFromText()
-                | "Sentences" >> beam.FlatMap(lambda line: sentences_of_record(json.loads(line), source)))
+                | "Sentences" >> beam.FlatMap(sentences_of_record, source))
     lines = pipeline | "ReadLines" >> beam.io.ReadFromTextWithFilename(args.input)
     if args.input.removesuffix(".gz").endswith((".jsonl", ".json")):
         text_field, id_field = args.text_field, args.id_field

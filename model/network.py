@@ -22,7 +22,6 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-TRIPLET_KEYS = ("anchor", "positive", "negative")
 # Cosine distances lie in [0, 2]: scaled so that the softmax over (d+, d-) is not stuck near
 # 1/2 (the loss is 2 * sigmoid(scale * (cos- - cos+))), as sentence-transformers scales cosine
 # similarities by 20 in its ranking losses.

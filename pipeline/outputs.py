@@ -165,7 +165,7 @@ def write_manifest(out: str, counts: dict[str, int]) -> dict:
         records.check_record_count(f"{out}/{folder}", sum(shard_records), n_records)
         outputs[folder] = {"records": n_records, "shards": [meta.path[len(out) + 1:] for meta in metadata],
                            "shard_bytes": [meta.size_in_bytes for meta in metadata], "shard_records": shard_records}
-    manifest = {"format_version": records.MANIFEST_VERSION, "outputs": outputs, "stats": STATS}
+    manifest = records.manifest(outputs, STATS)
     write_bytes(f"{out}/{records.MANIFEST}", json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
     return manifest
 

@@ -1,11 +1,15 @@
-"""Serialisation of the pipeline's outputs, the data contracts between the stages.
+"""The data contracts between the stages, each declared once here, where the pipeline writes them.
 
-Triplet shards hold `tf.train.Example`s with the contract's features (bytes `anchor`,
-`positive`, `negative`, `title`, `anchor_section`, `negative_section`, `kind`, `strategy`;
-int64 `article_id`) plus int64 provenance features that let a reader check the rules:
-`anchor_section_index`, `negative_section_index`, `negative_article_id`, `anchor_paragraph`,
-`positive_paragraph`, `negative_paragraph` (paragraph indices within their sections; -1 where
-the sentence is a title, in titles triplets).
+* **Triplets** (`TRIPLET_FEATURES`, {name: type}): each `tf.train.Example` of a triplet shard
+  holds these features, one value each. The writer's feature lists, the trainer's parse spec
+  (`model.data.triplet_feature_spec`) and the three roles a network compares (`ROLES`) all
+  derive from it. Besides the roles and their article/section context, int64 provenance
+  features let a reader check the rules (paragraph indices within their sections; -1 where the
+  sentence is a title, in titles triplets).
+* **SCB and passages** (`ScbRecord`, `PassagesRecord`): one JSON line per article. Every
+  consumer reads a line with the type's `from_json`, which refuses a line that breaks the
+  contract with a `RecordError` naming the field.
+* **The manifest** (`MANIFEST`, `MANIFEST_VERSION`): what a run wrote, and the triplet schema.
 
 The pipeline does not import TensorFlow: importing it costs every Beam worker about 3 s and
 several hundred MiB for nothing but two protobuf messages. `tf.train.Example` is declared here
@@ -15,33 +19,61 @@ TensorFlow's own serialisation of the same example.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
 from pipeline.cli import DataLossError, UsageError
 from pipeline.rules import Article
-from pipeline.triplets import Triplet
+from pipeline.splits import SPLITS
+from pipeline.triplets import NegativeStrategy, Triplet
 
 # The triplet datasets, one folder each: sentence triplets by the rule their negatives follow
 # (`--negatives`; the triplet feature `strategy` names it): the paper's dataset and its two
 # ablations; and title triplets.
 PAPER_DATASET = "triplets-sen"
 SENTENCE_DATASETS = {
-    PAPER_DATASET: "adjacent",
-    "triplets-sen-same_article": "same_article",
-    "triplets-sen-other_article": "other_article",
+    PAPER_DATASET: NegativeStrategy.ADJACENT,
+    **{f"{PAPER_DATASET}-{strategy}": strategy for strategy in (NegativeStrategy.SAME_ARTICLE,
+                                                                NegativeStrategy.OTHER_ARTICLE)},
 }
+DATASET_OF_STRATEGY = {strategy: dataset for dataset, strategy in SENTENCE_DATASETS.items()}
 TITLES_DATASET = "triplets-titles"
 TRIPLET_DATASETS = (*SENTENCE_DATASETS, TITLES_DATASET)
 
-# Written last by a run (`pipeline.outputs`): {"format_version": 2, "outputs": {folder: {"records": n,
+
+class FeatureType(StrEnum):
+    BYTES = "bytes"
+    INT64 = "int64"
+
+
+# The three sentences of a triplet, in the order a triplet network reads them.
+ROLES = ("anchor", "positive", "negative")
+# Every feature of a triplet Example (the fields of `pipeline.triplets.Triplet` but its split).
+TRIPLET_FEATURES: dict[str, FeatureType] = {
+    **dict.fromkeys(ROLES, FeatureType.BYTES),
+    **dict.fromkeys(("title", "anchor_section", "negative_section", "kind", "strategy"), FeatureType.BYTES),
+    "article_id": FeatureType.INT64,
+    # Provenance: where the negative and the three sentences come from.
+    **dict.fromkeys(("anchor_section_index", "negative_section_index", "negative_article_id", "anchor_paragraph",
+                     "positive_paragraph", "negative_paragraph"), FeatureType.INT64),
+}
+BYTES_FEATURES = tuple(name for name, kind in TRIPLET_FEATURES.items() if kind is FeatureType.BYTES)
+INT64_FEATURES = tuple(name for name, kind in TRIPLET_FEATURES.items() if kind is FeatureType.INT64)
+
+# Written last by a run (`pipeline.outputs`): {"format_version": 3, "outputs": {folder: {"records": n,
 # "shards": [path relative to the run folder, ...], "shard_bytes": [size, ...], "shard_records":
-# [n, ...]}}, "stats": "stats.json"}; folders are `<dataset>/<split>`, `scb`, `passages` and
-# `dead_letters`. Version 1 (no version field) had no per-shard sizes or counts.
+# [n, ...]}}, "triplet_features": TRIPLET_FEATURES, "stats": "stats.json"}; folders are
+# `<dataset>/<split>`, `scb`, `passages` and `dead_letters`. Version 2 had no `triplet_features`
+# (they were these), version 1 (no version field) no per-shard sizes or counts either.
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
+READABLE_MANIFEST_VERSIONS = (1, 2, MANIFEST_VERSION)
 
 
 class ManifestError(UsageError):
@@ -63,10 +95,22 @@ def read_manifest(data: str) -> dict:
                             "(it failed, still runs, or the path is wrong)")
     with FileSystems.open(path) as handle:
         manifest = json.loads(handle.read().decode("utf-8"))
-    if manifest.get("format_version", 1) not in (1, MANIFEST_VERSION):
+    if manifest.get("format_version", 1) not in READABLE_MANIFEST_VERSIONS:
         raise ManifestError(f"{path}: format_version {manifest['format_version']} is unknown to this code "
-                            f"(it reads 1 and {MANIFEST_VERSION}); upgrade wikisim")
+                            f"(it reads {', '.join(map(str, READABLE_MANIFEST_VERSIONS))}); upgrade wikisim")
     return manifest
+
+
+def manifest_triplet_features(data: str) -> dict[str, str]:
+    """The triplet features the run wrote, by the manifest ({name: type}); a manifest older than
+    version 3 was written with this code's `TRIPLET_FEATURES`."""
+    return read_manifest(data).get("triplet_features", dict(TRIPLET_FEATURES))
+
+
+def manifest(outputs: dict[str, dict], stats: str) -> dict:
+    """The manifest of a run that wrote `outputs` and its statistics to the file `stats` (see `MANIFEST`)."""
+    return {"format_version": MANIFEST_VERSION, "outputs": outputs, "triplet_features": dict(TRIPLET_FEATURES),
+            "stats": stats}
 
 
 def manifest_output(data: str, folder: str) -> tuple[list[str], int]:
@@ -172,17 +216,6 @@ def verify_output(data: str, folder: str, max_lost_fraction: float = 0.0) -> int
     return check_record_count(f"{data.rstrip('/')}/{folder}", expected - lost, expected, max_lost_fraction)
 
 
-BYTES_FEATURES = ("anchor", "positive", "negative", "title", "anchor_section", "negative_section", "kind", "strategy")
-INT64_FEATURES = (
-    "article_id",
-    "anchor_section_index",
-    "negative_section_index",
-    "negative_article_id",
-    "anchor_paragraph",
-    "positive_paragraph",
-    "negative_paragraph",
-)
-
 
 _TF_EXAMPLE_PROTO = """
 name: "wikisim/tensorflow_example.proto" package: "tensorflow" syntax: "proto3"
@@ -262,39 +295,134 @@ def _add_features(example, triplet: Triplet, bytes_names: tuple[str, ...], int64
     return example
 
 
-def scb_record(article: Article) -> dict:
+class RecordError(ValueError):
+    """A JSON line that breaks the SCB or passages contract; the message names the field."""
+
+
+def _field(record: Any, name: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+    if not isinstance(record, dict):
+        raise RecordError(f"{where.rstrip('.') or 'the record'} is a {type(record).__name__}, not a JSON object")
+    if name not in record:
+        raise RecordError(f"missing field '{where}{name}'")
+    value = record[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise RecordError(f"field '{where}{name}' is a {type(value).__name__}")
+    return value
+
+
+def _list_of(record: dict, name: str, kind: type, where: str = "") -> tuple:
+    values = _field(record, name, list, where)
+    if any(not isinstance(value, kind) or (isinstance(value, bool) and kind is int) for value in values):
+        raise RecordError(f"field '{where}{name}' holds a value that is not a {kind.__name__}")
+    return tuple(values)
+
+
+def _json_object(line: str | bytes) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise RecordError(f"not JSON: {error}") from None
+
+
+@dataclass(frozen=True)
+class ScbRecord:
+    """One SCB article (`<run>/scb/*.jsonl.gz`): its kept sentences in page order, each with the
+    index of its section (`labels`) and whether it opens a paragraph (`openers`)."""
+
+    article_id: int
+    title: str
+    sections: tuple[str, ...]
+    sentences: tuple[str, ...]
+    labels: tuple[int, ...]
+    openers: tuple[bool, ...]
+
+    @classmethod
+    def from_article(cls, article: Article) -> ScbRecord:
+        kept = [(sentence.text, label, sentence.opener) for label, section in enumerate(article.sections)
+                for sentence in section.sentences]
+        sentences, labels, openers = zip(*kept) if kept else ((), (), ())
+        return cls(article.article_id, article.title, tuple(section.title for section in article.sections),
+                   tuple(sentences), tuple(labels), tuple(openers))
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> ScbRecord:
+        """The record of one line; RecordError when it breaks the contract (SCB clusters an
+        article's sentences into its sections, so at least two sections must have some)."""
+        fields = _json_object(line)
+        record = cls(_field(fields, "article_id", int), _field(fields, "title", str),
+                     _list_of(fields, "sections", str), _list_of(fields, "sentences", str),
+                     _list_of(fields, "labels", int), _list_of(fields, "openers", bool))
+        if not len(record.sentences) == len(record.labels) == len(record.openers):
+            raise RecordError(f"sentences/labels/openers lengths differ: {len(record.sentences)}/"
+                              f"{len(record.labels)}/{len(record.openers)}")
+        if any(not 0 <= label < len(record.sections) for label in record.labels):
+            raise RecordError(f"labels must index sections (0..{len(record.sections) - 1})")
+        if len(set(record.labels)) < 2:
+            raise RecordError("fewer than 2 sections have sentences")
+        return record
+
+    def to_json(self) -> str:
+        return json_line(dataclasses.asdict(self))
+
+
+@dataclass(frozen=True)
+class PassageParagraph:
+    text: str
+    path: tuple[str, ...]  # the headings it sits under: (top-level section, sub-heading, ...)
+
+
+@dataclass(frozen=True)
+class PassageSection:
+    title: str
+    paragraphs: tuple[PassageParagraph, ...]
+
+
+@dataclass(frozen=True)
+class PassagesRecord:
+    """One article of `<run>/passages/*.jsonl.gz`: its lead and its kept sections' paragraphs."""
+
+    article_id: int
+    title: str
+    split: str
+    lead: tuple[str, ...]
+    sections: tuple[PassageSection, ...]
+
+    @classmethod
+    def from_article(cls, article: Article) -> PassagesRecord:
+        return cls(article.article_id, article.title, article.split, tuple(article.lead), tuple(
+            PassageSection(section.title, tuple(PassageParagraph(p.text, tuple(p.path)) for p in section.paragraphs))
+            for section in article.sections))
+
+    @classmethod
+    def from_json(cls, line: str | bytes) -> PassagesRecord:
+        """The record of one line; RecordError naming the field when it breaks the contract."""
+        fields = _json_object(line)
+        split = _field(fields, "split", str)
+        if split not in SPLITS:
+            raise RecordError(f"field 'split' is {split!r}, not one of {SPLITS}")
+        sections = []
+        for number, section in enumerate(_field(fields, "sections", list)):
+            where = f"sections[{number}]."
+            paragraphs = tuple(
+                PassageParagraph(_field(paragraph, "text", str, f"{where}paragraphs[{index}]."),
+                                 _list_of(paragraph, "path", str, f"{where}paragraphs[{index}]."))
+                for index, paragraph in enumerate(_field(section, "paragraphs", list, where)))
+            sections.append(PassageSection(_field(section, "title", str, where), paragraphs))
+        return cls(_field(fields, "article_id", int), _field(fields, "title", str), split,
+                   _list_of(fields, "lead", str), tuple(sections))
+
+    def to_json(self) -> str:
+        return json_line(dataclasses.asdict(self))
+
+
+def scb_record(article: Article) -> ScbRecord:
     """All kept sentences of the article with their section label and opener flag."""
-    sentences, labels, openers = [], [], []
-    for label, section in enumerate(article.sections):
-        for sentence in section.sentences:
-            sentences.append(sentence.text)
-            labels.append(label)
-            openers.append(sentence.opener)
-    return {
-        "article_id": article.article_id,
-        "title": article.title,
-        "sections": [section.title for section in article.sections],
-        "sentences": sentences,
-        "labels": labels,
-        "openers": openers,
-    }
+    return ScbRecord.from_article(article)
 
 
-def passages_record(article: Article) -> dict:
+def passages_record(article: Article) -> PassagesRecord:
     """The article's lead and its kept sections' paragraphs with their heading paths."""
-    return {
-        "article_id": article.article_id,
-        "title": article.title,
-        "split": article.split,
-        "lead": list(article.lead),
-        "sections": [
-            {
-                "title": section.title,
-                "paragraphs": [{"text": p.text, "path": list(p.path)} for p in section.paragraphs],
-            }
-            for section in article.sections
-        ],
-    }
+    return PassagesRecord.from_article(article)
 
 
 def json_line(record: dict) -> str:

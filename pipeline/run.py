@@ -26,6 +26,7 @@ from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
+from pipeline.triplets import NEGATIVE_STRATEGY_NAMES, NegativeStrategy
 
 if TYPE_CHECKING:   # Beam loads after the flags parse (main): --help and a bad flag answer without it
     import apache_beam as beam
@@ -67,9 +68,10 @@ class PipelineConfig:
                                     "the number of workers when the input is a few large plain files")
     seed: int = flag(0, help="seed of the split and of every random draw")
     spacy_model: str = flag(DEFAULT_SPACY_MODEL, help="spaCy pipeline for sentences: blank:<lang> or a model name")
-    negatives: str = flag("adjacent", help="comma-separated negative rules of triplets-sen to write: adjacent "
-                          "(the paper's dataset, triplets-sen/), same_article, other_article (the paper's "
-                          "ablation, triplets-sen-<rule>/)")
+    negatives: str = flag(NegativeStrategy.ADJACENT.value,
+                          help="comma-separated negative rules of triplets-sen to write: adjacent (the paper's "
+                               "dataset, triplets-sen/), same_article, other_article (the paper's ablation, "
+                               "triplets-sen-<rule>/)")
     max_lost_fraction: float = flag(0.01, help="fail the run (exit 1, after writing its outputs and stats) when the "
                                     "read stage loses more than this fraction of the pages the multistream index "
                                     "lists, or loses pages of a stream without an index (a loss of unknown size) "
@@ -79,12 +81,10 @@ class PipelineConfig:
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
-        from pipeline import transforms  # Beam: after the flags parse (--help answers without it)
-
-        unknown = [name for name in self.negative_strategies() if name not in transforms.DATASET_OF_STRATEGY]
-        if unknown or not self.negative_strategies():
+        names = self.negatives.split(",")
+        if not any(names) or any(name.strip() not in NEGATIVE_STRATEGY_NAMES for name in names if name.strip()):
             raise ConfigError(f"--negatives {self.negatives!r}: choose one or more of "
-                              f"{', '.join(transforms.DATASET_OF_STRATEGY)}, comma-separated")
+                              f"{', '.join(NegativeStrategy)}, comma-separated")
         if self.page_shards < 1:
             raise ConfigError(f"--page-shards must be >= 1, got {self.page_shards}")
         if not 0.0 <= self.max_lost_fraction <= 1.0:
@@ -102,8 +102,9 @@ class PipelineConfig:
         if rules.min_sections < 1 or rules.max_paragraph_distance < 1:
             raise ConfigError("--min-sections and --max-paragraph-distance must be >= 1")
 
-    def negative_strategies(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(name.strip() for name in self.negatives.split(",") if name.strip()))
+    def negative_strategies(self) -> tuple[NegativeStrategy, ...]:
+        names = (name.strip() for name in self.negatives.split(","))
+        return tuple(dict.fromkeys(NegativeStrategy(name) for name in names if name))
 
     def triplet_datasets(self) -> list[str]:
         """The triplet datasets this run writes, in a fixed order."""
@@ -141,7 +142,7 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
     articles = built["articles"]
 
     for strategy in config.negative_strategies():
-        dataset = transforms.DATASET_OF_STRATEGY[strategy]
+        dataset = records.DATASET_OF_STRATEGY[strategy]
         (
             articles
             | f"Triplets[{dataset}]"
@@ -202,7 +203,7 @@ def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
     from pipeline import transforms
 
-    dataset = transforms.DATASET_OF_STRATEGY[strategy]
+    dataset = records.DATASET_OF_STRATEGY[strategy]
     written = sum(counters.get(counter_names.split_counter(dataset, split), 0) for split in SPLITS)
     return written + counters.get(transforms.unfilled_slots_counter(strategy), 0)
 

@@ -12,15 +12,15 @@ from apache_beam.metrics import Metrics
 
 from pipeline import counters, records, sinks, triplets
 from pipeline.dumps import Page, dead_letter
-from pipeline.records import SENTENCE_DATASETS
+from pipeline.records import DATASET_OF_STRATEGY
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
 from pipeline.sentences import ParagraphTooLong, SentenceSplitter
 from pipeline.splits import SPLITS, split_of
+from pipeline.triplets import NegativeStrategy
 from pipeline.wikitext import parse_wikitext
 
 ARTICLE_NAMESPACE = 0
 DEAD_LETTERS = "dead_letters"
-DATASET_OF_STRATEGY = {strategy: dataset for dataset, strategy in SENTENCE_DATASETS.items()}
 
 
 def count(name: str, value: int = 1) -> None:
@@ -86,7 +86,7 @@ class BuildArticles(beam.PTransform):
 
 def unfilled_slots_counter(strategy: str) -> str:
     """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
-    return counters.NO_DONOR if strategy == "other_article" else counters.no_opener_counter(strategy)
+    return counters.NO_DONOR if strategy is NegativeStrategy.OTHER_ARTICLE else counters.no_opener_counter(strategy)
 
 
 def records_by_split(dataset: str, made: list[triplets.Triplet]):
@@ -110,7 +110,8 @@ def by_split(outputs) -> dict:
 
 class _SentenceTripletsFn(beam.DoFn):
     def __init__(self, strategy: str, seed: int, rules: RuleConfig):
-        self.make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
+        self.make = {NegativeStrategy.ADJACENT: triplets.adjacent_triplets,
+                     NegativeStrategy.SAME_ARTICLE: triplets.same_article_triplets}[strategy]
         self.dataset = DATASET_OF_STRATEGY[strategy]
         self.no_opener_counter = counters.no_opener_counter(strategy)
         self.seed = seed
@@ -124,7 +125,7 @@ class _SentenceTripletsFn(beam.DoFn):
 
 class _OtherArticleTripletsFn(beam.DoFn):
     def __init__(self, seed: int, rules: RuleConfig):
-        self.dataset = DATASET_OF_STRATEGY["other_article"]
+        self.dataset = DATASET_OF_STRATEGY[NegativeStrategy.OTHER_ARTICLE]
         self.seed = seed
         self.rules = rules
 
@@ -149,7 +150,7 @@ class SentenceTriplets(beam.PTransform):
         self.bucket_size = other_article_bucket_size
 
     def expand(self, articles):
-        if self.strategy != "other_article":
+        if self.strategy is not NegativeStrategy.OTHER_ARTICLE:
             return by_split(articles | beam.ParDo(_SentenceTripletsFn(self.strategy, self.seed, self.rules))
                             .with_outputs(*SPLITS))
         seed, bucket_size = self.seed, self.bucket_size
@@ -202,7 +203,7 @@ class WriteTripletSplits(beam.PTransform):
 
 
 class WriteJsonLines(beam.PTransform):
-    """Dicts -> `<prefix>-NNNNN-of-MMMMM.jsonl.gz`, counting each record under `counter_name`."""
+    """Records (`to_json`) or dicts -> `<prefix>-NNNNN-of-MMMMM.jsonl.gz`, counting each under `counter_name`."""
 
     def __init__(self, prefix: str, counter_name: str):
         super().__init__()
@@ -212,9 +213,9 @@ class WriteJsonLines(beam.PTransform):
     def expand(self, dicts):
         counter_name = self.counter_name
 
-        def to_line(record: dict) -> str:
+        def to_line(record) -> str:
             count(counter_name)
-            return records.json_line(record)
+            return record.to_json() if hasattr(record, "to_json") else records.json_line(record)
 
         return (
             dicts
@@ -238,7 +239,7 @@ class ScbRecords(beam.PTransform):
                 count(counters.SCB_ARTICLES_NOT_ELIGIBLE)
                 return
             scb = records.scb_record(article)
-            count(counters.SCB_SENTENCES, len(scb["sentences"]))
+            count(counters.SCB_SENTENCES, len(scb.sentences))
             yield scb
 
         return articles | beam.FlatMap(record)

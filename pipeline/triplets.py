@@ -34,10 +34,29 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from enum import StrEnum
 from typing import NamedTuple
 
 from pipeline.rules import Article, KeptSentence, RuleConfig, neighbour_sections, paragraph_openers, positive_pairs
 from pipeline.splits import stable_hash
+
+
+class NegativeStrategy(StrEnum):
+    """Where a sentence triplet's negative comes from (`--negatives`; the triplet feature `strategy`)."""
+
+    ADJACENT = "adjacent"  # the paper's: an opener of the previous or the next section
+    SAME_ARTICLE = "same_article"  # an opener of any other section of the article
+    OTHER_ARTICLE = "other_article"  # an opener of a section of another article
+
+
+NEGATIVE_STRATEGY_NAMES = frozenset(strategy.value for strategy in NegativeStrategy)
+
+
+class TripletKind(StrEnum):
+    """The triplet feature `kind`: sentence triplets, or title triplets."""
+
+    SEN = "sen"
+    TITLES = "titles"
 
 
 class Triplet(NamedTuple):
@@ -47,8 +66,8 @@ class Triplet(NamedTuple):
     title: str
     anchor_section: str
     negative_section: str
-    kind: str  # "sen" | "titles"
-    strategy: str
+    kind: TripletKind
+    strategy: NegativeStrategy
     article_id: int
     split: str
     anchor_section_index: int
@@ -59,8 +78,8 @@ class Triplet(NamedTuple):
     negative_paragraph: int  # -1 for titles triplets (the negative is a title)
 
 
-def seeded_rng(seed: int, *keys) -> random.Random:
-    return random.Random(stable_hash(seed, *keys))
+def seeded_rng(seed: int, strategy: NegativeStrategy, *keys) -> random.Random:
+    return random.Random(stable_hash(seed, strategy.value, *keys))
 
 
 def sentence_pairs(article: Article, config: RuleConfig) -> Iterator[tuple[int, KeptSentence, KeptSentence]]:
@@ -78,7 +97,7 @@ def _triplet(article, strategy, index, anchor, positive, negative_article, negat
         title=article.title,
         anchor_section=article.sections[index].title,
         negative_section=negative_article.sections[negative_index].title,
-        kind="sen",
+        kind=TripletKind.SEN,
         strategy=strategy,
         article_id=article.article_id,
         split=article.split,
@@ -102,6 +121,7 @@ def sections_with_openers(openers: list[list[KeptSentence]]) -> list[int]:
 
 def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> tuple[list[Triplet], int]:
     """Triplets with an opener of each neighbouring section, and how many slots had none."""
+    strategy = NegativeStrategy.ADJACENT
     triplets, no_opener = [], 0
     openers = openers_by_section(article)
     for index, anchor, positive in sentence_pairs(article, config):
@@ -109,15 +129,16 @@ def adjacent_triplets(article: Article, seed: int, config: RuleConfig = RuleConf
             if not openers[neighbour]:
                 no_opener += 1
                 continue
-            rng = seeded_rng(seed, "adjacent", article.article_id, index, anchor.paragraph, positive.paragraph,
+            rng = seeded_rng(seed, strategy, article.article_id, index, anchor.paragraph, positive.paragraph,
                              neighbour)
             negative = rng.choice(openers[neighbour])
-            triplets.append(_triplet(article, "adjacent", index, anchor, positive, article, neighbour, negative))
+            triplets.append(_triplet(article, strategy, index, anchor, positive, article, neighbour, negative))
     return triplets, no_opener
 
 
 def same_article_triplets(article: Article, seed: int, config: RuleConfig = RuleConfig()) -> tuple[list[Triplet], int]:
     """Triplets with an opener of another section of the article, and how many slots had none."""
+    strategy = NegativeStrategy.SAME_ARTICLE
     triplets, no_opener = [], 0
     n_sections = len(article.sections)
     openers = openers_by_section(article)
@@ -128,11 +149,11 @@ def same_article_triplets(article: Article, seed: int, config: RuleConfig = Rule
             if not others:
                 no_opener += 1
                 continue
-            rng = seeded_rng(seed, "same_article", article.article_id, index, anchor.paragraph, positive.paragraph,
+            rng = seeded_rng(seed, strategy, article.article_id, index, anchor.paragraph, positive.paragraph,
                              draw)
             chosen = rng.choice(others)
             negative = rng.choice(openers[chosen])
-            triplets.append(_triplet(article, "same_article", index, anchor, positive, article, chosen, negative))
+            triplets.append(_triplet(article, strategy, index, anchor, positive, article, chosen, negative))
     return triplets, no_opener
 
 
@@ -144,6 +165,7 @@ def other_article_triplets(
     A donor is another article of the bucket with at least one opener (an article can pass the
     section rule with none), so a slot is either filled with an opener or counted as no donor.
     """
+    strategy = NegativeStrategy.OTHER_ARTICLE
     others = [other for other in bucket if other.article_id != article.article_id]
     openers_of = {other.article_id: openers_by_section(other) for other in others}
     donors = sorted((other for other in others if sections_with_openers(openers_of[other.article_id])),
@@ -154,13 +176,13 @@ def other_article_triplets(
             if not donors:
                 missing += 1
                 continue
-            rng = seeded_rng(seed, "other_article", article.article_id, index, anchor.paragraph, positive.paragraph,
+            rng = seeded_rng(seed, strategy, article.article_id, index, anchor.paragraph, positive.paragraph,
                              draw)
             donor = rng.choice(donors)
             donor_openers = openers_of[donor.article_id]
             chosen = rng.choice(sections_with_openers(donor_openers))
             negative = rng.choice(donor_openers[chosen])
-            triplets.append(_triplet(article, "other_article", index, anchor, positive, donor, chosen, negative))
+            triplets.append(_triplet(article, strategy, index, anchor, positive, donor, chosen, negative))
     return triplets, missing
 
 
@@ -195,8 +217,8 @@ def title_triplets(article: Article) -> list[Triplet]:
                     title=article.title,
                     anchor_section=section.title,
                     negative_section=article.sections[neighbour].title,
-                    kind="titles",
-                    strategy="adjacent",
+                    kind=TripletKind.TITLES,
+                    strategy=NegativeStrategy.ADJACENT,
                     article_id=article.article_id,
                     split=article.split,
                     anchor_section_index=index,

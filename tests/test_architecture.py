@@ -64,25 +64,45 @@ def test_the_pipeline_never_imports_tensorflow():
     assert offending == []
 
 
-@pytest.mark.parametrize("constant, owner", [("SPLITS", "pipeline.splits"), ("TRIPLET_DATASETS", "pipeline.records"),
-                                             ("SENTENCE_DATASETS", "pipeline.records"),
-                                             ("TITLES_DATASET", "pipeline.records"),
-                                             ("PAPER_DATASET", "pipeline.records"),
-                                             ("BYTES_FEATURES", "pipeline.records"),
-                                             ("INT64_FEATURES", "pipeline.records"), ("MANIFEST", "pipeline.records")])
-def test_each_contract_is_defined_once_by_its_producer(constant, owner):
+CONTRACTS = {
+    "pipeline.splits": ("SPLITS",),
+    "pipeline.triplets": ("NegativeStrategy", "TripletKind", "Triplet"),
+    "pipeline.records": ("TRIPLET_DATASETS", "SENTENCE_DATASETS", "DATASET_OF_STRATEGY", "TITLES_DATASET",
+                         "PAPER_DATASET", "ROLES", "TRIPLET_FEATURES", "BYTES_FEATURES", "INT64_FEATURES", "MANIFEST",
+                         "MANIFEST_VERSION", "ScbRecord", "PassagesRecord", "RecordError"),
+}
+
+
+@pytest.mark.parametrize("name, owner", [(name, owner) for owner, names in CONTRACTS.items() for name in names])
+def test_each_contract_is_defined_once_by_its_producer(name, owner):
     definers = sorted(module for module, tree in TREES.items() for node in ast.walk(tree)
-                      if isinstance(node, (ast.Assign, ast.AnnAssign))
-                      for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                      if isinstance(target, ast.Name) and target.id == constant)
+                      if (isinstance(node, ast.ClassDef) and node.name == name)
+                      or (isinstance(node, (ast.Assign, ast.AnnAssign))
+                          and any(isinstance(target, ast.Name) and target.id == name
+                                  for target in (node.targets if isinstance(node, ast.Assign) else [node.target]))))
     assert definers == [owner]
 
 
-@pytest.mark.parametrize("name", ["triplets-sen", "triplets-titles"])
-def test_dataset_names_are_spelt_out_only_where_they_are_defined(name):
-    spelt = sorted(module for module, tree in TREES.items() for node in ast.walk(tree)
-                   if isinstance(node, ast.Constant) and node.value == name)
-    assert spelt == ["pipeline.records"]
+def _contract_literals() -> dict[str, str]:
+    """{literal: its one defining module}: the dataset names, the negative strategies, the manifest's
+    file name and the triplet features a consumer could spell out instead of importing."""
+    from pipeline import records
+    from pipeline.triplets import NegativeStrategy
+
+    literals = dict.fromkeys([*records.TRIPLET_DATASETS, records.MANIFEST], "pipeline.records")
+    literals |= dict.fromkeys((strategy.value for strategy in NegativeStrategy), "pipeline.triplets")
+    # Every feature name but the generic words that also name other things (a title, an article id).
+    literals |= dict.fromkeys((name for name in records.TRIPLET_FEATURES
+                               if name not in ("title", "kind", "strategy", "article_id")), "pipeline.records")
+    return literals
+
+
+def test_the_contracts_literals_are_spelt_out_only_where_they_are_defined():
+    restated = sorted(f"{module}:{node.lineno} spells {node.value!r} ({owner} defines it)"
+                      for literal, owner in _contract_literals().items()
+                      for module, tree in TREES.items() if module != owner for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and node.value == literal)
+    assert restated == []
 
 
 def test_the_job_does_not_load_the_dump_writers():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,7 +11,7 @@ from tqdm import tqdm
 
 from model.encoder import SentenceEncoder
 from model.qs3m.network import model_inputs
-from model.qs3m.pairs import Pair, PassageRecordError, Query, query_from_record
+from model.qs3m.pairs import Pair, Query, query_from_record
 from pipeline import records
 from pipeline.splits import stable_hash
 
@@ -59,8 +58,8 @@ def read_queries(source: str, splits: Sequence[str] | None = None, max_queries: 
                     continue
                 progress.update()
                 try:
-                    query = query_from_record(json.loads(line))
-                except (json.JSONDecodeError, PassageRecordError) as error:
+                    query = query_from_record(records.PassagesRecord.from_json(line))
+                except records.RecordError as error:
                     dead_letters.append({
                         "stage": "qs3m-read", "source": f"{path}:{line_number}", "page_id": None,
                         "title": None, "reason": type(error).__name__, "detail": str(error),

@@ -1,6 +1,6 @@
 """Queries and balanced passage pairs for QS3M, as pure functions over the passages contract.
 
-A query is one article of `<out>/passages/*.jsonl.gz` (`pipeline.records.passages_record`): its passages are the
+A query is one article of `<out>/passages/*.jsonl.gz` (`pipeline.records.PassagesRecord`): its passages are the
 paragraphs of its sections, its true clusters are the top-level sections (flat benchmark) or
 the full heading paths (hierarchical benchmark), and its lead paragraphs are kept apart as the
 query description D. Nothing here reads files or touches TensorFlow, so it is all unit-testable.
@@ -13,13 +13,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pipeline.splits import SPLITS
+from pipeline.records import PassagesRecord
 
 LABELINGS = ("flat", "hierarchical")
-
-
-class PassageRecordError(ValueError):
-    """A passages record that does not follow the contract; the message says which field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,51 +56,24 @@ def _dense_labels(keys: list[Any]) -> tuple[int, ...]:
     return tuple(index.setdefault(key, len(index)) for key in keys)
 
 
-def _require(record: dict, field: str, kind: type | tuple[type, ...]) -> Any:
-    if field not in record:
-        raise PassageRecordError(f"missing field {field!r}")
-    value = record[field]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise PassageRecordError(f"field {field!r} has type {type(value).__name__}")
-    return value
+def query_from_record(record: PassagesRecord) -> Query:
+    """The Query of one article of the passages contract (`PassagesRecord.from_json` read and checked it).
 
-
-def query_from_record(record: Any) -> Query:
-    """Builds a Query from one decoded passages line; raises PassageRecordError naming the bad field.
-
-    A paragraph's heading path is `[top-level heading, sub-heading, ...]`; a missing or empty
-    path falls back to the section title, so the hierarchical labels refine the flat ones.
+    A paragraph's heading path is `[top-level heading, sub-heading, ...]`; an empty path falls
+    back to the section title, so the hierarchical labels refine the flat ones.
     """
-    if not isinstance(record, dict):
-        raise PassageRecordError(f"record is a {type(record).__name__}, not an object")
-    article_id = _require(record, "article_id", int)
-    title = _require(record, "title", str)
-    split = _require(record, "split", str)
-    if split not in SPLITS:
-        raise PassageRecordError(f"field 'split' is {split!r}, not one of {SPLITS}")
-    lead = _require(record, "lead", list)
-    if not all(isinstance(paragraph, str) for paragraph in lead):
-        raise PassageRecordError("field 'lead' holds a non-string paragraph")
     passages, flat_keys, path_keys = [], [], []
-    for section_number, section in enumerate(_require(record, "sections", list)):
-        if not isinstance(section, dict):
-            raise PassageRecordError(f"sections[{section_number}] is not an object")
-        section_title = _require(section, "title", str)
-        for paragraph_number, paragraph in enumerate(_require(section, "paragraphs", list)):
-            where = f"sections[{section_number}].paragraphs[{paragraph_number}]"
-            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("text"), str):
-                raise PassageRecordError(f"{where} has no string 'text'")
-            path = paragraph.get("path") or [section_title]
-            if not isinstance(path, list) or not all(isinstance(part, str) for part in path):
-                raise PassageRecordError(f"{where} has a 'path' that is not a list of strings")
-            passages.append(paragraph["text"])
+    for section_number, section in enumerate(record.sections):
+        for paragraph in section.paragraphs:
+            path = paragraph.path or (section.title,)
+            passages.append(paragraph.text)
             flat_keys.append(section_number)
             path_keys.append((section_number, *path[1:]))
     return Query(
-        article_id=article_id,
-        title=title,
-        split=split,
-        lead=tuple(lead),
+        article_id=record.article_id,
+        title=record.title,
+        split=record.split,
+        lead=record.lead,
         passages=tuple(passages),
         flat_labels=_dense_labels(flat_keys),
         hierarchical_labels=_dense_labels(path_keys),

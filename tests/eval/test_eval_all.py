@@ -93,17 +93,17 @@ def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipe
             for row in json.loads((out / "scb.json").read_text())["rows"]}
     expected = 0
     for record in scb.read_articles(str(data)):
-        labels = np.asarray(record["labels"])
+        labels = np.asarray(record.labels)
         for encoder in encoders:
-            embeddings = dense(encoder.encode(record["sentences"]))
+            embeddings = dense(encoder.encode(list(record.sentences)))
             for variant in scb.VARIANTS:
                 subset = scb.variant_subset(record, variant)
                 k = len(np.unique(labels[subset]))
                 if k < 2:
                     continue
                 for algorithm, predicted in reference_scoring.cluster_embeddings(embeddings[subset], k).items():
-                    row = rows[(record["article_id"], encoder.name, variant, algorithm)]
+                    row = rows[(record.article_id, encoder.name, variant, algorithm)]
                     assert row["ARI"] == clustering_metrics(labels[subset], predicted)["ARI"], (
-                        record["title"], encoder.name, variant, algorithm)
+                        record.title, encoder.name, variant, algorithm)
                     expected += 1
     assert expected == len(rows) > 0

@@ -126,11 +126,11 @@ def test_batched_iclust_gives_the_labels_of_one_restart_at_a_time(embedded_pipel
     from model.encoders import MeanVectorsEncoder, TfidfEncoder
 
     compared = 0
-    for record in sorted(read_articles(str(embedded_pipeline_output)), key=lambda r: len(r["sentences"]))[:4]:
-        k = len(set(record["labels"]))
-        similarities = [cosine_geometry(encoder.encode(record["sentences"]))[1]
+    for record in sorted(read_articles(str(embedded_pipeline_output)), key=lambda r: len(r.sentences))[:4]:
+        k = len(set(record.labels))
+        similarities = [cosine_geometry(encoder.encode(list(record.sentences)))[1]
                         for encoder in (MeanVectorsEncoder(), TfidfEncoder())]
         for batched, similarity in zip(iclust_many(similarities, k), similarities):
-            np.testing.assert_array_equal(batched, reference_scoring.iclust(similarity, k), err_msg=record["title"])
+            np.testing.assert_array_equal(batched, reference_scoring.iclust(similarity, k), err_msg=record.title)
             compared += 1
     assert compared == 8

@@ -12,23 +12,9 @@ from pipeline import records
 from pipeline.outputs import write_manifest
 
 
-def test_parse_scb_record_names_what_is_wrong():
-    good = {"article_id": 1, "title": "T", "sections": ["a", "b"], "sentences": ["x", "y"],
-            "labels": [0, 1], "openers": [True, True]}
-    assert scb.parse_scb_record(json.dumps(good))["article_id"] == 1
-    with pytest.raises(scb.ScbRecordError, match="not JSON"):
-        scb.parse_scb_record("{broken")
-    with pytest.raises(scb.ScbRecordError, match="missing keys \\['openers'\\]"):
-        scb.parse_scb_record(json.dumps({k: v for k, v in good.items() if k != "openers"}))
-    with pytest.raises(scb.ScbRecordError, match="lengths differ"):
-        scb.parse_scb_record(json.dumps({**good, "labels": [0]}))
-    with pytest.raises(scb.ScbRecordError, match="labels must index sections"):
-        scb.parse_scb_record(json.dumps({**good, "labels": [0, 2]}))
-
-
 def test_score_article_skips_a_variant_without_two_sections():
-    record = {"article_id": 5, "title": "T", "sections": ["a", "b"], "sentences": ["w", "x", "y", "z"],
-              "labels": [0, 0, 1, 1], "openers": [True, False, False, False]}
+    record = records.ScbRecord(article_id=5, title="T", sections=("a", "b"), sentences=("w", "x", "y", "z"),
+                               labels=(0, 0, 1, 1), openers=(True, False, False, False))
     embeddings = np.eye(4, dtype=np.float32)
     rows = scb.score_article(record, {"m": embeddings, "n": embeddings[:, ::-1]}, seed=0)
     assert [(row["method"], row["algorithm"]) for row in rows if row["variant"] == "all"] == [

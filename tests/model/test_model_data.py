@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from model.data import LENGTH_BOUNDARIES, shared_sentences, training_batches, with_known_length
-from model.network import TRIPLET_KEYS
 from model.text import WordIds
+from pipeline.records import ROLES
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -29,7 +29,7 @@ def _triplets(n: int, seed: int = 0, articles: int = 7) -> list[dict]:
 
 
 def _dataset(triplets):
-    keys = (*TRIPLET_KEYS, "article_id")
+    keys = (*ROLES, "article_id")
     return tf.data.Dataset.from_tensor_slices({key: [t[key] for t in triplets] for key in keys})
 
 
@@ -55,7 +55,7 @@ def test_every_triplet_once_per_pass_with_its_roles_together(options):
     triplets = _triplets(300)
     word_ids = _word_ids(300)
     vocabulary = [f"k{k}" for k in range(300)] + [f"shared{a}" for a in range(10)] + WORDS
-    expected = collections.Counter(tuple(t[key] for key in TRIPLET_KEYS) for t in triplets)
+    expected = collections.Counter(tuple(t[key] for key in ROLES) for t in triplets)
     seen = collections.Counter()
     for inputs, labels, weights in training_batches(_dataset(triplets), word_ids, 16, shuffle_buffer=100, seed=3,
                                                     **options):
@@ -87,10 +87,10 @@ def test_a_resumed_stream_continues_at_the_first_batch_not_trained_on(options):
 
 def test_shared_sentences_are_encoded_once_and_sorted_by_length():
     triplets = [t for t in _triplets(60) if t["article_id"] == 0]
-    batch = {key: tf.constant([t[key] for t in triplets]) for key in TRIPLET_KEYS}
+    batch = {key: tf.constant([t[key] for t in triplets]) for key in ROLES}
     inputs, _, weights = shared_sentences(batch, _word_ids(60))
     sentences = inputs["sentences"].numpy()[0]
-    assert len(sentences) == len({t[key] for t in triplets for key in TRIPLET_KEYS}) < 3 * len(triplets)
+    assert len(sentences) == len({t[key] for t in triplets for key in ROLES}) < 3 * len(triplets)
     lengths = (sentences > 0).sum(axis=1)
     assert (np.diff(lengths) >= 0).all()                    # shortest first: slices cut padding
     assert weights.numpy().sum() == len(triplets)
@@ -107,7 +107,7 @@ def test_article_chunks_keep_an_article_together():
 
 def test_length_groups_pad_to_similar_lengths():
     triplets = _triplets(400)
-    lengths = {t["anchor"].split()[0]: max(len(t[key].split()) for key in TRIPLET_KEYS) for t in triplets}
+    lengths = {t["anchor"].split()[0]: max(len(t[key].split()) for key in ROLES) for t in triplets}
     vocabulary = ["<pad>"] + [f"k{k}" for k in range(400)]
     for inputs, _, _ in training_batches(_dataset(triplets), _word_ids(400), 16, article_chunk=0, shuffle_buffer=50):
         markers = {vocabulary[row[0]] for row in inputs["sentences"].numpy()[0] if 0 < row[0] <= 400}
@@ -141,3 +141,20 @@ def test_keras_metrics_weigh_every_triplet_alike_across_uneven_batches():
         distances = model(inputs).numpy()
         right += int((distances[:, 0] < distances[:, 1]).sum())
     assert model.evaluate(batches, verbose=0, return_dict=True)["triplet_accuracy"] == pytest.approx(right / 70)
+
+
+def test_a_run_whose_triplets_carry_other_features_is_refused_naming_the_manifest(tmp_path):
+    import json
+
+    from model.data import TripletDataError, list_shards
+    from pipeline import records
+    from pipeline.outputs import write_manifest
+
+    written = write_manifest(str(tmp_path), {"triplets-sen/train": 0})
+    assert list_shards(str(tmp_path), "triplets-sen", "train") == []
+    features = {**written["triplet_features"], ROLES[2]: "int64"}
+    features.pop("article_id")
+    (tmp_path / records.MANIFEST).write_text(json.dumps({**written, "triplet_features": features}))
+    with pytest.raises(TripletDataError, match=r"manifest.json: its triplets carry negative \(int64\), "
+                                               r"article_id \(missing\)"):
+        list_shards(str(tmp_path), "triplets-sen", "train")

@@ -13,8 +13,9 @@ from model.encoders import load_encoders
 from model.qs3m import data as qs3m_data
 from model.qs3m import network as qs3m_network
 from model.qs3m import train as qs3m
-from model.qs3m.pairs import PassageRecordError, query_from_record, sample_pairs
+from model.qs3m.pairs import query_from_record, sample_pairs
 from pipeline.cli import UsageError, parse_config
+from pipeline.records import PassagesRecord, RecordError
 
 pytestmark = pytest.mark.slow   # QS3M training
 
@@ -70,7 +71,7 @@ def passages_file(tmp_path):
 
 def test_record_keeps_lead_apart_and_labels_flat_and_hierarchical():
     record = synthetic_article(1, "test", random.Random(0), sections=2, paragraphs=4)
-    query = query_from_record(record)
+    query = query_from_record(PassagesRecord.from_json(json.dumps(record)))
     assert query.lead == tuple(record["lead"])
     assert record["lead"][0] not in query.passages
     assert len(query.passages) == 8
@@ -88,8 +89,8 @@ def test_record_keeps_lead_apart_and_labels_flat_and_hierarchical():
 def test_bad_record_names_the_field(mutate, field):
     record = synthetic_article(1, "train", random.Random(0))
     mutate(record)
-    with pytest.raises(PassageRecordError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        query_from_record(record)
+    with pytest.raises(RecordError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        PassagesRecord.from_json(json.dumps(record))
 
 
 def test_sampler_is_balanced_within_articles_and_seeded():
@@ -121,7 +122,7 @@ def test_read_queries_sets_bad_lines_aside(passages_file, tmp_path):
     queries, dead_letters = qs3m_data.read_queries(str(tmp_path / "*.jsonl.gz"))
     assert len(queries) == 14
     assert [d["source"].rsplit(":", 1)[1] for d in dead_letters] == ["15", "16"]
-    assert dead_letters[0]["reason"] == "JSONDecodeError" and "missing field 'split'" in dead_letters[1]["detail"]
+    assert "not JSON" in dead_letters[0]["detail"] and "missing field 'split'" in dead_letters[1]["detail"]
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         qs3m_data.read_queries(str(tmp_path / "nothing-here*.jsonl.gz"))
 

@@ -36,13 +36,14 @@ def reference_tokenizer():
 
 def real_sentences(pipeline_output, limit=1500) -> list[str]:
     """Kept sentences of the excerpt's SCB articles (plain JSON lines, as the pipeline writes them)."""
-    from eval.scb import parse_scb_record, scb_files
+    from eval.scb import scb_files
     from pipeline.outputs import read_bytes
+    from pipeline.records import ScbRecord
 
     sentences = []
     for path in scb_files(str(pipeline_output)):
         for line in read_bytes(path).decode("utf-8").splitlines():
-            sentences += parse_scb_record(line)["sentences"]
+            sentences += ScbRecord.from_json(line).sentences
     return sentences[:limit]
 
 

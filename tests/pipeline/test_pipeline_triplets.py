@@ -185,8 +185,8 @@ def test_the_pipeline_does_not_import_tensorflow():
 def test_scb_record_labels_index_sections_and_flag_openers():
     article = _article(9)
     record = records.scb_record(article)
-    assert record["sections"] == [s.title for s in article.sections]
-    assert len(record["sentences"]) == len(record["labels"]) == len(record["openers"])
-    for sentence, label, opener in zip(record["sentences"], record["labels"], record["openers"]):
+    assert record.sections == tuple(s.title for s in article.sections)
+    assert len(record.sentences) == len(record.labels) == len(record.openers)
+    for sentence, label, opener in zip(record.sentences, record.labels, record.openers):
         assert sentence.split()[1] == f"s{label}"
         assert opener == sentence.endswith("opener")
