@@ -86,7 +86,7 @@ class BuildArticles(beam.PTransform):
 
 def unfilled_slots_counter(strategy: str) -> str:
     """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
-    return counters.NO_DONOR if strategy is NegativeStrategy.OTHER_ARTICLE else counters.no_opener_counter(strategy)
+    return counters.NO_DONOR if strategy == NegativeStrategy.OTHER_ARTICLE else counters.no_opener_counter(strategy)
 
 
 def records_by_split(dataset: str, made: list[triplets.Triplet]):
@@ -150,7 +150,7 @@ class SentenceTriplets(beam.PTransform):
         self.bucket_size = other_article_bucket_size
 
     def expand(self, articles):
-        if self.strategy is not NegativeStrategy.OTHER_ARTICLE:
+        if self.strategy != NegativeStrategy.OTHER_ARTICLE:
             return by_split(articles | beam.ParDo(_SentenceTripletsFn(self.strategy, self.seed, self.rules))
                             .with_outputs(*SPLITS))
         seed, bucket_size = self.seed, self.bucket_size

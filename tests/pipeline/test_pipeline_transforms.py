@@ -22,6 +22,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
 from pipeline import counters, records, triplets
 from pipeline.dumps import Page, dead_letter, decode_pages, embedded_dump_path
+from pipeline.records import DATASET_OF_STRATEGY
 from pipeline.rules import (
     RuleConfig,
     build_article,
@@ -33,7 +34,6 @@ from pipeline.rules import (
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS, split_of
 from pipeline.transforms import (
-    DATASET_OF_STRATEGY,
     DEAD_LETTERS,
     BuildArticles,
     ScbRecords,
@@ -380,7 +380,7 @@ def test_passage_records_of_every_article_are_written_as_json_lines_and_counted(
     for shard in sorted((tmp_path / "passages").glob("part-*-of-*.jsonl.gz")):
         with gzip.open(shard, "rt", encoding="utf-8") as handle:
             lines += handle.read().splitlines()
-    assert sorted(lines) == sorted(records.json_line(records.passages_record(article)) for article in articles)
+    assert sorted(lines) == sorted(records.passages_record(article).to_json() for article in articles)
     assert sorted(json.loads(line)["article_id"] for line in lines) == sorted(a.article_id for a in articles)
     n_articles = len(articles)
     assert counter(result, counters.PASSAGES_ARTICLES) == n_articles
