@@ -34,7 +34,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
 from pipeline.cli import parse_first, run_cli
@@ -57,6 +56,7 @@ from model.data import (  # noqa: E402
     verify_split,
     with_known_length,
 )
+from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
@@ -115,10 +115,6 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     return resolver is None or resolver.task_type in (None, "chief") or (
         resolver.task_type == "worker" and resolver.task_id == 0)
-
-
-def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
 @contextlib.contextmanager
@@ -285,63 +281,6 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
     return encoder, model
 
 
-def plot_history(history: dict, path: str) -> None:
-    """Loss and triplet accuracy per epoch (training and validation) as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epochs = range(1, len(history["loss"]) + 1)
-    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for axis, metric in ((loss_axis, "loss"), (accuracy_axis, "triplet_accuracy")):
-        axis.plot(epochs, history[metric], "o-", label="train")
-        axis.plot(epochs, history[f"val_{metric}"], "o-", label="validation")
-        axis.set_xlabel("epoch")
-        axis.set_ylabel(metric.replace("_", " "))
-        axis.grid(alpha=0.3)
-    accuracy_axis.axhline(history["untrained_val_triplet_accuracy"], color="grey", ls="--", label="untrained")
-    accuracy_axis.legend()
-    figure.suptitle(f"{history['config']['dataset']}: triplet network training")
-    figure.tight_layout()
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-
-
-def plot_learning_curve(summary: dict, path: str) -> None:
-    """Validation triplet accuracy against training triplets seen and against CPU minutes,
-    with the untrained network and mean word vectors on the same sample as reference lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    points = summary["learning_curve"]
-    accuracy = [point["val_triplet_accuracy"] for point in points]
-    config = summary["config"]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
-                             (axes[1], "cpu_seconds", "process CPU minutes")):
-        scale = 60 if key == "cpu_seconds" else 1
-        axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
-        if summary["mean_vectors_val_triplet_accuracy"] is not None:
-            axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
-        axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",
-                     label="untrained" if config["encoder"] == "bilstm" else f"{config['encoder']} off the shelf")
-        axis.set_xlabel(label)
-        axis.grid(alpha=0.3)
-    axes[0].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))
-    axes[0].set_ylabel(f"validation triplet accuracy ({summary['distance']})")
-    axes[0].legend()
-    network = f"BiLSTM {config['lstm_units']}" if config["encoder"] == "bilstm" else f"{config['encoder']} fine-tuned"
-    figure.suptitle(f"{config['dataset']}: learning curve ({network}, batch "
-                    f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
-    figure.tight_layout()
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-
-
 def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabulary_size: int) -> float:
     """Triplet accuracy (cosine) of mean word vectors on the same batches: the baseline the
     network has to beat, as a reference line on the learning curve. Like `mean-vectors` in
@@ -365,48 +304,6 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
     return correct / max(total, 1.0)
 
 
-def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
-    """Keras callback, placed right after BackupAndRestore: after every batch it checks (stat
-    only) whether a new backup was written and, if so, pushes the staging dir to the remote
-    model dir; at each epoch's start it pushes what the previous epoch's callbacks wrote."""
-    import keras
-
-    class MirrorBackups(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if mirror.changed(backup):
-                mirror.push()
-
-        def on_epoch_begin(self, epoch, logs=None):
-            mirror.push()
-
-    return MirrorBackups()
-
-
-def time_budget(minutes: float):
-    """Keras callback that stops training after the step during which `minutes` of wall-clock
-    time (counted from the start of `fit`) ran out; Keras then still validates that epoch, so
-    the curve and the best checkpoint (what is exported) see the last weights. No Keras callback
-    stops on time, hence this one."""
-    import keras
-
-    class TimeBudget(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.deadline = time.monotonic() + 60 * minutes
-            self.stopped = False
-
-        def on_train_batch_end(self, batch, logs=None):
-            expired = time.monotonic() >= self.deadline
-            strategy = self.model.distribute_strategy
-            # workers stop at the same step, or the first to stop leaves the others hanging
-            if is_multi_worker(strategy):
-                votes = strategy.run(lambda: tf.constant(float(expired)))
-                expired = bool(strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None) > 0)
-            if expired:
-                self.model.stop_training = self.stopped = True
-
-    return TimeBudget()
-
-
 def restored_step(model, backup_dir: str) -> int:
     """The training step a killed run's backup holds (0 without one). Read before `fit` so the
     training stream can continue at the first batch not yet trained on; BackupAndRestore, which
@@ -417,55 +314,6 @@ def restored_step(model, backup_dir: str) -> int:
     model.optimizer.build(model.trainable_variables)
     model.load_weights(backup)
     return int(model.optimizer.iterations.numpy())
-
-
-def best_checkpoint(directory: str):
-    """Keras callback keeping `best.weights.h5`, the weights of the best validation epoch, with
-    its score in `best.json`: a resumed run starts from that score, so an epoch worse than one
-    of the killed run's never replaces its checkpoint (ModelCheckpoint alone forgets its best)."""
-    import keras
-
-    score_path = f"{directory}/best.json"
-    previous_best = None
-    if tf.io.gfile.exists(score_path):
-        with tf.io.gfile.GFile(score_path) as handle:
-            previous_best = json.load(handle)["val_triplet_accuracy"]
-
-    class BestCheckpoint(keras.callbacks.ModelCheckpoint):
-        def on_epoch_end(self, epoch, logs=None):
-            best_before = self.best
-            super().on_epoch_end(epoch, logs)
-            if self.best != best_before:
-                with tf.io.gfile.GFile(score_path, "w") as handle:
-                    json.dump({"val_triplet_accuracy": float(self.best), "epoch": epoch + 1}, handle)
-
-    return BestCheckpoint(f"{directory}/best.weights.h5", save_weights_only=True, monitor="val_triplet_accuracy",
-                          mode="max", save_best_only=True, initial_value_threshold=previous_best)
-
-
-def learning_curve(global_batch: int):
-    """Keras callback recording, at each epoch's end, the training triplets seen so far and the
-    process CPU and wall seconds, beside the epoch's validation accuracy (the learning curve)."""
-    import keras
-
-    class LearningCurve(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.points: list[dict] = []
-
-        def on_train_begin(self, logs=None):
-            self.cpu_start, self.wall_start = time.process_time(), time.monotonic()
-
-        def on_epoch_end(self, epoch, logs=None):   # the optimizer's step counts a resumed run's earlier steps too
-            self.points.append({
-                "epoch": epoch + 1, "triplets_seen": int(self.model.optimizer.iterations.numpy()) * global_batch,
-                "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
-                "wall_seconds": round(time.monotonic() - self.wall_start, 1),
-                "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
-                "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
-            })
-
-    return LearningCurve()
 
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
@@ -488,6 +336,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     import keras
 
+    from model.callbacks import BestCheckpoint, LearningCurve, MirrorBackups, TimeBudget
     from model.network import ExportableEncoder
 
     global_batch = config.batch_size * strategy.num_replicas_in_sync
@@ -528,12 +377,12 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         LOG.info("resuming from the backup at step %d", step)
 
     chief = is_chief(strategy)
-    curve = learning_curve(global_batch)
-    best = best_checkpoint(f"{model_dir}/checkpoints")
-    budget = time_budget(config.budget_minutes) if config.budget_minutes else None
+    curve = LearningCurve(global_batch)
+    best = BestCheckpoint(f"{model_dir}/checkpoints")
+    budget = TimeBudget(config.budget_minutes) if config.budget_minutes else None
     callbacks = [  # BackupAndRestore first: the others must see the restored state
         keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=config.checkpoint_every),
-        *([mirror_backups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
+        *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience),
         # scalars every N steps and per epoch
