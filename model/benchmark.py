@@ -39,7 +39,6 @@ hits all alike.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -50,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from model.config import TrainConfig
+from model.config import InputConfig, NetworkConfig, OptimizerConfig, TrainConfig
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 from pipeline.records import PAPER_DATASET
 
@@ -62,10 +61,10 @@ class TrainerBenchmarkConfig:
     data: str = flag(help="pipeline output folder (local or gs://)")
     dataset: str = flag(PAPER_DATASET, help="triplet dataset whose training split is timed")
     triplets: int = flag(4096, help="training triplets per timed pass")
-    batch_size: int = flag(TrainConfig.batch_size, help="the fast trainer's batch")
-    article_chunk: int = flag(TrainConfig.article_chunk, help="triplets of one article kept together in a batch")
-    lstm_units: int = flag(TrainConfig.lstm_units, help="BiLSTM units per direction")
-    encoder: str = flag(TrainConfig.encoder, help="Net: bilstm or minilm (the fine-tuned transformer)")
+    batch_size: int = flag(OptimizerConfig.batch_size, help="the fast trainer's batch")
+    article_chunk: int = flag(InputConfig.article_chunk, help="triplets of one article kept together in a batch")
+    lstm_units: int = flag(NetworkConfig.lstm_units, help="BiLSTM units per direction")
+    encoder: str = flag(NetworkConfig.encoder, help="Net: bilstm or minilm (the fine-tuned transformer)")
     rounds: int = flag(1, help="timed passes per variant; the best counts")
     workers: tuple[int, ...] = flag((), help="measure scaling instead: the trainer as this many worker processes "
                                             "(MultiWorkerMirroredStrategy on loopback), e.g. 1,2")
@@ -132,24 +131,26 @@ def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
 
 def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -> dict:
     """name -> (compiled model, (batch size, endless batches of `triplets`))."""
+    network = config.network
+
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
-        if config.encoder == "bilstm":
-            encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units,
-                                             attention_size=config.attention_size,
+        if network.encoder == "bilstm":
+            encoder = build_sentence_encoder(matrix, lstm_units=network.lstm_units,
+                                             attention_size=network.attention_size,
                                              dropout=config.resolved("dropout"))
         else:
-            encoder = build_transformer_encoder(config.encoder, frozen_layers=frozen_layers)
+            encoder = build_transformer_encoder(network.encoder, frozen_layers=frozen_layers)
         triplet_model = build_triplet_model(encoder, slices) if slices else three_call_triplet_model(encoder)
         compile_triplet_model(triplet_model, config.resolved("learning_rate"), jit_compile=jit,
-                              weight_decay=None if config.encoder == "bilstm" else config.weight_decay)
+                              weight_decay=None if network.encoder == "bilstm" else config.optimizer.weight_decay)
         return triplet_model
 
     def batches(batch_size, article_chunk=0, group_by_length=True):
         return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, article_chunk=article_chunk,
                                             group_by_length=group_by_length)
 
-    batch, chunk = config.batch_size, config.article_chunk
-    if config.encoder != "bilstm":   # the transformer: the same levers, and freezing its lower layers
+    batch, chunk = config.optimizer.batch_size, config.inputs.article_chunk
+    if network.encoder != "bilstm":   # the transformer: the same levers, and freezing its lower layers
         return {
             "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
             "+article chunks": (model(slices=1), batches(batch, article_chunk=chunk)),
@@ -172,8 +173,8 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
     each article, until enough, in memory; the same in every process (shards read in a fixed order),
     as the workers of a scaling run must build the same global batches."""
     chunks, articles = [], set()
-    for chunk in article_chunks(triplet_strings(config.data, config.dataset, "train", deterministic=True),
-                                config.article_chunk):
+    for chunk in article_chunks(triplet_strings(config.inputs.data, config.inputs.dataset, "train", deterministic=True),
+                                config.inputs.article_chunk):
         article = int(chunk[ARTICLE_ID][0])
         if article not in articles:
             articles.add(article)
@@ -185,11 +186,11 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
 
 def sentence_ids(config: TrainConfig):
     """(the token-id lookup, the embedding matrix or None) of the configured Net, as the trainer builds them."""
-    if config.encoder == "bilstm":
+    if config.network.encoder == "bilstm":
         vocabulary = build_vocabulary(config)
-        word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
+        word_ids = WordIds(vocabulary, config.inputs.num_oov_buckets, config.inputs.max_tokens)
         return word_ids, embedding_matrix(vocabulary, word_ids, config)
-    return token_ids(config.max_tokens, config.encoder), None
+    return token_ids(config.inputs.max_tokens, config.network.encoder), None
 
 
 def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
@@ -206,14 +207,14 @@ def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
             start = time.perf_counter()
             model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0)
             rates[name] = max(rates[name], steps[name] * batch_size / (time.perf_counter() - start))
-    fast = "+XLA" if config.jit_compile else (f"+length slices {LENGTH_SLICES}" if LENGTH_SLICES > 1
+    fast = "+XLA" if config.runtime.jit_compile else (f"+length slices {LENGTH_SLICES}" if LENGTH_SLICES > 1
                                               else "+article chunks")
     return {
-        "encoder": config.encoder,
+        "encoder": config.network.encoder,
         "device": ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU",
         "cpu_cores": os.cpu_count(),
-        "triplets_per_pass": n_triplets, "lstm_units": config.lstm_units, "rounds": rounds,
-        "article_chunk": config.article_chunk, "length_slices": LENGTH_SLICES,
+        "triplets_per_pass": n_triplets, "lstm_units": config.network.lstm_units, "rounds": rounds,
+        "article_chunk": config.inputs.article_chunk, "length_slices": LENGTH_SLICES,
         "triplets_per_s": rates,
         "fast_variant": fast,
         "train_speedup": rates[fast] / rates["baseline"],
@@ -257,17 +258,18 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     word_ids, matrix = sentence_ids(config)
     triplets = one_chunk_per_article(config, n_triplets)
     replicas = strategy.num_replicas_in_sync
-    global_batch = config.batch_size * replicas
+    network, batch_size = config.network, config.optimizer.batch_size
+    global_batch = batch_size * replicas
     steps = -(-int(triplets.cardinality()) // global_batch)
-    batches = distributed_by_blocks(training_batches(triplets, word_ids, config.batch_size, repeat=True,
-                                                     article_chunk=config.article_chunk, replicas=replicas))
+    batches = distributed_by_blocks(training_batches(triplets, word_ids, batch_size, repeat=True,
+                                                     article_chunk=config.inputs.article_chunk, replicas=replicas))
     with strategy.scope():
-        encoder = (build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+        encoder = (build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
                                           dropout=config.resolved("dropout"))
-                   if config.encoder == "bilstm" else build_transformer_encoder(config.encoder))
+                   if network.encoder == "bilstm" else build_transformer_encoder(network.encoder))
         model = build_triplet_model(encoder, LENGTH_SLICES)
         compile_triplet_model(model, config.resolved("learning_rate"),
-                              weight_decay=None if config.encoder == "bilstm" else config.weight_decay)
+                              weight_decay=None if network.encoder == "bilstm" else config.optimizer.weight_decay)
     model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
     seconds = []
     for _ in range(rounds):
@@ -283,7 +285,8 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
 
 
 WORKER_SCRIPT = ("import json, sys; from model.benchmark import TrainConfig, time_worker; a = json.loads(sys.argv[1]); "
-                 "print('RESULT' + json.dumps(time_worker(TrainConfig(**a['config']), a['triplets'], a['rounds'])))")
+                 "print('RESULT' + json.dumps(time_worker(TrainConfig.from_flags(**a['config']), a['triplets'], "
+                 "a['rounds'])))")
 
 
 def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, rounds: int) -> dict:
@@ -302,7 +305,7 @@ def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, roun
             if count > 1:
                 env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
                                                "task": {"type": "worker", "index": task}})
-            payload = json.dumps({"config": dataclasses.asdict(config), "triplets": n_triplets, "rounds": rounds})
+            payload = json.dumps({"config": config.flags(), "triplets": n_triplets, "rounds": rounds})
             processes.append(subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, payload], env=env,
                                               stdout=subprocess.PIPE, text=True))
         try:
@@ -321,8 +324,9 @@ def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, roun
         details[count] = {"step_seconds": slowest / results[0]["steps"],
                           "input_triplets_per_s": results[0]["steps"] * results[0]["global_batch"]
                           / results[0]["input_seconds"], "gradient_bytes": results[0]["gradient_bytes"]}
-    return {"encoder": config.encoder, "cpu_cores": os.cpu_count(), "batch_size_per_replica": config.batch_size,
-            "lstm_units": config.lstm_units, "triplets_per_pass": n_triplets, "rounds": rounds,
+    return {"encoder": config.network.encoder, "cpu_cores": os.cpu_count(),
+            "batch_size_per_replica": config.optimizer.batch_size, "lstm_units": config.network.lstm_units,
+            "triplets_per_pass": n_triplets, "rounds": rounds,
             "triplets_per_s": {str(count): rate for count, rate in rates.items()},
             "ratio_to_1": {str(count): rate / rates[workers[0]] for count, rate in rates.items()},
             "per_count": {str(count): detail for count, detail in details.items()}}
@@ -332,8 +336,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
-    config = TrainConfig(data=args.data, model_dir=work_dir, dataset=args.dataset, batch_size=args.batch_size,
-                         article_chunk=args.article_chunk, lstm_units=args.lstm_units, encoder=args.encoder)
+    config = TrainConfig.from_flags(data=args.data, model_dir=work_dir, dataset=args.dataset,
+                                    batch_size=args.batch_size, article_chunk=args.article_chunk,
+                                    lstm_units=args.lstm_units, encoder=args.encoder)
     if args.workers:
         results = scaling(config, args.workers, args.triplets, args.rounds)
         print(f"{'workers':>7} {'triplets/s':>10} {'x 1 worker':>10}   (batch {args.batch_size} per worker, "

@@ -1,12 +1,29 @@
-"""TrainConfig: every knob of `python -m model.train`; the CLI flags mirror it one to one
-(`pipeline.cli.parse_config`: `model_dir` -> `--model-dir`, booleans take true/false)."""
+"""TrainConfig: every knob of `python -m model.train`, one CLI flag per field (`pipeline.cli.
+parse_config`: `model_dir` -> `--model-dir`, booleans take true/false), grouped by concern:
+
+* `inputs` (InputConfig): what is read and how it becomes batches: the pipeline output and
+  dataset, the word vectors and the vocabulary (id space) built from them, tokens per sentence,
+  batching and shuffling of the training stream, the evaluation sample, the records a split may lose;
+* `network` (NetworkConfig): the Net and the triplet head: encoder, distance, sizes, dropout, and
+  which of its weights are trained (word vectors, frozen transformer layers);
+* `optimizer` (OptimizerConfig): how the weights are fitted: batch, learning rate and its
+  schedule, weight decay, epochs, steps per epoch, early stopping;
+* `runtime` (RuntimeConfig): where and how the run executes: the model dir (and `--overwrite`),
+  distribution strategy, XLA and static shapes, the time budget, backups, the serving export,
+  the seed, the progress bar.
+
+The flags stay one flat namespace (a field's name is unique across the groups):
+`TrainConfig.from_flags(data=..., model_dir=..., epochs=1)` builds a config from them,
+`config.flags()` reads them back flat (history.json's "config" and inputs.json hold that form),
+`config.with_flags(epochs=2)` is `dataclasses.replace` by flag."""
 from __future__ import annotations
 
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
-from pipeline.cli import flag, parse_config
+from pipeline.cli import config_flags, config_from_flags, flag, parse_config
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
@@ -23,104 +40,156 @@ ENCODER_DEFAULTS = {
 }
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+def _check_at_least_one(config, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
+
+
+def _check_at_least_one_or_none(config, names: tuple[str, ...]) -> None:
+    for name in names:
+        if getattr(config, name) is not None and getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(config, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputConfig:
     data: str = flag(help="pipeline output folder (holds manifest.json), local or gs://")
-    model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset to train on: one of {', '.join(TRIPLET_DATASETS)}")
+    embeddings: str | None = flag(None, help="GloVe-format text file of word vectors (local or gs://); "
+                                             "none = the embedded GloVe 6B 50d")
+    vocabulary: str = flag("embeddings", help="embeddings: every word of the vector file; train: words of the "
+                                              "training split only")
+    min_count: int = flag(1, help="--vocabulary train: keep words seen this often in training")
+    num_oov_buckets: int = flag(1, help="hash buckets for words without a vector")
+    max_tokens: int = flag(64, help="tokens kept per sentence")
+    article_chunk: int = flag(16, help="triplets of one article kept together in a batch, their shared sentences "
+                                       "encoded once; 0 = triplets shuffled one by one")
+    group_by_length: bool = flag(True, help="with --article-chunk 0: batches of similar-length triplets")
+    shuffle_buffer: int = flag(10000, help="training triplets in the shuffle buffer")
+    evaluation_triplets: int | None = flag(None, help="seeded sample of validation/test triplets scored per "
+                                                      "epoch and at the end; none = all")
+    max_lost_fraction: float = flag(0.001, help="fail the run before export when more of a split's records "
+                                                "are lost or unparseable")
+
+    def __post_init__(self):
+        if self.dataset not in TRIPLET_DATASETS:
+            raise ValueError(f"--dataset must be one of {TRIPLET_DATASETS}, got {self.dataset!r}")
+        if self.vocabulary not in VOCABULARIES:
+            raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
+        _check_at_least_one(self, ("min_count", "num_oov_buckets", "max_tokens"))
+        if self.article_chunk < 0:
+            raise ValueError(f"--article-chunk must be >= 0, got {self.article_chunk}")
+        _check_at_least_one_or_none(self, ("evaluation_triplets",))
+        if not 0.0 <= self.max_lost_fraction <= 1.0:
+            raise ValueError(f"--max-lost-fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkConfig:
     encoder: str = flag("bilstm", help="Net: bilstm (the paper's, over word vectors) or minilm (all-MiniLM-L6-v2 "
                                        "fine-tuned; --embeddings, --vocabulary and the BiLSTM sizes do not apply)")
     distance: str | None = flag(None, help="triplet head distance: l1 (the paper's) or cosine; none = the "
                                            "encoder's default (bilstm l1, minilm cosine)")
-    embeddings: str | None = flag(None, help="GloVe-format text file of word vectors (local or gs://); "
-                                             "none = the embedded GloVe 6B 50d")
+    lstm_units: int = flag(300, help="BiLSTM units per direction (the paper: 300)")
+    attention_size: int = flag(200, help="attention layer size (the paper: 200)")
+    dropout: float | None = flag(None, help="dropout rate (fraction dropped): on the BiLSTM outputs, or in the "
+                                            "transformer; none = the encoder's default (bilstm 0.2, minilm its "
+                                            "checkpoint's)")
     fine_tune_embeddings: bool = flag(False, help="train the word vectors too (the paper keeps them frozen)")
-    epochs: int = flag(4, help="epochs; after each: validation, best checkpoint, a learning-curve point")
-    steps: int | None = flag(50, help="steps per epoch over the repeated training stream; none = one pass per "
-                                      "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
+    frozen_layers: int = flag(0, help="--encoder minilm: the embeddings and this many lowest transformer layers "
+                                      "are not trained (0 = all are)")
+
+    def __post_init__(self):
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"--encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.distance is not None and self.distance not in DISTANCES:
+            raise ValueError(f"--distance must be one of {DISTANCES} or none, got {self.distance!r}")
+        _check_at_least_one(self, ("lstm_units", "attention_size"))
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
+        if self.frozen_layers < 0:
+            raise ValueError(f"--frozen-layers must be >= 0, got {self.frozen_layers}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
     batch_size: int = flag(128, help="triplets per replica per step; global batch = batch size x replicas")
     learning_rate: float | None = flag(None, help="peak learning rate; none = the encoder's default (bilstm: Adam "
                                                   "1e-3, the paper's; minilm: AdamW 5e-5)")
     warmup_triplets: int = flag(0, help="training triplets over which the learning rate rises linearly from 0")
-    weight_decay: float = flag(0.01, help="--encoder minilm: AdamW weight decay (not on biases and layer norms)")
-    frozen_layers: int = flag(0, help="--encoder minilm: the embeddings and this many lowest transformer layers "
-                                      "are not trained (0 = all are)")
     learning_rate_half_life: int | None = flag(None, help="training triplets over which the learning rate "
                                                          "halves (exponential decay); none = constant")
-    article_chunk: int = flag(16, help="triplets of one article kept together in a batch, their shared sentences "
-                                       "encoded once; 0 = triplets shuffled one by one")
-    group_by_length: bool = flag(True, help="with --article-chunk 0: batches of similar-length triplets")
-    vocabulary: str = flag("embeddings", help="embeddings: every word of the vector file; train: words of the "
-                                              "training split only")
+    weight_decay: float = flag(0.01, help="--encoder minilm: AdamW weight decay (not on biases and layer norms)")
+    epochs: int = flag(4, help="epochs; after each: validation, best checkpoint, a learning-curve point")
+    steps: int | None = flag(50, help="steps per epoch over the repeated training stream; none = one pass per "
+                                      "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
+    patience: int = flag(2, help="early stopping: epochs without a better validation accuracy")
+
+    def __post_init__(self):
+        _check_at_least_one(self, ("epochs", "batch_size"))
+        _check_at_least_one_or_none(self, ("steps", "learning_rate_half_life"))
+        if self.warmup_triplets < 0 or self.weight_decay < 0:
+            raise ValueError("--warmup-triplets and --weight-decay must be >= 0")
+        if self.learning_rate is not None and self.learning_rate <= 0:
+            raise ValueError(f"--learning-rate must be > 0 or none, got {self.learning_rate}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
+    overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
+    distribution_strategy: str = flag("auto", help="tf.distribute strategy: one of "
+                                                   f"{', '.join(DISTRIBUTION_STRATEGIES)}")
     jit_compile: bool = flag(False, help="XLA for the training step (slower on CPU)")
     static_shapes: bool = flag(False, help="every batch of a few fixed shapes (token widths bucketed, distinct "
                                            "sentences and triplets padded to fixed counts, one Net call): the "
                                            "XLA-compiled step a TPU needs; implies --jit-compile true")
     budget_minutes: float | None = flag(None, help="wall-clock training budget; stops after the current step, "
                                                    "still validates that epoch")
-    evaluation_triplets: int | None = flag(None, help="seeded sample of validation/test triplets scored per "
-                                                      "epoch and at the end; none = all")
-    max_lost_fraction: float = flag(0.001, help="fail the run before export when more of a split's records "
-                                                "are lost or unparseable")
-    overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
-    lstm_units: int = flag(300, help="BiLSTM units per direction (the paper: 300)")
-    attention_size: int = flag(200, help="attention layer size (the paper: 200)")
-    dropout: float | None = flag(None, help="dropout rate (fraction dropped): on the BiLSTM outputs, or in the "
-                                            "transformer; none = the encoder's default (bilstm 0.2, minilm its "
-                                            "checkpoint's)")
-    max_tokens: int = flag(64, help="tokens kept per sentence")
-    num_oov_buckets: int = flag(1, help="hash buckets for words without a vector")
-    min_count: int = flag(1, help="--vocabulary train: keep words seen this often in training")
-    shuffle_buffer: int = flag(10000, help="training triplets in the shuffle buffer")
-    patience: int = flag(2, help="early stopping: epochs without a better validation accuracy")
     checkpoint_every: int = flag(50, help="steps between BackupAndRestore backups (and TensorBoard scalars)")
-    distribution_strategy: str = flag("auto", help="tf.distribute strategy: one of "
-                                                   f"{', '.join(DISTRIBUTION_STRATEGIES)}")
     serving_version: int | None = flag(None, help="also export the encoder to <model-dir>/serving/N, the "
                                                   "numbered version folder TensorFlow Serving loads")
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
     progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
 
     def __post_init__(self):
-        if self.dataset not in TRIPLET_DATASETS:
-            raise ValueError(f"--dataset must be one of {TRIPLET_DATASETS}, got {self.dataset!r}")
         if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
             raise ValueError(f"--distribution-strategy must be one of {DISTRIBUTION_STRATEGIES}, "
                              f"got {self.distribution_strategy!r}")
-        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
-        for name in ("epochs", "batch_size", "lstm_units", "attention_size", "max_tokens",
-                     "num_oov_buckets", "min_count", "checkpoint_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.article_chunk < 0:
-            raise ValueError(f"--article-chunk must be >= 0, got {self.article_chunk}")
-        for name in ("steps", "evaluation_triplets", "learning_rate_half_life", "serving_version"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(self, name)}")
-        if self.budget_minutes is not None and self.budget_minutes <= 0:
-            raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
-        if not 0.0 <= self.max_lost_fraction <= 1.0:
-            raise ValueError(f"--max-lost-fraction is a fraction in [0, 1], got {self.max_lost_fraction}")
-        if self.encoder not in ENCODERS:
-            raise ValueError(f"--encoder must be one of {ENCODERS}, got {self.encoder!r}")
-        if self.distance is not None and self.distance not in DISTANCES:
-            raise ValueError(f"--distance must be one of {DISTANCES} or none, got {self.distance!r}")
-        if self.warmup_triplets < 0 or self.frozen_layers < 0 or self.weight_decay < 0:
-            raise ValueError("--warmup-triplets, --frozen-layers and --weight-decay must be >= 0")
-        if self.learning_rate is not None and self.learning_rate <= 0:
-            raise ValueError(f"--learning-rate must be > 0 or none, got {self.learning_rate}")
         if self.distribution_strategy == "tpu" and not self.static_shapes:
             raise ValueError("--distribution-strategy tpu needs --static-shapes true (a TPU compiles one "
                              "program per input shape)")
-        if self.vocabulary not in VOCABULARIES:
-            raise ValueError(f"--vocabulary must be one of {VOCABULARIES}, got {self.vocabulary!r}")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
+        _check_at_least_one(self, ("checkpoint_every",))
+        _check_at_least_one_or_none(self, ("serving_version",))
 
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    inputs: InputConfig
+    network: NetworkConfig = NetworkConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    runtime: RuntimeConfig
+
+    @classmethod
+    def from_flags(cls, **values: Any) -> TrainConfig:
+        """A TrainConfig from flag values by field name, whichever group holds the field."""
+        return config_from_flags(cls, values)
+
+    def flags(self) -> dict[str, Any]:
+        """Every flag's value by field name, flat (what `from_flags` takes)."""
+        return config_flags(self)
+
+    def with_flags(self, **changes: Any) -> TrainConfig:
+        """A copy with the given flags (by field name) changed."""
+        return config_from_flags(TrainConfig, {**self.flags(), **changes})
 
     def resolved(self, name: str):
         """A flag's value, or the encoder's default where it is left at none."""
-        value = getattr(self, name)
-        return ENCODER_DEFAULTS[self.encoder][name] if value is None else value
+        value = self.flags()[name]
+        return ENCODER_DEFAULTS[self.network.encoder][name] if value is None else value
 
 
 def vertex_model_dir() -> str | None:

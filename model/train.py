@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
-import time
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
 from pipeline.cli import parse_first, run_cli
@@ -57,6 +55,7 @@ from model.data import (  # noqa: E402
     verify_split,
     with_known_length,
 )
+from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
@@ -117,10 +116,6 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
         resolver.task_type == "worker" and resolver.task_id == 0)
 
 
-def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-
-
 @contextlib.contextmanager
 def worker_temp_dir(strategy: tf.distribute.Strategy):
     """The folder a non-chief worker writes to, Keras' multi-worker saving rule (every worker runs
@@ -160,17 +155,18 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
 
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(f"{config.data.rstrip('/')}/{records.MANIFEST}") as handle:
+    with FileSystems.open(f"{config.inputs.data.rstrip('/')}/{records.MANIFEST}") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
-    inputs = {**{name: getattr(config, name) for name in STATE_INPUTS}, "manifest_sha256": digest}
+    flags = config.flags()
+    inputs = {**{name: flags[name] for name in STATE_INPUTS}, "manifest_sha256": digest}
     path = f"{model_dir}/{CLAIM}"
     leftovers = [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)] if tf.io.gfile.exists(model_dir) else []
     foreign = [name for name in leftovers if name not in RUN_ENTRIES]
     if leftovers and (foreign or CLAIM not in leftovers):
         raise TripletDataError(
-            f"--model-dir {config.model_dir} holds files a training run does not write "
+            f"--model-dir {config.runtime.model_dir} holds files a training run does not write "
             f"({', '.join((foreign or leftovers)[:3])}); choose an empty or new folder")
-    if config.overwrite:
+    if config.runtime.overwrite:
         for name in leftovers:
             entry = f"{model_dir}/{name}"
             tf.io.gfile.rmtree(entry) if tf.io.gfile.isdir(entry) else tf.io.gfile.remove(entry)
@@ -181,8 +177,9 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
         if changed:
             name = changed[0]
             raise TripletDataError(
-                f"--model-dir {config.model_dir} holds a run on other inputs ({name}: {previous.get(name)!r} -> "
-                f"{inputs[name]!r}); pass --overwrite true to start over, or use a new --model-dir")
+                f"--model-dir {config.runtime.model_dir} holds a run on other inputs ({name}: "
+                f"{previous.get(name)!r} -> {inputs[name]!r}); pass --overwrite true to start over, or use a new "
+                "--model-dir")
     tf.io.gfile.makedirs(model_dir)
     with tf.io.gfile.GFile(path, "w") as handle:
         json.dump(inputs, handle, indent=2)
@@ -190,33 +187,35 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
 
 def check_lost_records(config: TrainConfig, counts: dict[str, dict]) -> None:
     """TripletDataLoss when a split lost more than `--max-lost-fraction` of its records."""
+    inputs = config.inputs
     for split, count in counts.items():
         lost = count["lost"] + count["unparseable"]
-        if lost > config.max_lost_fraction * max(count["expected"], 1):
+        if lost > inputs.max_lost_fraction * max(count["expected"], 1):
             raise TripletDataLoss(
-                f"{config.data}/{config.dataset}/{split}: {lost:,} of {count['expected']:,} records lost to corrupt or "
-                f"truncated shards or unparseable (> --max-lost-fraction {config.max_lost_fraction})")
+                f"{inputs.data}/{inputs.dataset}/{split}: {lost:,} of {count['expected']:,} records lost to corrupt or "
+                f"truncated shards or unparseable (> --max-lost-fraction {inputs.max_lost_fraction})")
 
 
 def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[str]:
-    """The id space, kept in `<model_dir>/vocabulary.txt` (default: config.model_dir) so a resumed
-    job rebuilds the same one. `--vocabulary embeddings` (default): every word of the vector file
+    """The id space, kept in `<model_dir>/vocabulary.txt` (default: `--model-dir`) so a resumed job
+    rebuilds the same one. `--vocabulary embeddings` (default): every word of the vector file
     in its order; with frozen vectors a word unseen in training still has its pre-trained vector
     at no training cost, where the other choice sends it to an OOV bucket that mean-vectors does
     not have. `--vocabulary train`: training-split words seen `min_count` times that have a
     vector, most frequent first."""
-    model_dir = model_dir or config.model_dir
+    model_dir = model_dir or config.runtime.model_dir
     path = f"{model_dir}/vocabulary.txt"
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as handle:
             return handle.read().splitlines()
-    if config.vocabulary == "embeddings":
-        vocabulary = load_word_vectors(config.embeddings).words
+    inputs = config.inputs
+    if inputs.vocabulary == "embeddings":
+        vocabulary = load_word_vectors(inputs.embeddings).words
         LOG.info("vocabulary: all %d words of the word vectors", len(vocabulary))
     else:
-        counts = count_words(triplet_strings(config.data, config.dataset, "train"))
-        frequent = {word for word, n in counts.items() if n >= config.min_count}
-        with_vectors = set(load_word_vectors(config.embeddings, frequent).words)
+        counts = count_words(triplet_strings(inputs.data, inputs.dataset, "train"))
+        frequent = {word for word, n in counts.items() if n >= inputs.min_count}
+        with_vectors = set(load_word_vectors(inputs.embeddings, frequent).words)
         vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
         covered = sum(counts[word] for word in vocabulary)
         LOG.info("vocabulary: %d of %d training words have vectors (%.1f%% of %d tokens)",
@@ -230,10 +229,10 @@ def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[
 
 def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConfig) -> np.ndarray:
     """Rows in id order: zeros for padding, the pre-trained vectors, then small random OOV rows."""
-    vectors = load_word_vectors(config.embeddings, vocabulary)
+    vectors = load_word_vectors(config.inputs.embeddings, vocabulary)
     row_of = vectors.index()
     scale = float(vectors.matrix.std()) if vectors.matrix.size else 0.1
-    oov = np.random.default_rng(config.seed).normal(0, scale, (config.num_oov_buckets, vectors.dim))
+    oov = np.random.default_rng(config.runtime.seed).normal(0, scale, (config.inputs.num_oov_buckets, vectors.dim))
     rows = [np.zeros((1, vectors.dim)), vectors.matrix[[row_of[word] for word in vocabulary]], oov]
     matrix = np.concatenate(rows).astype(np.float32)
     assert matrix.shape[0] == word_ids.num_ids
@@ -247,17 +246,17 @@ def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: 
     pass-long epoch or an evaluation has its batches counted first (one pass) so Keras stops
     at its end. Validation and test score a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`),
     the same at every epoch and in every run."""
+    inputs, seed = config.inputs, config.runtime.seed
     training = split == "train"
-    if training or not config.evaluation_triplets:
-        triplets = triplet_strings(config.data, config.dataset, split, deterministic=training)
+    if training or not inputs.evaluation_triplets:
+        triplets = triplet_strings(inputs.data, inputs.dataset, split, deterministic=training)
     else:
-        triplets = triplet_sample(config.data, config.dataset, split, config.evaluation_triplets, config.seed)
-    repeat = training and config.steps is not None
-    batches = training_batches(triplets, word_ids, config.batch_size, replicas=replicas,
-                               shuffle_buffer=config.shuffle_buffer if training else 0, repeat=repeat,
-                               seed=config.seed, article_chunk=config.article_chunk,
-                               group_by_length=config.group_by_length,
-                               skip_batches=resume_at_step if repeat else 0, static_shapes=config.static_shapes)
+        triplets = triplet_sample(inputs.data, inputs.dataset, split, inputs.evaluation_triplets, seed)
+    repeat = training and config.optimizer.steps is not None
+    batches = training_batches(triplets, word_ids, config.optimizer.batch_size, replicas=replicas,
+                               shuffle_buffer=inputs.shuffle_buffer if training else 0, repeat=repeat,
+                               seed=seed, article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
+                               skip_batches=resume_at_step if repeat else 0, static_shapes=config.runtime.static_shapes)
     return distributed_by_blocks(batches if repeat else with_known_length(batches))
 
 
@@ -266,80 +265,24 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
     the word vectors of the BiLSTM (None for a transformer checkpoint)."""
     from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
 
-    if config.encoder == "bilstm":
-        encoder = build_sentence_encoder(matrix, lstm_units=config.lstm_units, attention_size=config.attention_size,
+    network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_shapes
+    if network.encoder == "bilstm":
+        encoder = build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
                                          dropout=config.resolved("dropout"),
-                                         fine_tune_embeddings=config.fine_tune_embeddings)
+                                         fine_tune_embeddings=network.fine_tune_embeddings)
     else:
         from model.transformer import build_transformer_encoder
 
-        encoder = build_transformer_encoder(config.encoder, frozen_layers=config.frozen_layers,
+        encoder = build_transformer_encoder(network.encoder, frozen_layers=network.frozen_layers,
                                             dropout=config.resolved("dropout"))
-    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=config.static_shapes)
-    half_life = config.learning_rate_half_life
+    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=static_shapes)
+    half_life = optimizer.learning_rate_half_life
     compile_triplet_model(model, config.resolved("learning_rate"),
-                          jit_compile=config.jit_compile or config.static_shapes,
+                          jit_compile=config.runtime.jit_compile or static_shapes,
                           half_life_steps=half_life / global_batch if half_life else None,
-                          warmup_steps=config.warmup_triplets / global_batch,
-                          weight_decay=config.weight_decay if config.encoder != "bilstm" else None)
+                          warmup_steps=optimizer.warmup_triplets / global_batch,
+                          weight_decay=optimizer.weight_decay if network.encoder != "bilstm" else None)
     return encoder, model
-
-
-def plot_history(history: dict, path: str) -> None:
-    """Loss and triplet accuracy per epoch (training and validation) as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    epochs = range(1, len(history["loss"]) + 1)
-    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for axis, metric in ((loss_axis, "loss"), (accuracy_axis, "triplet_accuracy")):
-        axis.plot(epochs, history[metric], "o-", label="train")
-        axis.plot(epochs, history[f"val_{metric}"], "o-", label="validation")
-        axis.set_xlabel("epoch")
-        axis.set_ylabel(metric.replace("_", " "))
-        axis.grid(alpha=0.3)
-    accuracy_axis.axhline(history["untrained_val_triplet_accuracy"], color="grey", ls="--", label="untrained")
-    accuracy_axis.legend()
-    figure.suptitle(f"{history['config']['dataset']}: triplet network training")
-    figure.tight_layout()
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
-
-
-def plot_learning_curve(summary: dict, path: str) -> None:
-    """Validation triplet accuracy against training triplets seen and against CPU minutes,
-    with the untrained network and mean word vectors on the same sample as reference lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    points = summary["learning_curve"]
-    accuracy = [point["val_triplet_accuracy"] for point in points]
-    config = summary["config"]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
-                             (axes[1], "cpu_seconds", "process CPU minutes")):
-        scale = 60 if key == "cpu_seconds" else 1
-        axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
-        if summary["mean_vectors_val_triplet_accuracy"] is not None:
-            axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
-        axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",
-                     label="untrained" if config["encoder"] == "bilstm" else f"{config['encoder']} off the shelf")
-        axis.set_xlabel(label)
-        axis.grid(alpha=0.3)
-    axes[0].xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))
-    axes[0].set_ylabel(f"validation triplet accuracy ({summary['distance']})")
-    axes[0].legend()
-    network = f"BiLSTM {config['lstm_units']}" if config["encoder"] == "bilstm" else f"{config['encoder']} fine-tuned"
-    figure.suptitle(f"{config['dataset']}: learning curve ({network}, batch "
-                    f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
-    figure.tight_layout()
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=100)
-    plt.close(figure)
 
 
 def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabulary_size: int) -> float:
@@ -365,48 +308,6 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
     return correct / max(total, 1.0)
 
 
-def mirror_backups(mirror: TreeMirror, backup: str = "backup"):
-    """Keras callback, placed right after BackupAndRestore: after every batch it checks (stat
-    only) whether a new backup was written and, if so, pushes the staging dir to the remote
-    model dir; at each epoch's start it pushes what the previous epoch's callbacks wrote."""
-    import keras
-
-    class MirrorBackups(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            if mirror.changed(backup):
-                mirror.push()
-
-        def on_epoch_begin(self, epoch, logs=None):
-            mirror.push()
-
-    return MirrorBackups()
-
-
-def time_budget(minutes: float):
-    """Keras callback that stops training after the step during which `minutes` of wall-clock
-    time (counted from the start of `fit`) ran out; Keras then still validates that epoch, so
-    the curve and the best checkpoint (what is exported) see the last weights. No Keras callback
-    stops on time, hence this one."""
-    import keras
-
-    class TimeBudget(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            self.deadline = time.monotonic() + 60 * minutes
-            self.stopped = False
-
-        def on_train_batch_end(self, batch, logs=None):
-            expired = time.monotonic() >= self.deadline
-            strategy = self.model.distribute_strategy
-            # workers stop at the same step, or the first to stop leaves the others hanging
-            if is_multi_worker(strategy):
-                votes = strategy.run(lambda: tf.constant(float(expired)))
-                expired = bool(strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None) > 0)
-            if expired:
-                self.model.stop_training = self.stopped = True
-
-    return TimeBudget()
-
-
 def restored_step(model, backup_dir: str) -> int:
     """The training step a killed run's backup holds (0 without one). Read before `fit` so the
     training stream can continue at the first batch not yet trained on; BackupAndRestore, which
@@ -419,63 +320,14 @@ def restored_step(model, backup_dir: str) -> int:
     return int(model.optimizer.iterations.numpy())
 
 
-def best_checkpoint(directory: str):
-    """Keras callback keeping `best.weights.h5`, the weights of the best validation epoch, with
-    its score in `best.json`: a resumed run starts from that score, so an epoch worse than one
-    of the killed run's never replaces its checkpoint (ModelCheckpoint alone forgets its best)."""
-    import keras
-
-    score_path = f"{directory}/best.json"
-    previous_best = None
-    if tf.io.gfile.exists(score_path):
-        with tf.io.gfile.GFile(score_path) as handle:
-            previous_best = json.load(handle)["val_triplet_accuracy"]
-
-    class BestCheckpoint(keras.callbacks.ModelCheckpoint):
-        def on_epoch_end(self, epoch, logs=None):
-            best_before = self.best
-            super().on_epoch_end(epoch, logs)
-            if self.best != best_before:
-                with tf.io.gfile.GFile(score_path, "w") as handle:
-                    json.dump({"val_triplet_accuracy": float(self.best), "epoch": epoch + 1}, handle)
-
-    return BestCheckpoint(f"{directory}/best.weights.h5", save_weights_only=True, monitor="val_triplet_accuracy",
-                          mode="max", save_best_only=True, initial_value_threshold=previous_best)
-
-
-def learning_curve(global_batch: int):
-    """Keras callback recording, at each epoch's end, the training triplets seen so far and the
-    process CPU and wall seconds, beside the epoch's validation accuracy (the learning curve)."""
-    import keras
-
-    class LearningCurve(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.points: list[dict] = []
-
-        def on_train_begin(self, logs=None):
-            self.cpu_start, self.wall_start = time.process_time(), time.monotonic()
-
-        def on_epoch_end(self, epoch, logs=None):   # the optimizer's step counts a resumed run's earlier steps too
-            self.points.append({
-                "epoch": epoch + 1, "triplets_seen": int(self.model.optimizer.iterations.numpy()) * global_batch,
-                "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
-                "wall_seconds": round(time.monotonic() - self.wall_start, 1),
-                "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
-                "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
-            })
-
-    return LearningCurve()
-
-
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json."""
     import keras
 
-    keras.utils.set_random_seed(config.seed)
-    strategy = make_strategy(config.distribution_strategy)
+    keras.utils.set_random_seed(config.runtime.seed)
+    strategy = make_strategy(config.runtime.distribution_strategy)
     chief = is_chief(strategy)
-    with staged(config.model_dir, push=chief) as (model_dir, mirror):
+    with staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
         if chief:
             return _train(config, strategy, model_dir, mirror, extra_callbacks)
         with worker_temp_dir(strategy) as own_dir:
@@ -488,37 +340,40 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     import keras
 
+    from model.callbacks import BestCheckpoint, LearningCurve, MirrorBackups, TimeBudget
     from model.network import ExportableEncoder
 
-    global_batch = config.batch_size * strategy.num_replicas_in_sync
+    inputs, optimizer, runtime = config.inputs, config.optimizer, config.runtime
+    global_batch = optimizer.batch_size * strategy.num_replicas_in_sync
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
     claim_model_dir(config, model_dir)
     for entry in RESUME_ENTRIES if resume_from else ():
         if os.path.isdir(os.path.join(resume_from, entry)):
             shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))
-    if config.encoder == "bilstm":
+    if config.network.encoder == "bilstm":
         vocabulary = build_vocabulary(config, model_dir)
-        word_ids = WordIds(vocabulary, config.num_oov_buckets, config.max_tokens)
+        word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
         from model.transformer import token_ids
 
-        word_ids, matrix, vocabulary = token_ids(config.max_tokens, config.encoder), None, None
+        word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
     if mirror:
         mirror.push()
     for split in SPLITS:   # every shard there, of its size and record count, before any training (seconds)
-        lost = verify_split(config.data, config.dataset, split, config.max_lost_fraction)
+        lost = verify_split(inputs.data, inputs.dataset, split, inputs.max_lost_fraction)
         if lost:
             LOG.warning("%s/%s/%s: %d records lost to broken shards (within --max-lost-fraction)",
-                        config.data, config.dataset, split, lost)
+                        inputs.data, inputs.dataset, split, lost)
     validation_batches = split_batches(config, "validation", word_ids, strategy.num_replicas_in_sync)
     if int(validation_batches.cardinality()) == 0:   # refused now, not after training (no best epoch to keep)
-        raise TripletDataError(f"the validation split of {config.data}/{config.dataset} holds no triplets")
+        raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
     # Counting what reading loses takes a pass over every split (minutes for a million triplets):
     # it runs beside training (tf.data releases the GIL) and is checked before the export.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    record_counts = {split: counting.submit(count_records, config.data, config.dataset, split) for split in SPLITS}
+    record_counts = {split: counting.submit(count_records, inputs.data, inputs.dataset, split)
+                     for split in SPLITS}
     with strategy.scope():
         encoder, model = build_models(config, matrix, global_batch)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
@@ -528,23 +383,23 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         LOG.info("resuming from the backup at step %d", step)
 
     chief = is_chief(strategy)
-    curve = learning_curve(global_batch)
-    best = best_checkpoint(f"{model_dir}/checkpoints")
-    budget = time_budget(config.budget_minutes) if config.budget_minutes else None
+    curve = LearningCurve(global_batch)
+    best = BestCheckpoint(f"{model_dir}/checkpoints")
+    budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
     callbacks = [  # BackupAndRestore first: the others must see the restored state
-        keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=config.checkpoint_every),
-        *([mirror_backups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
+        keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=runtime.checkpoint_every),
+        *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
-        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=config.patience),
+        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
         # scalars every N steps and per epoch
-        keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=config.checkpoint_every),
+        keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=runtime.checkpoint_every),
         curve,
         *([budget] if budget else []),
         *(extra_callbacks or []),
     ]
-    fit = model.fit(train_batches, validation_data=validation_batches, epochs=config.epochs,
-                    initial_epoch=step // config.steps if config.steps else 0,
-                    steps_per_epoch=config.steps, callbacks=callbacks, verbose=1 if config.progress else 2)
+    fit = model.fit(train_batches, validation_data=validation_batches, epochs=optimizer.epochs,
+                    initial_epoch=step // optimizer.steps if optimizer.steps else 0,
+                    steps_per_epoch=optimizer.steps, callbacks=callbacks, verbose=1 if runtime.progress else 2)
     # tested and exported: the best validation epoch, of this run or a killed one
     if tf.io.gfile.exists(best.filepath):
         model.load_weights(best.filepath)
@@ -558,7 +413,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     counting.shutdown()
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):
-        LOG.warning("records lost or unparseable per split of %s/%s: %s", config.data, config.dataset, counts)
+        LOG.warning("records lost or unparseable per split of %s/%s: %s", inputs.data, inputs.dataset, counts)
     check_lost_records(config, counts)
     history = {key: [float(v) for v in values] for key, values in fit.history.items()}
     summary = {
@@ -567,7 +422,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "untrained_val_loss": float(untrained["loss"]),
         "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(validation_batches, matrix, len(vocabulary))
                                               if matrix is not None else None),
-        "evaluation_triplets": config.evaluation_triplets or "all",
+        "evaluation_triplets": inputs.evaluation_triplets or "all",
         "best_val_triplet_accuracy": float(best.best),
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
         "test_loss": float(test["loss"]),
@@ -581,15 +436,15 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "global_batch_size": global_batch,
         "distance": config.resolved("distance"),
         "learning_rate": config.resolved("learning_rate"),
-        "config": dataclasses.asdict(config),
+        "config": config.flags(),   # flat, by flag
     }
     if chief:
-        LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", config.model_dir)
+        LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
         exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
-        if config.serving_version is not None:
-            exportable.export(f"{model_dir}/serving/{config.serving_version}")
-        if vertex_model_dir() == config.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
+        if runtime.serving_version is not None:
+            exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
+        if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
             exportable.export(f"{model_dir}/model")
         with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
             json.dump(summary, handle, indent=2)
@@ -597,7 +452,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
     LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
-             summary["test_triplet_accuracy"], config.model_dir)
+             summary["test_triplet_accuracy"], runtime.model_dir)
     return summary
 
 

@@ -11,10 +11,11 @@ A command's `main(argv)` does the work; `run_cli(main)` is its shell face:
 
 Every command's flags come from one config dataclass (`config_parser`): a field is a flag spelt
 `--with-dashes` (the old `--with_underscores` spelling is still accepted, unlisted), its help
-text is the field's `flag(help=...)`, a tuple is a comma-separated list, a field whose default
-is itself a config adds that config's flags, and `__post_init__` checks the values. Beam's own
-pipeline options keep Beam's spelling (`--direct_num_workers`) and pass through untouched where a
-command runs a Beam job.
+text is the field's `flag(help=...)`, a tuple is a comma-separated list, a field whose type is
+itself a config (a dataclass) adds that config's flags, and `__post_init__` checks the values.
+The flags are one namespace: code builds and reads a nested config by its flags' field names too
+(`config_from_flags`, `config_flags`). Beam's own pipeline options keep Beam's spelling
+(`--direct_num_workers`) and pass through untouched where a command runs a Beam job.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_type_hints
 
 
 class UsageError(ValueError):
@@ -85,12 +86,20 @@ def _value_type(annotation: str) -> Callable[[str], Any]:
     return parse
 
 
+def _nested_configs(config_type: type) -> dict[str, type]:
+    """The fields of `config_type` whose type is a config (a dataclass): field name -> that type."""
+    types = get_type_hints(config_type)
+    return {field.name: types[field.name] for field in dataclasses.fields(config_type)
+            if dataclasses.is_dataclass(types[field.name])}
+
+
 def _flag_fields(config_type: type) -> list[dataclasses.Field]:
-    """The fields that are flags, with those of nested configs (a field whose default is a config)."""
+    """The fields that are flags, with those of nested configs in their place."""
+    nested = _nested_configs(config_type)
     fields = []
     for field in dataclasses.fields(config_type):
-        if dataclasses.is_dataclass(field.default):
-            fields += _flag_fields(type(field.default))
+        if field.name in nested:
+            fields += _flag_fields(nested[field.name])
         else:
             fields.append(field)
     return fields
@@ -133,23 +142,53 @@ def _current_spelling(argv: list[str], old_names: dict[str, str]) -> list[str]:
     return out
 
 
-def build_config(config_type: type, values: dict) -> Any:
-    """`config_type` from flat flag values, nested configs built from their own fields; a value
-    its `__post_init__` refuses (ValueError) is a UsageError."""
+def _built(config_type: type, values: dict) -> Any:
+    """`config_type` from flag values by field name, each nested config built from its own."""
+    nested = _nested_configs(config_type)
     kwargs = {}
     for field in dataclasses.fields(config_type):
-        if dataclasses.is_dataclass(field.default):
-            kwargs[field.name] = build_config(type(field.default), values)
+        if field.name in nested:
+            kwargs[field.name] = _built(nested[field.name], values)
         elif field.metadata.get("repeatable"):
             kwargs[field.name] = tuple(values.get(field.name) or field.default)
         elif field.name in values:
             kwargs[field.name] = values[field.name]
+    return config_type(**kwargs)
+
+
+def build_config(config_type: type, values: dict) -> Any:
+    """`config_type` from the parsed flags' values (other keys ignored), nested configs built from
+    their own fields; a value its `__post_init__` refuses (ValueError) is a UsageError."""
     try:
-        return config_type(**kwargs)
+        return _built(config_type, values)
     except UsageError:
         raise
     except ValueError as error:
         raise UsageError(str(error)) from error
+
+
+def config_from_flags(config_type: type, values: dict) -> Any:
+    """`config_type` as code writes it: flag values by field name, whichever nested config holds
+    the field (`{"data": ..., "epochs": 1}`), the rest at their defaults. A name that is no flag
+    of it is a TypeError; `__post_init__`'s refusals stay ValueErrors."""
+    unknown = sorted(set(values) - {field.name for field in _flag_fields(config_type)})
+    if unknown:
+        raise TypeError(f"{config_type.__name__} has no flag field {unknown[0]!r}")
+    return _built(config_type, values)
+
+
+def config_flags(config: Any) -> dict[str, Any]:
+    """A config's flag values by field name, nested configs' among its own (`config_from_flags`
+    builds the same config back from them)."""
+    nested = _nested_configs(type(config))
+    values = {}
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in nested:
+            values.update(config_flags(value))
+        else:
+            values[field.name] = value
+    return values
 
 
 def check_beam_flags(beam_args: list[str], prog: str) -> None:

@@ -81,9 +81,9 @@ def tiny_model(embedded_pipeline_output, tmp_path_factory):
     from model.train import train
 
     model_dir = tmp_path_factory.mktemp("eval-models") / "triplets-sen"
-    train(TrainConfig(data=str(embedded_pipeline_output), model_dir=str(model_dir), epochs=1, steps=3,
-                      batch_size=16, lstm_units=8, attention_size=4, patience=1, progress=False,
-                      vocabulary="train"))
+    train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir), epochs=1, steps=3,
+                                 batch_size=16, lstm_units=8, attention_size=4, patience=1, progress=False,
+                                 vocabulary="train"))
     return str(model_dir)
 
 

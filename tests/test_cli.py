@@ -1,11 +1,14 @@
 """Every command is built the one way (`pipeline.cli.parse_config`): dashed flags, each with help,
 `python -m` usage, old underscore spellings accepted, refusals as `UsageError` (one line, exit 2)."""
+from __future__ import annotations
+
 import importlib
 import re
+from dataclasses import dataclass
 
 import pytest
 
-from pipeline.cli import UsageError, config_parser, parse_config
+from pipeline.cli import UsageError, config_flags, config_from_flags, config_parser, flag, parse_config
 
 COMMANDS = {   # python -m module -> its config class
     "pipeline.run": "PipelineConfig", "pipeline.benchmark": "BenchmarkConfig",
@@ -57,3 +60,50 @@ def test_the_flex_template_entry_file_hands_its_flags_to_pipeline_run(tmp_path):
                            "--page-shards=0"], capture_output=True, text=True, cwd=repo, timeout=300,
                           env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: --page-shards")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Source:
+    path: str = flag(help="required, in a group without a default")
+    limit: int | None = flag(None, help="optional")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Sizes:
+    width: int = flag(4, help="a size")
+    deep: bool = flag(False, help="a switch")
+
+    def __post_init__(self):
+        if self.width < 1:
+            raise ValueError(f"--width must be >= 1, got {self.width}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Grouped:
+    source: _Source
+    sizes: _Sizes = _Sizes()
+    seed: int = flag(0, help="a field of the outer config itself")
+
+
+def test_a_field_whose_type_is_a_config_adds_its_flags():
+    parser = config_parser(_Grouped, "p", "")
+    assert [option for action in parser._actions for option in action.option_strings
+            if option not in ("-h", "--help")] == ["--path", "--limit", "--width", "--deep", "--seed"]
+    config = parse_config(_Grouped, ["--path", "p", "--width", "7", "--deep", "--limit", "none"], "p", "")
+    assert config == _Grouped(source=_Source(path="p"), sizes=_Sizes(width=7, deep=True))
+    with pytest.raises(UsageError, match="--path"):          # required inside a group: still required
+        parse_config(_Grouped, ["--width", "7"], "p", "")
+    with pytest.raises(UsageError, match="--width must be >= 1"):   # a group's own check, one error line
+        parse_config(_Grouped, ["--path", "p", "--width", "0"], "p", "")
+
+
+def test_code_builds_and_reads_a_nested_config_by_its_flags():
+    config = config_from_flags(_Grouped, {"path": "p", "deep": True, "seed": 3})
+    assert config == _Grouped(source=_Source(path="p"), sizes=_Sizes(deep=True), seed=3)
+    assert config_flags(config) == {"path": "p", "limit": None, "width": 4, "deep": True, "seed": 3}
+    assert config_from_flags(_Grouped, config_flags(config)) == config
+    with pytest.raises(TypeError, match="'sizes'"):           # a group is no flag
+        config_from_flags(_Grouped, {"path": "p", "sizes": _Sizes()})
+    with pytest.raises(ValueError, match="--width") as refused:
+        config_from_flags(_Grouped, {"path": "p", "width": 0})
+    assert not isinstance(refused.value, UsageError)          # in code, the check's own ValueError

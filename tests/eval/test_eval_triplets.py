@@ -33,8 +33,8 @@ def tiny_models(topic_shards, tmp_path_factory):
     from model.train import train
 
     model_dir = str(tmp_path_factory.mktemp("models") / "tiny")
-    train(TrainConfig(data=topic_shards, model_dir=model_dir, epochs=1, steps=3, batch_size=8,
-                      lstm_units=8, attention_size=4, patience=1, progress=False, vocabulary="train"))
+    train(TrainConfig.from_flags(data=topic_shards, model_dir=model_dir, epochs=1, steps=3, batch_size=8,
+                                 lstm_units=8, attention_size=4, patience=1, progress=False, vocabulary="train"))
     return [f"triplets-sen={model_dir}", f"triplets-titles={model_dir}"]
 
 

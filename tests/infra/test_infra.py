@@ -155,12 +155,12 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
 
     monkeypatch.setenv("AIP_MODEL_DIR", "gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen/model/")
     config = train_args(args)
-    assert config.model_dir == "gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen"
-    assert config.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
-    assert config.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
-    assert config.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu",
+    assert config.runtime.model_dir == "gs://wikisim-data/wikisim/enwiki-2026/models/triplets-sen"
+    assert config.inputs.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
+    assert config.inputs.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
+    assert config.runtime.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu",
                                             "multi-worker": "multi_worker"}[accelerator]
-    assert config.shuffle_buffer == 1100000 and config.budget_minutes  # make scale's recipe, not the demo's
+    assert config.inputs.shuffle_buffer == 1100000 and config.runtime.budget_minutes  # make scale's, not the demo's
 
 
 # accelerator -> (replicas per worker pool, image variant, strategy, trainer flags the spec adds)
@@ -175,7 +175,7 @@ SPEC_SHAPES = {
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("accelerator", sorted(submit.VERTEX_SPECS))
 def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, monkeypatch, accelerator, recipe):
-    from model.config import TrainConfig
+    from model.config import InputConfig
     from model.config import parse_args as train_args
 
     dataset = RECIPES[recipe].dataset
@@ -195,14 +195,15 @@ def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, mon
         assert args[-len(recipe_args):] == recipe_args                      # the recipe the Makefile reads
         assert list(pool.container_spec.args) == list(message.worker_pool_specs[0].container_spec.args)
         config = train_args(args)
-        assert (config.model_dir, config.dataset, config.distribution_strategy) == (model_dir, dataset, strategy)
-        recipe_config = train_args(["--data", "d", "--model-dir", "m", *recipe_args])
+        flags = config.flags()
+        assert (flags["model_dir"], flags["dataset"], flags["distribution_strategy"]) == (model_dir, dataset, strategy)
+        recipe_flags = train_args(["--data", "d", "--model-dir", "m", *recipe_args]).flags()
         for name in ("shuffle_buffer", "epochs", "steps", "budget_minutes", "learning_rate_half_life",
                      "encoder", "batch_size", "evaluation_triplets"):
-            assert getattr(config, name) == getattr(recipe_config, name), name
-        assert config.shuffle_buffer > TrainConfig.shuffle_buffer and config.budget_minutes
+            assert flags[name] == recipe_flags[name], name
+        assert flags["shuffle_buffer"] > InputConfig.shuffle_buffer and flags["budget_minutes"]
         for name, value in spec_flags.items():
-            assert getattr(config, name) == value
+            assert flags[name] == value
 
 
 def test_a_recipe_of_another_dataset_is_refused(capsys):

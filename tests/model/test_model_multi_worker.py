@@ -52,7 +52,7 @@ WORKER_SCRIPT = textwrap.dedent("""
         def on_train_end(self, logs=None):
             np.savez(args["weights"], *self.model.get_weights())
 
-    summary = train(TrainConfig(**args["config"]), extra_callbacks=[Probe()])
+    summary = train(TrainConfig.from_flags(**args["config"]), extra_callbacks=[Probe()])
     print("SUMMARY" + json.dumps({k: v for k, v in summary.items() if k != "config"}))
 """)
 

@@ -64,5 +64,6 @@ def test_the_static_xla_step_trains_like_the_dynamic_one(triplets):
 
 def test_a_tpu_run_needs_static_shapes():
     with pytest.raises(ValueError, match="--static-shapes"):
-        TrainConfig(data="d", model_dir="m", distribution_strategy="tpu")
-    assert TrainConfig(data="d", model_dir="m", distribution_strategy="tpu", static_shapes=True).static_shapes
+        TrainConfig.from_flags(data="d", model_dir="m", distribution_strategy="tpu")
+    config = TrainConfig.from_flags(data="d", model_dir="m", distribution_strategy="tpu", static_shapes=True)
+    assert config.runtime.static_shapes

@@ -1,5 +1,4 @@
 """The trainer on real TFRecord shards: outputs, gs:// input, mirrored over 2 CPUs, resume, e2e."""
-import dataclasses
 import json
 import os
 import subprocess
@@ -34,18 +33,20 @@ def shards(tmp_path_factory):
 def test_flags_mirror_the_config():
     config = parse_args(["--data", "d", "--model-dir", "m", "--lstm-units", "7", "--fine-tune-embeddings", "true",
                          "--steps", "none", "--embeddings", "g.txt", "--dropout", "0.5"])
-    assert (config.lstm_units, config.fine_tune_embeddings, config.steps, config.embeddings, config.dropout) \
-        == (7, True, None, "g.txt", 0.5)
-    defaults = TrainConfig(data="d", model_dir="m")
-    assert dataclasses.replace(config, lstm_units=defaults.lstm_units, fine_tune_embeddings=False,
-                               dropout=defaults.dropout, steps=defaults.steps, embeddings=None) == defaults
+    assert (config.network.lstm_units, config.network.fine_tune_embeddings, config.optimizer.steps,
+            config.inputs.embeddings, config.network.dropout) == (7, True, None, "g.txt", 0.5)
+    defaults = TrainConfig.from_flags(data="d", model_dir="m")
+    assert config.with_flags(lstm_units=defaults.network.lstm_units, fine_tune_embeddings=False, embeddings=None,
+                             dropout=defaults.network.dropout, steps=defaults.optimizer.steps) == defaults
+    assert TrainConfig.from_flags(**config.flags()) == config
     with pytest.raises(UsageError, match="--distribution-strategy"):
         parse_args(["--data", "d", "--model-dir", "m", "--distribution-strategy", "gpu-please"])
     with pytest.raises(ValueError, match="--distribution-strategy"):
-        TrainConfig(data="d", model_dir="m", distribution_strategy="gpu-please")
+        TrainConfig.from_flags(data="d", model_dir="m", distribution_strategy="gpu-please")
     # Old spellings stay accepted, unlisted: `--strategy`, underscores.
     old = parse_args(["--data", "d", "--model_dir", "m", "--strategy=mirrored", "--batch_size", "4", "--overwrite"])
-    assert (old.model_dir, old.distribution_strategy, old.batch_size, old.overwrite) == ("m", "mirrored", 4, True)
+    assert (old.runtime.model_dir, old.runtime.distribution_strategy, old.optimizer.batch_size,
+            old.runtime.overwrite) == ("m", "mirrored", 4, True)
 
 
 @pytest.mark.parametrize("flags, named", [(["--batch-size", "0"], "--batch-size"),
@@ -84,16 +85,16 @@ def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
     from model.train import claim_model_dir
 
     model_dir = str(tmp_path / "m")
-    config = TrainConfig(data=shards, model_dir=model_dir, **TINY)
+    config = TrainConfig.from_flags(data=shards, model_dir=model_dir, **TINY)
     claim_model_dir(config, model_dir)
     (tmp_path / "m" / "vocabulary.txt").write_text("goal\nstar")
     claim_model_dir(config, model_dir)                    # the same inputs: a resume, accepted
     other = write_triplet_shards(str(tmp_path / "other"), seed=5)      # other data, same layout
     with pytest.raises(TripletDataError, match=r"holds a run on other inputs \(data: "):
-        claim_model_dir(dataclasses.replace(config, data=other), model_dir)
+        claim_model_dir(config.with_flags(data=other), model_dir)
     with pytest.raises(TripletDataError, match=r"\(vocabulary: 'train' -> 'embeddings'\)"):
-        claim_model_dir(dataclasses.replace(config, vocabulary="embeddings"), model_dir)
-    claim_model_dir(dataclasses.replace(config, data=other, overwrite=True), model_dir)
+        claim_model_dir(config.with_flags(vocabulary="embeddings"), model_dir)
+    claim_model_dir(config.with_flags(data=other, overwrite=True), model_dir)
     assert not (tmp_path / "m" / "vocabulary.txt").exists()           # the old id space is gone
 
 
@@ -158,7 +159,7 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     from model.train import train
 
     model_dir = tmp_path / "model"
-    summary = train(TrainConfig(data=shards, model_dir=str(model_dir), serving_version=3, **TINY))
+    summary = train(TrainConfig.from_flags(data=shards, model_dir=str(model_dir), serving_version=3, **TINY))
     assert summary["epochs_run"] == 2 and len(summary["val_triplet_accuracy"]) == 2
     assert summary["skipped_records"] == {"train": 1, "validation": 0, "test": 0}   # the planted corrupt record
     assert summary["record_counts"]["train"] == {"expected": 257, "read": 257, "lost": 0, "unparseable": 1}
@@ -204,7 +205,7 @@ def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, t
                 with FileSystems.open(f"{remote}/backup/training_metadata.json") as handle:
                     seen.append(json.load(handle))
 
-    summary = train(TrainConfig(data=shards, model_dir=remote, checkpoint_every=2, **TINY),
+    summary = train(TrainConfig.from_flags(data=shards, model_dir=remote, checkpoint_every=2, **TINY),
                     extra_callbacks=[RemoteBackupProbe()])
     assert seen == [{"epoch": 0, "batch": 1}]
     files = list_tree(remote)
@@ -251,7 +252,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
             if args["kill_at"] and int(self.model.optimizer.iterations.numpy()) >= args["kill_at"]:
                 os._exit(17)
 
-    summary = train(TrainConfig(**args["config"]), extra_callbacks=[Probe()])
+    summary = train(TrainConfig.from_flags(**args["config"]), extra_callbacks=[Probe()])
     print("SUMMARY" + json.dumps({k: v for k, v in summary.items() if k != "config"}))
 """)
 
@@ -314,14 +315,13 @@ def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
     from model.train import train
 
     model_dir = tmp_path / "m"
-    config = TrainConfig(data=shards, model_dir=str(model_dir), **{**TINY, "epochs": 5, "steps": 50},
-                         budget_minutes=1e-4)      # 6 ms: runs out during the first step
+    config = TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **{**TINY, "epochs": 5, "steps": 50},
+                                    budget_minutes=1e-4)      # 6 ms: runs out during the first step
     summary = train(config)
     assert summary["stopped_by_budget"] is True and summary["epochs_run"] == 1
     assert summary["learning_curve"][0]["triplets_seen"] == TINY["batch_size"]   # one step, then the stop
     assert (model_dir / "encoder" / "saved_model.pb").is_file()
-    unbounded = train(dataclasses.replace(config, model_dir=str(tmp_path / "n"), budget_minutes=None, epochs=1,
-                                          steps=4))
+    unbounded = train(config.with_flags(model_dir=str(tmp_path / "n"), budget_minutes=None, epochs=1, steps=4))
     assert unbounded["stopped_by_budget"] is False and unbounded["learning_curve"][0]["triplets_seen"] == 32
 
 
@@ -329,11 +329,11 @@ def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp
     from model.train import build_vocabulary
     from model.vectors import load_word_vectors
 
-    config = TrainConfig(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
+    config = TrainConfig.from_flags(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
     vocabulary = build_vocabulary(config)
     glove = load_word_vectors(None)
     assert vocabulary == glove.words and "volcano" in vocabulary      # not a word of the training shards
-    trained_only = build_vocabulary(dataclasses.replace(config, vocabulary="train"), str(tmp_path / "t"))
+    trained_only = build_vocabulary(config.with_flags(vocabulary="train"), str(tmp_path / "t"))
     assert "volcano" not in trained_only and {"striker", "oven"} <= set(trained_only)
     assert not (tmp_path / "m" / "vocabulary.txt.partial").exists()
 

@@ -83,9 +83,9 @@ def test_trainer_fine_tunes_the_transformer_and_exports_it(embedded_pipeline_out
     from model.train import train
 
     model_dir = tmp_path / "minilm-sen"
-    summary = train(TrainConfig(data=str(embedded_pipeline_output), model_dir=str(model_dir), encoder="minilm",
-                                epochs=1, steps=2, batch_size=8, max_tokens=32, warmup_triplets=8,
-                                evaluation_triplets=16, progress=False))
+    summary = train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
+                                           encoder="minilm", epochs=1, steps=2, batch_size=8, max_tokens=32,
+                                           warmup_triplets=8, evaluation_triplets=16, progress=False))
     assert summary["distance"] == "cosine" and summary["learning_rate"] == 5e-5
     assert summary["learning_curve"][0]["triplets_seen"] == 16
     history = json.loads((model_dir / "history.json").read_text())

@@ -1,0 +1,71 @@
+"""The training curves `model.train` draws into its model dir from its summary (history.json):
+`training_curve.png` (loss and accuracy per epoch) and `learning_curve.png` (validation accuracy
+against triplets seen and CPU time). matplotlib (and TensorFlow, whose file API writes them)
+load when a curve is drawn, not at import."""
+from __future__ import annotations
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on a training machine)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_png(figure, path: str) -> None:
+    import matplotlib.pyplot as plt
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=100)
+    plt.close(figure)
+
+
+def plot_history(history: dict, path: str) -> None:
+    """Loss and triplet accuracy per epoch (training and validation) as a PNG."""
+    plt = _pyplot()
+    epochs = range(1, len(history["loss"]) + 1)
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, metric in ((loss_axis, "loss"), (accuracy_axis, "triplet_accuracy")):
+        axis.plot(epochs, history[metric], "o-", label="train")
+        axis.plot(epochs, history[f"val_{metric}"], "o-", label="validation")
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(metric.replace("_", " "))
+        axis.grid(alpha=0.3)
+    accuracy_axis.axhline(history["untrained_val_triplet_accuracy"], color="grey", ls="--", label="untrained")
+    accuracy_axis.legend()
+    figure.suptitle(f"{history['config']['dataset']}: triplet network training")
+    figure.tight_layout()
+    _save_png(figure, path)
+
+
+def plot_learning_curve(summary: dict, path: str) -> None:
+    """Validation triplet accuracy against training triplets seen and against CPU minutes,
+    with the untrained network and mean word vectors on the same sample as reference lines."""
+    from matplotlib.ticker import FuncFormatter
+
+    plt = _pyplot()
+    points = summary["learning_curve"]
+    accuracy = [point["val_triplet_accuracy"] for point in points]
+    config = summary["config"]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
+                             (axes[1], "cpu_seconds", "process CPU minutes")):
+        scale = 60 if key == "cpu_seconds" else 1
+        axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
+        if summary["mean_vectors_val_triplet_accuracy"] is not None:
+            axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
+        axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",
+                     label="untrained" if config["encoder"] == "bilstm" else f"{config['encoder']} off the shelf")
+        axis.set_xlabel(label)
+        axis.grid(alpha=0.3)
+    axes[0].xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))
+    axes[0].set_ylabel(f"validation triplet accuracy ({summary['distance']})")
+    axes[0].legend()
+    network = f"BiLSTM {config['lstm_units']}" if config["encoder"] == "bilstm" else f"{config['encoder']} fine-tuned"
+    figure.suptitle(f"{config['dataset']}: learning curve ({network}, batch "
+                    f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
+    figure.tight_layout()
+    _save_png(figure, path)
