@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from infra.recipe import RECIPES
-from pipeline.cli import UsageError, build_config, config_parser, flag, run_cli
+from pipeline.cli import UsageError, build_config, config_parser, flag, flag_fields, run_cli
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 INFRA_DIR = Path(__file__).resolve().parent
@@ -361,11 +361,11 @@ def flex_metadata() -> dict:
 
     metadata = json.loads(FLEX_METADATA.read_text())
     named = {parameter["name"] for parameter in metadata["parameters"]}
-    for action in config_parser(PipelineConfig, "pipeline.run", "")._actions:
-        if action.option_strings and action.dest not in named | {"help"}:
+    for field in flag_fields(PipelineConfig):
+        if field.name not in named:
             metadata["parameters"].append({
-                "name": action.dest, "label": action.dest.replace("_", " ").capitalize(),
-                "helpText": f"{action.help} (default: {action.default})", "isOptional": True})
+                "name": field.name, "label": field.name.replace("_", " ").capitalize(),
+                "helpText": f"{field.metadata['help']} (default: {field.default})", "isOptional": True})
     return metadata
 
 

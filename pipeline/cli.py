@@ -93,13 +93,13 @@ def _nested_configs(config_type: type) -> dict[str, type]:
             if dataclasses.is_dataclass(types[field.name])}
 
 
-def _flag_fields(config_type: type) -> list[dataclasses.Field]:
+def flag_fields(config_type: type) -> list[dataclasses.Field]:
     """The fields that are flags, with those of nested configs in their place."""
     nested = _nested_configs(config_type)
     fields = []
     for field in dataclasses.fields(config_type):
         if field.name in nested:
-            fields += _flag_fields(nested[field.name])
+            fields += flag_fields(nested[field.name])
         else:
             fields.append(field)
     return fields
@@ -109,7 +109,7 @@ def config_parser(config_type: type, prog: str, description: str) -> ArgumentPar
     """One flag per field of `config_type` (and of its nested configs)."""
     parser = ArgumentParser(prog=prog, description=description, allow_abbrev=False,
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for field in _flag_fields(config_type):
+    for field in flag_fields(config_type):
         name = "--" + (field.metadata.get("name") or field.name.replace("_", "-"))
         help_text = field.metadata["help"]
         if field.metadata.get("repeatable"):   # `--model-dir A --model-dir B` -> ("A", "B")
@@ -171,7 +171,7 @@ def config_from_flags(config_type: type, values: dict) -> Any:
     """`config_type` as code writes it: flag values by field name, whichever nested config holds
     the field (`{"data": ..., "epochs": 1}`), the rest at their defaults. A name that is no flag
     of it is a TypeError; `__post_init__`'s refusals stay ValueErrors."""
-    unknown = sorted(set(values) - {field.name for field in _flag_fields(config_type)})
+    unknown = sorted(set(values) - {field.name for field in flag_fields(config_type)})
     if unknown:
         raise TypeError(f"{config_type.__name__} has no flag field {unknown[0]!r}")
     return _built(config_type, values)
@@ -214,7 +214,7 @@ def parse_config(config_type: type, argv: list[str] | None, prog: str, descripti
     accepted (unlisted) for one release."""
     argv = sys.argv[1:] if argv is None else argv
     parser = config_parser(config_type, prog, description)
-    old_names = {field.name: field.name for field in _flag_fields(config_type) if "_" in field.name}
+    old_names = {field.name: field.name for field in flag_fields(config_type) if "_" in field.name}
     argv = _current_spelling(argv, {**old_names, **(renamed or {})})
     if passthrough:
         args, rest = parser.parse_known_args(argv)
