@@ -98,7 +98,6 @@ def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.
 class ParseScbFn(beam.DoFn):
     """JSON lines -> article dicts; malformed lines -> the `dead_letters` output, counted."""
 
-    DEAD_LETTERS = "dead_letters"
 
     def __init__(self, source: str):
         self.source = source
@@ -111,7 +110,7 @@ class ParseScbFn(beam.DoFn):
             yield records.ScbRecord.from_json(line)
         except records.RecordError as error:
             self.malformed.inc()
-            yield beam.pvalue.TaggedOutput(self.DEAD_LETTERS, {
+            yield beam.pvalue.TaggedOutput(records.DEAD_LETTERS, {
                 "stage": "eval-scb", "source": self.source, "page_id": None, "title": None,
                 "reason": "malformed_scb_record", "detail": f"{error}: {line[:200]}"})
 
@@ -168,7 +167,7 @@ def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> 
 def scb_files(data: str) -> list[str]:
     """The SCB files of a pipeline run, from its manifest (a folder without one is refused)."""
     try:
-        return records.manifest_output(data, "scb")[0]
+        return records.manifest_output(data, records.SCB)[0]
     except records.ManifestError as error:
         raise FileNotFoundError(str(error)) from None
 
@@ -183,8 +182,8 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
         pipeline
         | "ListScb" >> beam.Create(scb_files(config.data))
         | "ReadScb" >> beam.io.ReadAllFromText()
-        | "Parse" >> beam.ParDo(ParseScbFn(FileSystems.join(config.data, "scb"))).with_outputs(
-            ParseScbFn.DEAD_LETTERS, main="articles")
+        | "Parse" >> beam.ParDo(ParseScbFn(FileSystems.join(config.data, records.SCB))).with_outputs(
+            records.DEAD_LETTERS, main="articles")
     )
     articles = parsed.articles
     if config.max_articles:
@@ -212,7 +211,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
      | "RowsToJson" >> beam.Map(json.dumps)
      | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
                                           file_name_suffix=".jsonl"))
-    (parsed[ParseScbFn.DEAD_LETTERS]
+    (parsed[records.DEAD_LETTERS]
      | "DeadLettersToJson" >> beam.Map(json.dumps)
      | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "dead_letters"),
                                                  file_name_suffix=".jsonl"))
@@ -223,7 +222,7 @@ def check_scb_input(data: str) -> None:
     hold the articles the manifest lists (`records.verify_output`: scoring part of them is refused)."""
     if not scb_files(data):
         raise FileNotFoundError(f"{data}: the run's manifest lists no SCB file")
-    records.verify_output(data, "scb")
+    records.verify_output(data, records.SCB)
 
 
 def remove_previous_rows(output: str) -> None:

@@ -10,7 +10,9 @@ a pipeline run's `scb/` (every sentence; id `article_id:index`) or `passages/` (
 of the kept sections; id `article_id:section:paragraph`), the latter two listed from the run's
 manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id` (string), `text`
 (string) and `embedding` (fixed-size list of float32, the encoder's width), written by Beam's
-`WriteToParquet` (pyarrow).
+`WriteToParquet` (pyarrow). A JSON line that is not JSON, lacks the text field, or breaks the
+run's record contract (`pipeline.records`) is counted (`embed_lines_set_aside`) and set aside in
+`DIR/dead_letters-*.jsonl` with its file and reason, never fatal; the summary line names them.
 
 `model.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
 encoder (`eval.scb` embeds its articles with it too): Beam batches sentences (`BatchElements`,
@@ -20,17 +22,20 @@ their sentences.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+from pipeline.records import DEAD_LETTERS, PASSAGES, SCB
 
-SOURCES = ("scb", "passages")
+SOURCES = (SCB, PASSAGES)
 PROG = "python -m model.embed"
 SENTENCES_EMBEDDED = "embed_sentences"   # the job's counter of sentences (or paragraphs) embedded
+LINES_SET_ASIDE = "embed_lines_set_aside"   # input lines that break their format, in DIR/dead_letters-*
 
 
 @dataclass(frozen=True)
@@ -82,42 +87,63 @@ def embedding_width(model_dir: str) -> int:
     return load_encoder(model_dir).dim
 
 
-def sentences_of_record(line: str, source: str) -> Iterable[tuple[str, str]]:
-    """(id, text) of every sentence (scb) or paragraph (passages) of one pipeline record's JSON line."""
-    if source == "scb":
+def sentences_of_record(file_name: str, line: str, source: str) -> list[tuple[str, str]]:
+    """(id, text) of every sentence (scb) or paragraph (passages) of one pipeline record's JSON line;
+    records.RecordError when the line breaks the contract."""
+    if source == SCB:
         record = records.ScbRecord.from_json(line)
-        for index, text in enumerate(record.sentences):
-            yield f"{record.article_id}:{index}", text
-        return
+        return [(f"{record.article_id}:{index}", text) for index, text in enumerate(record.sentences)]
     record = records.PassagesRecord.from_json(line)
-    for section, content in enumerate(record.sections):
-        for paragraph, passage in enumerate(content.paragraphs):
-            yield f"{record.article_id}:{section}:{paragraph}", passage.text
+    return [(f"{record.article_id}:{section}:{paragraph}", passage.text)
+            for section, content in enumerate(record.sections) for paragraph, passage in enumerate(content.paragraphs)]
 
 
-def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> beam.PCollection:
-    """(id, text) pairs of every input sentence."""
+def sentence_of_json_line(file_name: str, line: str, text_field: str, id_field: str) -> list[tuple[str, str]]:
+    """[(id, text)] of one JSON line of `--input`; ValueError naming the field when it has no text."""
+    record = json.loads(line)
+    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+        raise ValueError(f"no string field {text_field!r}")
+    text = record[text_field]
+    return [(str(record[id_field]) if id_field in record else line_id(file_name, text), text)]
+
+
+class SentencesOfLinesFn(beam.DoFn):
+    """(file, line) -> its (id, text) pairs by `parse(file, line)`; a line `parse` refuses (ValueError,
+    which RecordError and JSONDecodeError are) -> the `dead_letters` output, counted."""
+
+    def __init__(self, parse: Callable[[str, str], list[tuple[str, str]]]):
+        self.parse = parse
+        self.set_aside = beam.metrics.Metrics.counter(NAMESPACE, LINES_SET_ASIDE)
+
+    def process(self, named_line: tuple[str, str]):
+        file_name, line = named_line
+        try:
+            yield from self.parse(file_name, line)
+        except ValueError as error:
+            self.set_aside.inc()
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, {
+                "stage": "embed", "source": file_name, "page_id": None, "title": None,
+                "reason": type(error).__name__, "detail": f"{error}: {line[:200]}"})
+
+
+def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> tuple[beam.PCollection, beam.PCollection]:
+    """(id, text) pairs of every input sentence, and the dead letters of lines set aside."""
     if args.data:
         files = records.manifest_output(args.data, args.source)[0]
-        source = args.source
-        return (pipeline
-                | "ListRecords" >> beam.Create(files)
-                | "ReadRecords" >> beam.io.ReadAllFromText()
-                | "Sentences" >> beam.FlatMap(sentences_of_record, source))
-    lines = pipeline | "ReadLines" >> beam.io.ReadFromTextWithFilename(args.input)
-    if args.input.removesuffix(".gz").endswith((".jsonl", ".json")):
-        text_field, id_field = args.text_field, args.id_field
-
-        def from_json(named_line):
-            name, line = named_line
-            record = json.loads(line)
-            text = record[text_field]
-            return (str(record[id_field]) if id_field in record else line_id(name, text)), text
-
-        return lines | "FromJson" >> beam.Map(from_json)
-    return (lines
-            | "NonEmpty" >> beam.Filter(lambda named_line: named_line[1].strip())
-            | "Ids" >> beam.Map(lambda named_line: (line_id(*named_line), named_line[1])))
+        lines = (pipeline
+                 | "ListRecords" >> beam.Create(files)
+                 | "ReadRecords" >> beam.io.ReadAllFromText(with_filename=True))
+        parse = functools.partial(sentences_of_record, source=args.source)
+    else:
+        lines = pipeline | "ReadLines" >> beam.io.ReadFromTextWithFilename(args.input)
+        if not args.input.removesuffix(".gz").endswith((".jsonl", ".json")):
+            return (lines
+                    | "NonEmpty" >> beam.Filter(lambda named_line: named_line[1].strip())
+                    | "Ids" >> beam.Map(lambda named_line: (line_id(*named_line), named_line[1]))), None
+        parse = functools.partial(sentence_of_json_line, text_field=args.text_field, id_field=args.id_field)
+    parsed = (lines | "Sentences" >> beam.ParDo(SentencesOfLinesFn(parse))
+              .with_outputs(DEAD_LETTERS, main="sentences"))
+    return parsed.sentences, parsed[DEAD_LETTERS]
 
 
 def line_id(file_name: str, text: str) -> str:
@@ -156,11 +182,17 @@ def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     from model.inference import EncoderModelHandler
 
     handler = KeyedModelHandler(EncoderModelHandler(f"saved:embed={args.model_dir}", args.min_batch, args.max_batch))
-    (read_inputs(pipeline, args)
+    sentences, dead_letters = read_inputs(pipeline, args)
+    (sentences
      | "Embed" >> RunInference(handler)
      | "ToRows" >> beam.ParDo(ToRowsFn())
      | "WriteParquet" >> beam.io.WriteToParquet(FileSystems.join(args.output, "embeddings"), parquet_schema(dim),
                                                  file_name_suffix=".parquet"))
+    if dead_letters is not None:
+        (dead_letters
+         | "DeadLettersToJson" >> beam.Map(records.json_line)
+         | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(args.output, DEAD_LETTERS),
+                                                     file_name_suffix=".jsonl", skip_if_empty=True))
 
 
 def parse_args(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
@@ -182,10 +214,12 @@ def main(argv: list[str] | None = None) -> dict:
     result.wait_until_finish()
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)
-    sentences = job_totals(result).get(SENTENCES_EMBEDDED, 0)
+    totals = job_totals(result)
+    sentences, set_aside = totals.get(SENTENCES_EMBEDDED, 0), totals.get(LINES_SET_ASIDE, 0)
     print(f"{sentences} sentences embedded ({dim} float32 each, not normalised) in {len(files)} Parquet file(s) "
-          f"under {args.output}")
-    return {"dim": dim, "files": files, "sentences": sentences}
+          f"under {args.output}" + (f"; {set_aside} malformed line(s) set aside in {DEAD_LETTERS}-*.jsonl there"
+                                    if set_aside else ""))
+    return {"dim": dim, "files": files, "sentences": sentences, "set_aside": set_aside}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ TRIPLETS_PLOT = "triplets.png"
 LOG = "pipeline.log"   # Beam's log of a local run (`pipeline.progress`)
 # Top-level files and folders a run writes, besides its `triplets-*` dataset folders.
 RUN_FILES = (records.MANIFEST, STATS, TRIPLETS_PLOT, LOG, LOCK)
-RUN_FOLDERS = ("scb", "passages", "dead_letters")
+RUN_FOLDERS = (records.SCB, records.PASSAGES, records.DEAD_LETTERS)
 
 
 class OutputInUseError(UsageError):

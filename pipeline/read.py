@@ -13,6 +13,7 @@ import apache_beam as beam
 
 from pipeline import counters, multistream, progress
 from pipeline.dumps import STREAM_FAULTS, Page, check_input, dead_letter, decode_pages, range_source
+from pipeline.records import DEAD_LETTERS
 
 
 def decode_read_unit(read_unit) -> Iterator[Page | dict]:
@@ -84,7 +85,7 @@ class _DecodeReadUnitsFn(beam.DoFn):
                 if item["reason"] in STREAM_FAULTS and not read_unit.expected:   # pages lost, how many unknown
                     self.streams_lost.inc()
             beam.metrics.Metrics.counter(counters.NAMESPACE, counters.READ_REASON_PREFIX + item["reason"]).inc()
-            yield beam.pvalue.TaggedOutput("dead_letters", item)
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, item)
 
     def finish_bundle(self):
         if self.progress:
@@ -125,6 +126,6 @@ class ReadDumpPages(beam.PTransform):
             | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units, self.page_shards)
             | "SpreadReadUnits" >> beam.Reshuffle()
             | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn(self.progress_folder)).with_outputs(
-                "dead_letters", main="pages")
+                DEAD_LETTERS, main="pages")
         )
-        return {"pages": decoded.pages, "dead_letters": decoded.dead_letters}
+        return {"pages": decoded.pages, DEAD_LETTERS: decoded[DEAD_LETTERS]}

@@ -45,6 +45,11 @@ SENTENCE_DATASETS = {
 DATASET_OF_STRATEGY = {strategy: dataset for dataset, strategy in SENTENCE_DATASETS.items()}
 TITLES_DATASET = "triplets-titles"
 TRIPLET_DATASETS = (*SENTENCE_DATASETS, TITLES_DATASET)
+# The run's JSON-lines outputs, one folder each: SCB articles (`ScbRecord`), passages
+# (`PassagesRecord`) and the pages set aside (dead letters, `pipeline.dumps.dead_letter`'s shape).
+SCB = "scb"
+PASSAGES = "passages"
+DEAD_LETTERS = "dead_letters"
 
 
 class FeatureType(StrEnum):

@@ -157,17 +157,18 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
     (
         articles
         | "Scb" >> transforms.ScbRecords(config.rules)
-        | "WriteScb" >> transforms.WriteJsonLines(f"{out}/scb/part", counter_names.SCB_ARTICLES)
+        | "WriteScb" >> transforms.WriteJsonLines(f"{out}/{records.SCB}/part", counter_names.SCB_ARTICLES)
     )
     (
         articles
-        | "Passages" >> beam.Map(records.passages_record)
-        | "WritePassages" >> transforms.WriteJsonLines(f"{out}/passages/part", counter_names.PASSAGES_ARTICLES)
+        | "Passages" >> transforms.PassageRecords()
+        | "WritePassages" >> transforms.WriteJsonLines(f"{out}/{records.PASSAGES}/part",
+                                                      counter_names.PASSAGES_ARTICLES)
     )
     (
-        (read["dead_letters"], built["dead_letters"])
+        (read[records.DEAD_LETTERS], built[records.DEAD_LETTERS])
         | "AllDeadLetters" >> beam.Flatten()
-        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/dead_letters/part",
+        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/{records.DEAD_LETTERS}/part",
                                                          counter_names.DEAD_LETTERS_WRITTEN)
     )
     return reader.indexes()
@@ -279,8 +280,9 @@ def output_records(counters: dict[str, int], config: PipelineConfig) -> dict[str
     """Records per output folder, for the manifest."""
     counts = {f"{dataset}/{split}": counters[counter_names.split_counter(dataset, split)]
               for dataset in config.triplet_datasets() for split in SPLITS}
-    counts.update({"scb": counters[counter_names.SCB_ARTICLES], "passages": counters[counter_names.PASSAGES_ARTICLES],
-                   "dead_letters": counters[counter_names.DEAD_LETTERS_WRITTEN]})
+    counts.update({records.SCB: counters[counter_names.SCB_ARTICLES],
+                   records.PASSAGES: counters[counter_names.PASSAGES_ARTICLES],
+                   records.DEAD_LETTERS: counters[counter_names.DEAD_LETTERS_WRITTEN]})
     return counts
 
 

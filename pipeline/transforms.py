@@ -12,7 +12,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline import counters, records, sinks, triplets
 from pipeline.dumps import Page, dead_letter
-from pipeline.records import DATASET_OF_STRATEGY
+from pipeline.records import DATASET_OF_STRATEGY, DEAD_LETTERS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
 from pipeline.sentences import ParagraphTooLong, SentenceSplitter
 from pipeline.splits import SPLITS, split_of
@@ -20,7 +20,6 @@ from pipeline.triplets import NegativeStrategy
 from pipeline.wikitext import parse_wikitext
 
 ARTICLE_NAMESPACE = 0
-DEAD_LETTERS = "dead_letters"
 
 
 def count(name: str, value: int = 1) -> None:
@@ -243,3 +242,10 @@ class ScbRecords(beam.PTransform):
             yield scb
 
         return articles | beam.FlatMap(record)
+
+
+class PassageRecords(beam.PTransform):
+    """Articles (every split) -> passages records: each article's lead and kept sections' paragraphs."""
+
+    def expand(self, articles):
+        return articles | beam.Map(records.passages_record)

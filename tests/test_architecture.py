@@ -69,7 +69,8 @@ CONTRACTS = {
     "pipeline.triplets": ("NegativeStrategy", "TripletKind", "Triplet"),
     "pipeline.records": ("TRIPLET_DATASETS", "SENTENCE_DATASETS", "DATASET_OF_STRATEGY", "TITLES_DATASET",
                          "PAPER_DATASET", "ROLES", "TRIPLET_FEATURES", "BYTES_FEATURES", "INT64_FEATURES", "MANIFEST",
-                         "MANIFEST_VERSION", "ScbRecord", "PassagesRecord", "RecordError"),
+                         "MANIFEST_VERSION", "ScbRecord", "PassagesRecord", "RecordError", "SCB", "PASSAGES",
+                         "DEAD_LETTERS"),
 }
 
 

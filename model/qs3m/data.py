@@ -26,8 +26,8 @@ def passages_files(source: str) -> list[str]:
     from apache_beam.io.filesystems import FileSystems
 
     if FileSystems.exists(f"{source.rstrip('/')}/{records.MANIFEST}"):
-        records.verify_output(source, "passages")   # every article the run wrote, or a ShardError
-        return records.manifest_output(source, "passages")[0]
+        records.verify_output(source, records.PASSAGES)   # every article the run wrote, or a ShardError
+        return records.manifest_output(source, records.PASSAGES)[0]
     paths = sorted(m.path for result in FileSystems.match([source]) for m in result.metadata_list)
     if not paths:
         raise FileNotFoundError(f"--passages {source!r} is neither a run folder with {records.MANIFEST} "

@@ -94,3 +94,44 @@ def test_run_inference_takes_a_model_path_and_refuses_a_bad_one_at_construction(
 
     with pytest.raises(EncoderSpecError, match="nowhere"):
         EncoderModelHandler(str(tmp_path / "nowhere"))
+
+
+def test_a_line_that_breaks_its_format_is_counted_and_set_aside():
+    import functools
+
+    import apache_beam as beam
+    from apache_beam.testing import test_pipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from pipeline.records import DEAD_LETTERS, SCB, ScbRecord
+
+    good = ScbRecord(article_id=4, title="T", sections=("a", "b"), sentences=("x.", "y."), labels=(0, 1),
+                     openers=(True, True)).to_json()
+    lines = [("scb-0.jsonl.gz", good), ("scb-0.jsonl.gz", "{cut"), ("scb-1.jsonl.gz", json.dumps({"article_id": 5}))]
+    pipeline = test_pipeline.TestPipeline()
+    parsed = (pipeline | beam.Create(lines)
+              | beam.ParDo(embed.SentencesOfLinesFn(functools.partial(embed.sentences_of_record, source=SCB)))
+              .with_outputs(DEAD_LETTERS, main="sentences"))
+    assert_that(parsed.sentences, equal_to([("4:0", "x."), ("4:1", "y.")]), label="Sentences")
+    assert_that(parsed[DEAD_LETTERS] | beam.Map(lambda letter: (letter["source"], letter["detail"].split(":")[0])),
+                equal_to([("scb-0.jsonl.gz", "not JSON"), ("scb-1.jsonl.gz", "missing field 'title'")]),
+                label="DeadLetters")
+    result = pipeline.run()
+    result.wait_until_finish()
+    from pipeline.counters import job_totals
+
+    assert job_totals(result)[embed.LINES_SET_ASIDE] == 2
+
+
+def test_json_lines_without_text_are_set_aside_in_the_output_and_named_in_the_summary(tiny_model, tmp_path, capsys):
+    source = tmp_path / "sentences.jsonl"
+    source.write_text(json.dumps({"id": "a", "text": "The striker scored."}) + "\n" + "not json\n"
+                      + json.dumps({"id": "b", "body": "no text field"}) + "\n")
+    result = embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(tmp_path / "out")])
+    rows, _ = _rows(tmp_path / "out")
+    assert sorted(rows) == ["a"] and result["sentences"] == 1 and result["set_aside"] == 2
+    letters = [json.loads(line) for path in (tmp_path / "out").glob("dead_letters-*.jsonl")
+               for line in path.read_text().splitlines()]
+    assert sorted(letter["detail"][:16] for letter in letters) == ["Expecting value:", "no string field "]
+    assert all(letter["source"] == str(source) and letter["stage"] == "embed" for letter in letters)
+    assert "2 malformed line(s) set aside in dead_letters-*.jsonl" in capsys.readouterr().out

@@ -22,7 +22,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
 from pipeline import counters, records, triplets
 from pipeline.dumps import Page, dead_letter, decode_pages, embedded_dump_path
-from pipeline.records import DATASET_OF_STRATEGY
+from pipeline.records import DATASET_OF_STRATEGY, DEAD_LETTERS
 from pipeline.rules import (
     RuleConfig,
     build_article,
@@ -34,8 +34,8 @@ from pipeline.rules import (
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS, split_of
 from pipeline.transforms import (
-    DEAD_LETTERS,
     BuildArticles,
+    PassageRecords,
     ScbRecords,
     SentenceTriplets,
     TitleTriplets,
@@ -370,9 +370,9 @@ def test_scb_records_are_the_test_articles_with_the_rules_number_of_sections(art
 
 
 def test_passage_records_of_every_article_are_written_as_json_lines_and_counted(articles, tmp_path):
-    """The passages branch of `pipeline.run.build`: each article's passages record, one JSON line each."""
+    """PassageRecords and its writer: each article's passages record, one JSON line each."""
     p = test_pipeline.TestPipeline()
-    passages = p | beam.Create(articles) | "Passages" >> beam.Map(records.passages_record)
+    passages = p | beam.Create(articles) | PassageRecords()
     assert_that(passages, all_of(equal_to([records.passages_record(article) for article in articles])))
     _ = passages | WriteJsonLines(str(tmp_path / "passages" / "part"), counters.PASSAGES_ARTICLES)
     result = run(p)
