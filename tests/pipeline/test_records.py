@@ -81,3 +81,10 @@ def test_the_manifest_carries_its_version_and_the_triplet_schema_and_unknown_ver
     with pytest.raises(records.ManifestError, match=f"{manifest}: format_version {records.MANIFEST_VERSION + 1} "
                                                     "is unknown"):
         records.read_manifest(str(tmp_path))
+
+
+def test_the_feature_spec_names_every_field_a_triplet_has_but_its_split():
+    from pipeline.triplets import Triplet
+
+    assert set(records.TRIPLET_FEATURES) == set(Triplet._fields) - {"split"}
+    assert records.ROLES == Triplet._fields[:3]
