@@ -101,6 +101,7 @@ def test_scb_job_names_the_missing_input(tmp_path):
         scb.main(["--data", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")])
 
 
+@pytest.mark.slow   # a second whole SCB job (the one above stays in the fast tier)
 def test_scb_job_scores_a_seeded_sample_of_articles(tmp_path):
     articles = write_scb(tmp_path / "data")
     runs = [scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / f"out{run}"), "--encoder", "tfidf",

@@ -38,6 +38,7 @@ def tiny_models(topic_shards, tmp_path_factory):
     return [f"triplets-sen={model_dir}", f"triplets-titles={model_dir}"]
 
 
+@pytest.mark.slow   # trains two tiny encoders
 def test_triplets_job_scores_baselines_and_trained_encoders(topic_shards, tiny_models, tmp_path):
     result = triplets.main(["--data", topic_shards, "--output", str(tmp_path), "--encoder", "mean-vectors",
                             "--encoder", "tfidf", *sum((["--model-dir", d] for d in tiny_models), [])])

@@ -123,6 +123,7 @@ def test_known_length_matches_the_pass():
     assert sum(float(w.numpy().sum()) for _, _, w in batches) == 70
 
 
+@pytest.mark.slow   # Keras training
 def test_keras_metrics_weigh_every_triplet_alike_across_uneven_batches():
     """evaluate's accuracy is the share of triplets right, not a mean of batch means (the last,
     smaller batch of a pass must not count as much as a full one). Multi-replica blocks are
