@@ -26,7 +26,7 @@ from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
-from pipeline.triplets import NEGATIVE_STRATEGY_NAMES, NegativeStrategy
+from pipeline.triplets import NegativeStrategy
 
 if TYPE_CHECKING:   # Beam loads after the flags parse (main): --help and a bad flag answer without it
     import apache_beam as beam
@@ -81,8 +81,11 @@ class PipelineConfig:
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
-        names = self.negatives.split(",")
-        if not any(names) or any(name.strip() not in NEGATIVE_STRATEGY_NAMES for name in names if name.strip()):
+        try:
+            chosen = self.negative_strategies()
+        except ValueError:   # a name that is no NegativeStrategy
+            chosen = ()
+        if not chosen:
             raise ConfigError(f"--negatives {self.negatives!r}: choose one or more of "
                               f"{', '.join(NegativeStrategy)}, comma-separated")
         if self.page_shards < 1:

@@ -49,9 +49,6 @@ class NegativeStrategy(StrEnum):
     OTHER_ARTICLE = "other_article"  # an opener of a section of another article
 
 
-NEGATIVE_STRATEGY_NAMES = frozenset(strategy.value for strategy in NegativeStrategy)
-
-
 class TripletKind(StrEnum):
     """The triplet feature `kind`: sentence triplets, or title triplets."""
 

@@ -107,3 +107,19 @@ def test_code_builds_and_reads_a_nested_config_by_its_flags():
     with pytest.raises(ValueError, match="--width") as refused:
         config_from_flags(_Grouped, {"path": "p", "width": 0})
     assert not isinstance(refused.value, UsageError)          # in code, the check's own ValueError
+
+
+@pytest.mark.parametrize("negatives", ["", " , ", "adjacent,bogus"])
+def test_negatives_naming_no_strategy_or_an_unknown_one_are_refused(negatives):
+    from pipeline.run import parse_args
+
+    with pytest.raises(UsageError, match="--negatives .*: choose one or more of adjacent, same_article, other_article"):
+        parse_args(["--input", "x", "--output", "y", "--negatives", negatives])
+
+
+def test_negatives_are_parsed_into_strategies_once_each_in_order():
+    from pipeline.run import PipelineConfig
+    from pipeline.triplets import NegativeStrategy
+
+    config = PipelineConfig(input="x", output="y", negatives=" other_article,adjacent,other_article ")
+    assert config.negative_strategies() == (NegativeStrategy.OTHER_ARTICLE, NegativeStrategy.ADJACENT)
