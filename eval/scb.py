@@ -96,8 +96,7 @@ def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.
 
 
 class ParseScbFn(beam.DoFn):
-    """JSON lines -> article dicts; malformed lines -> the `dead_letters` output, counted."""
-
+    """JSON lines -> `ScbRecord`s; malformed lines -> the `dead_letters` output, counted."""
 
     def __init__(self, source: str):
         self.source = source

@@ -367,7 +367,7 @@ class ScbRecord:
         return record
 
     def to_json(self) -> str:
-        return json_line(dataclasses.asdict(self))
+        return json_line(self)
 
 
 @dataclass(frozen=True)
@@ -417,7 +417,7 @@ class PassagesRecord:
                    _list_of(fields, "lead", str), tuple(sections))
 
     def to_json(self) -> str:
-        return json_line(dataclasses.asdict(self))
+        return json_line(self)
 
 
 def scb_record(article: Article) -> ScbRecord:
@@ -430,5 +430,7 @@ def passages_record(article: Article) -> PassagesRecord:
     return PassagesRecord.from_article(article)
 
 
-def json_line(record: dict) -> str:
-    return json.dumps(record, ensure_ascii=False, sort_keys=True)
+def json_line(record: dict | ScbRecord | PassagesRecord) -> str:
+    """One JSON line of a record type or of a dict (a dead letter), keys sorted."""
+    fields = dataclasses.asdict(record) if dataclasses.is_dataclass(record) else record
+    return json.dumps(fields, ensure_ascii=False, sort_keys=True)

@@ -214,7 +214,7 @@ class WriteJsonLines(beam.PTransform):
 
         def to_line(record) -> str:
             count(counter_name)
-            return record.to_json() if hasattr(record, "to_json") else records.json_line(record)
+            return records.json_line(record)
 
         return (
             dicts
