@@ -53,10 +53,19 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_config(ReportConfig, argv, "python -m eval.all", __doc__.split("\n\n")[0],
                                    passthrough=True)
-    from apache_beam.io.filesystems import FileSystems  # the jobs' libraries load once the flags are parsed
+    from pipeline.published import Run  # the jobs' libraries load once the flags are parsed
+
+    check_encoder_specs(args.methods.specs())
+    with Run.open(args.data).reading():   # a reader's lease: no pipeline.run --overwrite replaces it meanwhile
+        return _evaluate(args, beam_args)
+
+
+def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
+    from apache_beam.io.filesystems import FileSystems
 
     from eval import scb, sick, triplets
     from eval.report import (
+        claim_report_folder,
         learning_curves_figure,
         scb_markdown,
         sick_markdown,
@@ -67,9 +76,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 
-    check_encoder_specs(args.methods.specs())
     scb.check_scb_input(args.data)
     sick_splits = sick.read_sick(args.sick) if args.sick else None
+    claim_report_folder(args.output)
     seconds: dict[str, float] = {}
     sections: list[str] = []
 

@@ -272,7 +272,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if spec == "from-model":
         spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
     (encoder,) = load_encoders([spec])
-    results = evaluate(config, encoder)
+    from eval.report import claim_report_folder
+    from pipeline.published import reading_if_run
+
+    with reading_if_run(config.passages):
+        claim_report_folder(config.output)
+        results = evaluate(config, encoder)
     print(qs3m_markdown(results))
     print(f"QS3M results in {config.output} (qs3m.json, qs3m.md, qs3m-*.png)")
     return results

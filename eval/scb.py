@@ -53,6 +53,7 @@ from tqdm import tqdm  # noqa: E402
 from eval.intervals import comparisons, mean_interval  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
+from pipeline.published import ManifestError, Run  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
 
@@ -166,8 +167,8 @@ def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> 
 def scb_files(data: str) -> list[str]:
     """The SCB files of a pipeline run, from its manifest (a folder without one is refused)."""
     try:
-        return records.manifest_output(data, records.SCB)[0]
-    except records.ManifestError as error:
+        return Run.open(data).paths(records.SCB)
+    except ManifestError as error:
         raise FileNotFoundError(str(error)) from None
 
 
@@ -218,10 +219,10 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
 
 def check_scb_input(data: str) -> None:
     """A clear error naming the path when there is no SCB file to read, or when the files do not
-    hold the articles the manifest lists (`records.verify_output`: scoring part of them is refused)."""
+    hold the articles the manifest lists (`Run.verify`: scoring part of them is refused)."""
     if not scb_files(data):
         raise FileNotFoundError(f"{data}: the run's manifest lists no SCB file")
-    records.verify_output(data, records.SCB)
+    Run.open(data).verify(records.SCB)
 
 
 def remove_previous_rows(output: str) -> None:
@@ -304,8 +305,13 @@ def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[str] 
 
 def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
-    result = run(config, beam_args)
-    from eval.report import scb_markdown
+    from eval.report import claim_report_folder, scb_markdown
+
+    with Run.open(config.data).reading():
+        check_scb_input(config.data)
+        check_encoder_specs(config.methods.specs())
+        claim_report_folder(config.output)
+        result = run(config, beam_args)
 
     print(scb_markdown(result))
     print(f"report: {FileSystems.join(config.output, 'scb.md')} (+ scb.json, scb_ari.png, per-article rows in scb/)")

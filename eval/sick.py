@@ -245,8 +245,10 @@ def parse_args(argv: list[str] | None) -> SickConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
+    from eval.report import claim_report_folder, sick_markdown
+
+    claim_report_folder(config.output)
     result = run(config)
-    from eval.report import sick_markdown
 
     print(sick_markdown(result))
     print(f"SICK results in {config.output}")

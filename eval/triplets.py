@@ -23,6 +23,7 @@ from eval.intervals import comparisons, proportion_interval
 from model.encoders import Methods, check_encoder_specs, load_encoders
 from pipeline import records
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.published import Run, check_record_count
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 from pipeline.splits import SPLITS
 
@@ -129,10 +130,10 @@ def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
     verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplet_count(triplets):
-        raise ValueError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")
+        raise UsageError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")
     if not config.max_triplets:   # every record of the split parsed and scored
-        records.check_record_count(f"{config.data}/{config.dataset}/{config.split}", triplet_count(triplets),
-                                   records.manifest_output(config.data, f"{config.dataset}/{config.split}")[1])
+        check_record_count(f"{config.data}/{config.dataset}/{config.split}", triplet_count(triplets),
+                           Run.open(config.data).output(f"{config.dataset}/{config.split}").records)
     return triplets
 
 
@@ -167,10 +168,15 @@ def parse_args(argv: list[str] | None) -> TripletsConfig:
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
     check_encoder_specs(config.methods.specs())
-    result = run(config)
     from apache_beam.io.filesystems import FileSystems
 
-    from eval.report import triplets_markdown
+    from eval.report import claim_report_folder, triplets_markdown
+    from model.data import open_run
+
+    with open_run(config.data).reading():
+        triplets = read_test_triplets(config)
+        claim_report_folder(config.output)
+        result = run(config, triplets)
 
     print(triplets_markdown(result))
     print(f"report: {FileSystems.join(config.output, 'triplets.md')} (+ triplets.json, triplets_accuracy.png)")

@@ -1,10 +1,13 @@
-"""The trainer's own Keras callbacks, for what Keras' callbacks do not do: mirror a staged model
-dir's backups to the remote one, stop on a wall-clock budget, keep the best checkpoint's score
-across a resumed run, and record the learning curve. `model.train` imports this module when it
+"""The trainer's own Keras callbacks, for what Keras' callbacks do not do: write backups and the
+best checkpoint atomically, mirror a staged model dir's backups to the remote one, stop on a
+wall-clock budget, keep the best checkpoint's score across a resumed run, and record the
+learning curve. `model.train` imports this module when it
 trains (Keras loads then, not at `--help`)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 
 import keras
@@ -13,11 +16,92 @@ import tensorflow as tf
 from model.storage import TreeMirror
 
 
+def replace_whole(folder: str, write) -> None:
+    """Replaces the local folder `folder` whole or not at all, as Orbax and TF's CheckpointManager
+    replace a checkpoint: `write(partial)` fills `<folder>.partial/`, the current folder is renamed
+    `<folder>.previous`, the new one renamed into place, and only then the previous one deleted.
+    `recover_backup` undoes a kill between the two renames."""
+    partial, previous = f"{folder}.partial", f"{folder}.previous"
+    if os.path.isdir(partial):
+        shutil.rmtree(partial)
+    os.makedirs(partial)
+    write(partial)
+    if os.path.isdir(folder):
+        os.rename(folder, previous)
+    os.rename(partial, folder)
+    if os.path.isdir(previous):
+        shutil.rmtree(previous)
+
+
+def recover_backup(folder: str) -> None:
+    """Before a run reads `folder` (written by `replace_whole`): a kill between its two renames
+    left the last good one as `<folder>.previous`, which is put back; a half-written
+    `<folder>.partial` is removed."""
+    partial, previous = f"{folder}.partial", f"{folder}.previous"
+    if os.path.isdir(partial):
+        shutil.rmtree(partial)
+    if os.path.isdir(previous):
+        if os.path.isdir(folder):
+            shutil.rmtree(previous)
+        else:
+            os.rename(previous, folder)
+
+
+BACKUP_WEIGHTS = "latest.weights.h5"
+BACKUP_STATE = "training_state.json"   # {"epoch": epochs completed, "step": optimizer steps}
+
+
+def read_backup_state(folder: str) -> dict | None:
+    """The state a backup holds, or None without a (complete) backup."""
+    path = os.path.join(folder, BACKUP_STATE)
+    if not (os.path.exists(path) and os.path.exists(os.path.join(folder, BACKUP_WEIGHTS))):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+class AtomicBackup(keras.callbacks.Callback):
+    """Backs the training up every `every` steps and at each epoch's end: the weights (with the
+    optimizer's state and step) and the epochs completed, replaced whole (`replace_whole`).
+    Keras' BackupAndRestore writes `latest.weights.h5` in place, so a kill mid-write left a
+    truncated file that every rerun failed to load. The trainer restores a backup itself before
+    `fit` (`model.train.restored_state`) and deletes it once the export is complete."""
+
+    def __init__(self, folder: str, every: int):
+        super().__init__()
+        self.folder, self.every = folder, every
+        self.epochs_done = 0
+        self.since_backup = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs_done = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.since_backup += 1
+        if self.since_backup >= self.every:
+            self.back_up()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs_done = epoch + 1
+        self.back_up()
+
+    def back_up(self) -> None:
+        self.since_backup = 0
+        state = {"epoch": self.epochs_done, "step": int(self.model.optimizer.iterations.numpy())}
+
+        def write(partial):
+            self.model.save_weights(os.path.join(partial, BACKUP_WEIGHTS), overwrite=True)
+            with open(os.path.join(partial, BACKUP_STATE), "w") as handle:
+                json.dump(state, handle)
+
+        replace_whole(self.folder, write)
+
+
 class MirrorBackups(keras.callbacks.Callback):
-    """Pushes a staged model dir to its remote one as soon as BackupAndRestore writes a backup
+    """Pushes a staged model dir to its remote one as soon as AtomicBackup writes a backup
     (checked after every batch, a stat only), so a preempted job resumes from it; at each epoch's
     start it pushes what the previous epoch's callbacks wrote. Placed right after
-    BackupAndRestore, so a backup goes up before later callbacks run."""
+    AtomicBackup, so a backup goes up before later callbacks run."""
 
     def __init__(self, mirror: TreeMirror, backup: str = "backup"):
         super().__init__()
@@ -58,27 +142,36 @@ class TimeBudget(keras.callbacks.Callback):
             self.model.stop_training = self.stopped = True
 
 
-class BestCheckpoint(keras.callbacks.ModelCheckpoint):
+class BestCheckpoint(keras.callbacks.Callback):
     """Keeps `<directory>/best.weights.h5`, the weights of the best validation epoch, with its
     score in `best.json`: a resumed run starts from that score, so an epoch worse than one of the
-    killed run's never replaces its checkpoint (ModelCheckpoint alone forgets its best)."""
+    killed run's never replaces its checkpoint. Both are written to a temporary file and renamed
+    (ModelCheckpoint writes in place: a kill mid-write left a truncated best)."""
+
+    monitor = "val_triplet_accuracy"
 
     def __init__(self, directory: str):
-        score_path = f"{directory}/best.json"
-        previous_best = None
-        if tf.io.gfile.exists(score_path):
-            with tf.io.gfile.GFile(score_path) as handle:
-                previous_best = json.load(handle)["val_triplet_accuracy"]
-        super().__init__(f"{directory}/best.weights.h5", save_weights_only=True, monitor="val_triplet_accuracy",
-                         mode="max", save_best_only=True, initial_value_threshold=previous_best)
-        self.score_path = score_path
+        super().__init__()
+        self.directory = directory
+        self.filepath = os.path.join(directory, "best.weights.h5")
+        self.score_path = os.path.join(directory, "best.json")
+        self.best = float("-inf")
+        if os.path.exists(self.score_path):
+            with open(self.score_path) as handle:
+                self.best = json.load(handle)[self.monitor]
 
     def on_epoch_end(self, epoch, logs=None):
-        best_before = self.best
-        super().on_epoch_end(epoch, logs)
-        if self.best != best_before:
-            with tf.io.gfile.GFile(self.score_path, "w") as handle:
-                json.dump({"val_triplet_accuracy": float(self.best), "epoch": epoch + 1}, handle)
+        score = (logs or {}).get(self.monitor)
+        if score is None or not score > self.best:
+            return
+        self.best = float(score)
+        os.makedirs(self.directory, exist_ok=True)
+        partial = os.path.join(self.directory, "best.partial.weights.h5")
+        self.model.save_weights(partial, overwrite=True)
+        os.replace(partial, self.filepath)
+        with open(self.score_path + ".partial", "w") as handle:
+            json.dump({self.monitor: self.best, "epoch": epoch + 1}, handle)
+        os.replace(self.score_path + ".partial", self.score_path)
 
 
 class LearningCurve(keras.callbacks.Callback):

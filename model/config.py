@@ -147,7 +147,7 @@ class RuntimeConfig:
                                            "XLA-compiled step a TPU needs; implies --jit-compile true")
     budget_minutes: float | None = flag(None, help="wall-clock training budget; stops after the current step, "
                                                    "still validates that epoch")
-    checkpoint_every: int = flag(50, help="steps between BackupAndRestore backups (and TensorBoard scalars)")
+    checkpoint_every: int = flag(50, help="steps between backups (and TensorBoard scalars)")
     serving_version: int | None = flag(None, help="also export the encoder to <model-dir>/serving/N, the "
                                                   "numbered version folder TensorFlow Serving loads")
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")

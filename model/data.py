@@ -17,6 +17,7 @@ import tensorflow as tf
 from model.text import WordIds, pad_ids, tokenize_graph
 from pipeline import records
 from pipeline.cli import DataLossError, UsageError
+from pipeline.published import MANIFEST, ManifestError, Run
 from pipeline.records import ROLES, FeatureType
 
 LOG = logging.getLogger(__name__)
@@ -47,29 +48,38 @@ def list_shards(data: str, dataset: str, split: str) -> list[str]:
     return _manifest_entry(data, dataset, split)[0]
 
 
+def open_run(data: str) -> Run:
+    """`Run.open`, with the trainer's error (a TripletDataError naming the folder)."""
+    try:
+        return Run.open(data)
+    except ManifestError as error:
+        raise TripletDataError(str(error)) from None
+
+
 def verify_split(data: str, dataset: str, split: str, max_lost_fraction: float = 0.0) -> int:
-    """`records.verify_output` of one split (every shard there, of its size and record count),
-    with the trainer's error for a run folder that lacks the split. Returns the records lost."""
+    """`Run.verify` of one split (every shard there, of its size and record count), with the
+    trainer's error for a run folder that lacks the split. Returns the records lost."""
     _manifest_entry(data, dataset, split)
-    return records.verify_output(data, f"{dataset}/{split}", max_lost_fraction)
+    return Run.open(data).verify(f"{dataset}/{split}", max_lost_fraction)
 
 
 def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int]:
     """(shard paths, records written) of the split, from the run's manifest, whose triplets must
     carry the features training reads, of the types it parses."""
     try:
-        entry = records.manifest_output(data, f"{dataset}/{split}")
-        written = records.manifest_triplet_features(data)
-    except records.ManifestError as error:
+        run = Run.open(data)
+        paths, expected = run.paths(f"{dataset}/{split}"), run.output(f"{dataset}/{split}").records
+    except ManifestError as error:
         hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
                 if dataset.startswith("triplets-sen-") else "")
         raise TripletDataError(f"{error}{hint}") from None
+    written = run.manifest.triplet_features
     differing = [f"{name} ({written.get(name, 'missing')})" for name in FEATURES
                  if written.get(name) != records.TRIPLET_FEATURES[name]]
     if differing:
-        raise TripletDataError(f"{data}/{records.MANIFEST}: its triplets carry {', '.join(differing)}, not as "
+        raise TripletDataError(f"{data}/{MANIFEST}: its triplets carry {', '.join(differing)}, not as "
                                "this code parses them; rerun the pipeline with this version")
-    return entry
+    return paths, expected
 
 
 def _beam_records(path: bytes):

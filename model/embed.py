@@ -22,6 +22,7 @@ their sentences.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -51,6 +52,8 @@ class EmbedConfig:
     id_field: str = flag("id", help="JSON lines: the field holding its id")
     min_batch: int = flag(32, help="smallest batch RunInference forms")
     max_batch: int = flag(512, help="largest batch RunInference forms")
+    overwrite: bool = flag(False, help="replace the embeddings an earlier model.embed wrote to --output; a folder "
+                                       "holding anything else is refused either way")
 
     def __post_init__(self):
         if bool(self.input) == bool(self.data):
@@ -75,8 +78,10 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from model.embedding_cache import parquet_schema  # noqa: E402
+from model.storage import claim_folder  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
+from pipeline.published import Run  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
 
@@ -129,7 +134,7 @@ class SentencesOfLinesFn(beam.DoFn):
 def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> tuple[beam.PCollection, beam.PCollection]:
     """(id, text) pairs of every input sentence, and the dead letters of lines set aside."""
     if args.data:
-        files = records.manifest_output(args.data, args.source)[0]
+        files = Run.open(args.data).paths(args.source)
         lines = (pipeline
                  | "ListRecords" >> beam.Create(files)
                  | "ReadRecords" >> beam.io.ReadAllFromText(with_filename=True))
@@ -200,18 +205,25 @@ def parse_args(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
     args, beam_args = parse_flags(argv)
     if args.input and not FileSystems.match([args.input])[0].metadata_list:
         raise UsageError(f"--input {args.input} matches no file")
-    if args.data:
-        records.verify_output(args.data, args.source)     # a published run holding the whole source
     return args, beam_args
+
+
+# What model.embed writes into --output (Beam's temp folders included): a rerun with --overwrite
+# deletes these and nothing else.
+WRITES = ("embeddings-", f"{DEAD_LETTERS}-", "beam-temp-")
 
 
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_args(argv)
-    dim = embedding_width(args.model_dir)     # a missing encoder is FileNotFoundError: one line, exit 2
-    pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
-    build(pipeline, args, dim)
-    result = pipeline.run()
-    result.wait_until_finish()
+    with Run.open(args.data).reading() if args.data else contextlib.nullcontext():   # a lease while reading it
+        if args.data:
+            Run.open(args.data).verify(args.source)     # a published run holding the whole source
+        dim = embedding_width(args.model_dir)     # a missing encoder is FileNotFoundError: one line, exit 2
+        claim_folder(args.output, "model.embed", WRITES, "--output", args.overwrite)
+        pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+        build(pipeline, args, dim)
+        result = pipeline.run()
+        result.wait_until_finish()
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)
     totals = job_totals(result)

@@ -231,4 +231,13 @@ class ExportableEncoder(tf.Module):
         return {"embeddings": self.sentence_encoder(self.word_ids(sentences), training=False)}
 
     def export(self, path: str) -> None:
-        tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
+        """Saves the SavedModel to `path` whole or not at all: written to `<path>.partial`, then
+        renamed into place, so a kill mid-export leaves the previous export (or none), never a
+        half-written one."""
+        partial = f"{path}.partial"
+        if tf.io.gfile.exists(partial):
+            tf.io.gfile.rmtree(partial)
+        tf.saved_model.save(self, partial, signatures={"serving_default": self.serve})
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.rmtree(path)
+        tf.io.gfile.rename(partial, path)

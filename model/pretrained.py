@@ -2,7 +2,8 @@
 
     python -m model.pretrained --model-dir DIR [--encoder minilm] [--max-tokens 64]
 
-Writes `DIR/encoder` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}), the very export
+Claims DIR as its own (`claim.json`: a trained model dir, or any folder holding other files, is
+refused) and writes `DIR/encoder` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}), the very export
 `model.train --encoder minilm` writes after fine-tuning, with zero training steps: the
 off-the-shelf baseline is scored through the same graph (tokenizer, backbone, mean pooling) as
 the fine-tuned model, with no PyTorch. `model.encoders`' `minilm` spec (sentence-transformers)
@@ -22,6 +23,8 @@ class PretrainedConfig:
     model_dir: str = flag(help="where encoder/ goes (local or gs://)")
     encoder: str = flag("minilm", help="the checkpoint: minilm (all-MiniLM-L6-v2)")
     max_tokens: int = flag(64, help="wordpieces kept per sentence, [CLS] and [SEP] included (as the trainer's)")
+    overwrite: bool = flag(False, help="replace the export an earlier model.pretrained wrote there; a folder "
+                                       "holding anything else (a trained model) is refused either way")
 
     def __post_init__(self):
         if self.encoder not in ENCODERS or self.encoder == "bilstm":
@@ -33,9 +36,10 @@ class PretrainedConfig:
 def main(argv: list[str] | None = None) -> str:
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
     from model.network import ExportableEncoder
-    from model.storage import staged
+    from model.storage import claim_folder, staged
     from model.transformer import build_transformer_encoder, token_ids
 
+    claim_folder(config.model_dir, "model.pretrained", ("encoder",), "--model-dir", config.overwrite)
     with staged(config.model_dir) as (model_dir, _):
         ExportableEncoder(token_ids(config.max_tokens, config.encoder),
                           build_transformer_encoder(config.encoder), similarity="cosine").export(f"{model_dir}/encoder")

@@ -1,6 +1,6 @@
 """Remote model dirs (gs:// or any other Beam scheme) staged in a local directory.
 
-Keras and TensorFlow write a model dir (weights, BackupAndRestore backups, TensorBoard logs,
+Keras and TensorFlow write a model dir (weights, backups, TensorBoard logs,
 SavedModels) through `tf.io.gfile`, whose GCS filesystem has a hard-wired endpoint: it has no
 endpoint override, ignores `STORAGE_EMULATOR_HOST` and calls www.googleapis.com, so it cannot
 be pointed at `gcp-storage-emulator`. Beam's `FileSystems` is the project's one storage layer
@@ -13,6 +13,7 @@ Files are copied byte for byte (no compression by extension: `.gz` stays gzip).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -144,3 +145,53 @@ def staged(path: str, push: bool = True):
         finally:
             if push:
                 mirror.push()
+
+
+# What a command that writes a folder (not the trainer: `model.train.claim_model_dir`) records
+# there, so that another command, or a rerun, knows whose the folder is.
+CLAIM_FILE = "claim.json"
+
+
+def _top_level_entries(path: str) -> list[str]:
+    if not is_remote(path):
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return sorted({relative.split("/", 1)[0] for relative in list_tree(path)})
+
+
+def claim_folder(path: str, command: str, writes: tuple[str, ...], flag: str, overwrite: bool | None) -> None:
+    """Claims the folder `path` for `command`, which writes entries whose names start with one
+    of `writes`, as `model.train` claims its model dir: a folder holding anything else, or
+    another command's output (no `claim.json` of `command`), is refused (a UsageError naming
+    `flag`), before any work, with or without `overwrite`. `overwrite` None: the command
+    replaces its own files as it writes (an eval report); False: a folder with its earlier
+    output is refused; True: that output is deleted first (only the entries `writes` names)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipeline.cli import UsageError
+    from pipeline.outputs import check_output_path, write_bytes
+
+    check_output_path(path, flag)
+    if not is_remote(path) and os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a file, not a folder")
+    if not is_remote(path) and any(os.path.islink(os.path.join(path, name)) for name in _top_level_entries(path)):
+        raise UsageError(f"{flag} {path} holds a symbolic link; {command} never writes one: choose another folder")
+    root = path.rstrip("/")
+    found = _top_level_entries(path)
+    entries = [name for name in found if name != CLAIM_FILE]
+    owner = None
+    if CLAIM_FILE in found:
+        with contextlib.suppress(ValueError, OSError):
+            with FileSystems.open(f"{root}/{CLAIM_FILE}") as handle:
+                owner = json.loads(handle.read()).get("command")
+    foreign = [name for name in entries if not name.startswith(writes)]
+    if entries and (foreign or owner != command):
+        raise UsageError(f"{flag} {path} holds files {command} does not write ({', '.join((foreign or entries)[:3])})"
+                         "; choose an empty or new folder")
+    if entries and overwrite is False:
+        raise UsageError(f"{flag} {path} already holds the output of an earlier {command} ({', '.join(entries[:3])})"
+                         "; pass --overwrite true to replace it, or choose an empty or new folder")
+    if entries and overwrite:
+        FileSystems.delete([f"{root}/{name}" for name in entries])
+    if not is_remote(path):
+        os.makedirs(path, exist_ok=True)
+    write_bytes(f"{root}/{CLAIM_FILE}", json.dumps({"command": command, "pid": os.getpid()}).encode())

@@ -4,8 +4,10 @@
         [--embeddings GLOVE.txt] [--epochs N] [--steps N] [--batch-size N]
         [--distribution-strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
 
-Writes into the model dir: `vocabulary.txt`, `backup/` (BackupAndRestore: a killed job resumes
-from its last backup, at the step it holds), `checkpoints/best.{weights.h5,json}` (the best
+Writes into the model dir: `vocabulary.txt`, `backup/` (`model.callbacks.AtomicBackup`, replaced
+whole every `--checkpoint-every` steps: a killed job resumes from its last backup, at the step it
+holds; it is deleted once the export is complete, so a job killed between training and export
+resumes at the export), `checkpoints/best.{weights.h5,json}` (the best
 validation epoch, which is tested and exported), `logs/` (TensorBoard), `history.json`,
 `training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}).
 
@@ -20,7 +22,7 @@ from each start.
 A remote model dir (`gs://...`, any Beam FileSystems scheme) is staged in a local directory
 (`model.storage`: TensorFlow's GCS filesystem cannot reach the emulator the tests use, Beam's
 FileSystems can): its contents are downloaded first, so a preempted job resumes from its backup;
-every new backup is mirrored up as soon as BackupAndRestore writes it (with the previous epoch's
+every new backup is mirrored up as soon as it is written (with the previous epoch's
 checkpoint and logs); everything is uploaded at the end.
 """
 from __future__ import annotations
@@ -49,6 +51,7 @@ from model.data import (  # noqa: E402
     count_records,
     count_words,
     distributed_by_blocks,
+    open_run,
     training_batches,
     triplet_sample,
     triplet_strings,
@@ -59,7 +62,7 @@ from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
-from pipeline import records  # noqa: E402
+from pipeline.published import MANIFEST  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -128,9 +131,8 @@ def worker_temp_dir(strategy: tf.distribute.Strategy):
 
 
 # What a non-chief worker copies from the chief's model dir into its own before training: a
-# restarted job resumes every worker from the chief's backup and best-epoch score (Keras 3's
-# BackupAndRestore, unlike Keras 2's, has no multi-worker logic of its own).
-RESUME_ENTRIES = ("backup", "checkpoints")
+# restarted job resumes every worker from the chief's backup and best-epoch score.
+RESUME_ENTRIES = ("backup", "checkpoints")   # BACKUP, and BestCheckpoint's folder
 
 
 # What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
@@ -138,11 +140,20 @@ RESUME_ENTRIES = ("backup", "checkpoints")
 STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_count", "num_oov_buckets", "max_tokens")
 
 
+# Flags a resumed run may change: how long and how loudly it runs, and checks; any other change
+# (batch size, learning rate, network...) would continue the backup as another run than
+# history.json says, so it is refused unless --overwrite.
+RESUME_MAY_CHANGE = ("model_dir", "overwrite", "budget_minutes", "progress", "serving_version", "epochs",
+                     "patience", "max_lost_fraction", "jit_compile", "checkpoint_every")
+
 # What a training run writes into its model dir, and only that: `--overwrite` deletes these and
 # nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
 CLAIM = "inputs.json"
-RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", "backup", "checkpoints", "logs", "history.json",
-               "training_curve.png", "learning_curve.png", "encoder", "serving", "model")
+BACKUP = "backup"
+FIT_RECORD = "fit.json"   # in the backup, once `fit` returned: its history, for a rerun that only exports
+RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", BACKUP, f"{BACKUP}.partial", f"{BACKUP}.previous",
+               "checkpoints", "logs", "history.json", "training_curve.png", "learning_curve.png", "encoder",
+               "encoder.partial", "serving", "model", "model.partial")
 
 
 def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
@@ -155,10 +166,11 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
 
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(f"{config.inputs.data.rstrip('/')}/{records.MANIFEST}") as handle:
+    with FileSystems.open(f"{config.inputs.data.rstrip('/')}/{MANIFEST}") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
     flags = config.flags()
-    inputs = {**{name: flags[name] for name in STATE_INPUTS}, "manifest_sha256": digest}
+    inputs = {**{name: flags[name] for name in STATE_INPUTS}, "manifest_sha256": digest,
+              "flags": {name: value for name, value in flags.items() if name not in RESUME_MAY_CHANGE}}
     path = f"{model_dir}/{CLAIM}"
     leftovers = [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)] if tf.io.gfile.exists(model_dir) else []
     foreign = [name for name in leftovers if name not in RUN_ENTRIES]
@@ -173,13 +185,21 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
         leftovers = []
     if leftovers:
         previous = json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
-        changed = [name for name in inputs if previous.get(name) != inputs[name]]
+        changed = [name for name in STATE_INPUTS + ("manifest_sha256",) if previous.get(name) != inputs[name]]
         if changed:
             name = changed[0]
             raise TripletDataError(
                 f"--model-dir {config.runtime.model_dir} holds a run on other inputs ({name}: "
                 f"{previous.get(name)!r} -> {inputs[name]!r}); pass --overwrite true to start over, or use a new "
                 "--model-dir")
+        before = previous.get("flags", inputs["flags"])
+        differing = [f"--{name.replace('_', '-')} {before.get(name)} -> {value}" for name, value in
+                     inputs["flags"].items() if name not in STATE_INPUTS and before.get(name) != value]
+        if differing:
+            raise TripletDataError(
+                f"--model-dir {config.runtime.model_dir} holds a run with other flags ({', '.join(differing)}); "
+                "resuming it so would train another run than its history records: pass the same flags, "
+                "--overwrite true to start over, or a new --model-dir")
     tf.io.gfile.makedirs(model_dir)
     with tf.io.gfile.GFile(path, "w") as handle:
         json.dump(inputs, handle, indent=2)
@@ -308,16 +328,19 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
     return correct / max(total, 1.0)
 
 
-def restored_step(model, backup_dir: str) -> int:
-    """The training step a killed run's backup holds (0 without one). Read before `fit` so the
-    training stream can continue at the first batch not yet trained on; BackupAndRestore, which
-    restores only weights and the epoch, loads the same backup again when `fit` begins."""
-    backup = f"{backup_dir}/latest.weights.h5"
-    if not tf.io.gfile.exists(backup):
-        return 0
+def restored_state(model, backup_dir: str) -> tuple[int, int]:
+    """(optimizer step, epochs completed) of a killed run's backup, loaded into `model` (the
+    weights and the optimizer's state); (0, 0) without one. Read before `fit` so the training
+    stream continues at the first batch not yet trained on."""
+    from model.callbacks import BACKUP_WEIGHTS, read_backup_state, recover_backup
+
+    recover_backup(backup_dir)
+    state = read_backup_state(backup_dir)
+    if state is None:
+        return 0, 0
     model.optimizer.build(model.trainable_variables)
-    model.load_weights(backup)
-    return int(model.optimizer.iterations.numpy())
+    model.load_weights(f"{backup_dir}/{BACKUP_WEIGHTS}")
+    return int(model.optimizer.iterations.numpy()), int(state["epoch"])
 
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
@@ -325,9 +348,11 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     import keras
 
     keras.utils.set_random_seed(config.runtime.seed)
+    run = open_run(config.inputs.data)
     strategy = make_strategy(config.runtime.distribution_strategy)
     chief = is_chief(strategy)
-    with staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
+    # A reader's lease on the data for the whole run: no pipeline.run --overwrite replaces it meanwhile.
+    with run.reading(), staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
         if chief:
             return _train(config, strategy, model_dir, mirror, extra_callbacks)
         with worker_temp_dir(strategy) as own_dir:
@@ -340,7 +365,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     import keras
 
-    from model.callbacks import BestCheckpoint, LearningCurve, MirrorBackups, TimeBudget
+    from model.callbacks import AtomicBackup, BestCheckpoint, LearningCurve, MirrorBackups, TimeBudget
     from model.network import ExportableEncoder
 
     inputs, optimizer, runtime = config.inputs, config.optimizer, config.runtime
@@ -377,7 +402,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     with strategy.scope():
         encoder, model = build_models(config, matrix, global_batch)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
-    step = restored_step(model, f"{model_dir}/backup")
+    backup = f"{model_dir}/{BACKUP}"
+    step, epochs_done = restored_state(model, backup)
     train_batches = split_batches(config, "train", word_ids, strategy.num_replicas_in_sync, resume_at_step=step)
     if step:
         LOG.info("resuming from the backup at step %d", step)
@@ -386,8 +412,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     curve = LearningCurve(global_batch)
     best = BestCheckpoint(f"{model_dir}/checkpoints")
     budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
-    callbacks = [  # BackupAndRestore first: the others must see the restored state
-        keras.callbacks.BackupAndRestore(f"{model_dir}/backup", save_freq=runtime.checkpoint_every),
+    callbacks = [
+        AtomicBackup(backup, runtime.checkpoint_every),
         *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
@@ -397,9 +423,21 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         *([budget] if budget else []),
         *(extra_callbacks or []),
     ]
-    fit = model.fit(train_batches, validation_data=validation_batches, epochs=optimizer.epochs,
-                    initial_epoch=step // optimizer.steps if optimizer.steps else 0,
-                    steps_per_epoch=optimizer.steps, callbacks=callbacks, verbose=1 if runtime.progress else 2)
+    fitted = f"{backup}/{FIT_RECORD}"
+    if os.path.exists(fitted):   # a run killed after training, before its export: straight to test and export
+        LOG.info("training was complete in the backup (%s); testing and exporting it", fitted)
+        with open(fitted) as handle:
+            fit_record = json.load(handle)
+    else:
+        fit = model.fit(train_batches, validation_data=validation_batches, epochs=optimizer.epochs,
+                        initial_epoch=step // optimizer.steps if optimizer.steps else epochs_done,
+                        steps_per_epoch=optimizer.steps, callbacks=callbacks, verbose=1 if runtime.progress else 2)
+        fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
+                      "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points}
+        os.makedirs(backup, exist_ok=True)
+        with open(f"{fitted}.partial", "w") as handle:
+            json.dump(fit_record, handle)
+        os.replace(f"{fitted}.partial", fitted)
     # tested and exported: the best validation epoch, of this run or a killed one
     if tf.io.gfile.exists(best.filepath):
         model.load_weights(best.filepath)
@@ -415,7 +453,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     if any(skipped.values()):
         LOG.warning("records lost or unparseable per split of %s/%s: %s", inputs.data, inputs.dataset, counts)
     check_lost_records(config, counts)
-    history = {key: [float(v) for v in values] for key, values in fit.history.items()}
+    history = fit_record["history"]
     summary = {
         **history,
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
@@ -427,8 +465,8 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
         "test_loss": float(test["loss"]),
         "epochs_run": len(history["loss"]),
-        "stopped_by_budget": bool(budget and budget.stopped),
-        "learning_curve": curve.points,
+        "stopped_by_budget": fit_record["stopped_by_budget"],
+        "learning_curve": fit_record["learning_curve"],
         "vocabulary_size": len(vocabulary) if vocabulary else None,
         "skipped_records": skipped,
         "record_counts": counts,
@@ -450,6 +488,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
             json.dump(summary, handle, indent=2)
         plot_history(summary, f"{model_dir}/training_curve.png")
         plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
+    shutil.rmtree(backup, ignore_errors=True)   # only now: a kill before this point resumes at the export
     LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
              summary["test_triplet_accuracy"], runtime.model_dir)

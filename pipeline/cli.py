@@ -7,6 +7,7 @@ A command's `main(argv)` does the work; `run_cli(main)` is its shell face:
 * data lost while the job ran (`DataLossError`: a run that finished but lost more of its
   input than allowed) is one line `error: ...`, exit status 1, after the outputs and stats
   that explain it were written;
+* Ctrl-C is one line `interrupted`, exit status 130, after the command released what it held;
 * anything else is a bug and keeps its traceback.
 
 Every command's flags come from one config dataclass (`config_parser`): a field is a flag spelt
@@ -44,6 +45,9 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str] | None = None) 
     except DataLossError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # Ctrl-C: the command's own cleanup ran on the way out (locks released)
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

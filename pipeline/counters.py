@@ -23,8 +23,9 @@ PAGES_NON_ARTICLE = "pages_non_article"
 PAGES_REDIRECT = "pages_redirect"
 PARSE_ERRORS = "parse_errors"
 PARAGRAPHS_TOO_LONG = "pages_paragraph_too_long"   # a paragraph longer than the sentence splitter takes
+PAGES_DUPLICATE_ID = "pages_duplicate_id"   # a second page with an id already read (set aside as a dead letter)
 PAGE_OUTCOMES = (ARTICLES_USED, ARTICLES_TOO_FEW_SECTIONS, PAGES_NON_ARTICLE, PAGES_REDIRECT, PARSE_ERRORS,
-                 PARAGRAPHS_TOO_LONG)
+                 PARAGRAPHS_TOO_LONG, PAGES_DUPLICATE_ID)
 
 # Triplets: every slot (positive pair x neighbouring section) gives a triplet or is counted unfilled.
 TRIPLET_SLOTS = "triplet_slots"

@@ -403,10 +403,18 @@ def read_dump_header(path: str) -> bytes:
 def check_input(file_pattern: str, index: str | None = None) -> list[str]:
     """The dump files the pattern names, after checking each is a MediaWiki dump with pages.
 
-    Raises DumpInputError naming the path: nothing matches, not a MediaWiki dump, no pages,
-    or an `index` that does not exist or that is given for more than one dump file.
+    Raises DumpInputError naming the path: nothing matches, two files are one dump compressed
+    and not, not a MediaWiki dump, no pages, or an `index` that does not exist or that is given
+    for more than one dump file.
     """
     paths = [path for path, _ in match_dump_files(file_pattern)]
+    same_dump: dict[str, str] = {}
+    for path in paths:   # `wiki.xml*` matching wiki.xml and wiki.xml.bz2 would read every page twice
+        stem = path.removesuffix(".bz2").removesuffix(".gz")
+        if stem in same_dump:
+            raise DumpInputError(f"{file_pattern!r} matches {same_dump[stem]} and {path}, the same dump compressed "
+                                 "and not: every page would be read twice; give one of them")
+        same_dump[stem] = path
     for path in paths:
         read_dump_header(path)
     if index is not None:

@@ -1,57 +1,73 @@
 """One run owns its `--output` folder: claimed at the start, published by a manifest at the end.
 
-* `claim_output` refuses a folder that already holds a run (or anything else) unless
-  `--overwrite`, which deletes what a run of this pipeline writes and only that; it then
-  writes the `_RUNNING` lock, so a second run started into the same folder refuses too.
-* `publish_manifest` writes `manifest.json` (`records.MANIFEST`) last: every shard of every
-  output with the record count the run's counters give. Readers (the trainer, eval) list
-  shards from it, so a folder without one (a run that died, or still runs) is refused, and
-  files left by anything else are never read. Then the lock is removed.
+* `claim_output` refuses a folder that holds anything but a previous run of this pipeline, and
+  one that holds a run unless `--overwrite`. What `--overwrite` deletes is exactly what the
+  previous run lists as its own: the files of its manifest (`pipeline.published.Manifest`), or,
+  for a run that ended unpublished or was killed, the files its record (`_UNPUBLISHED`, or its
+  stale `_RUNNING` lock) names: its top-level files and what Beam's sinks wrote in its output
+  folders (`part-*`, `beam-temp-part-*`). Nothing is deleted because of its name alone: a
+  folder `triplets-sen-backup` of the user's is a file no run lists, so the folder is refused.
+  A symbolic link anywhere in the folder is refused before anything is deleted.
+* The `_RUNNING` lock is written whole in one step (a temporary file, then `os.link`), under
+  an exclusive `flock` of the folder while the claim decides, so of two runs one gets it; it
+  records the run's pid, host, output folders and files. A reader's live lease
+  (`pipeline.published.Run.reading`) makes `--overwrite` refuse: no reader sees two runs' data.
+* `publish_manifest` writes `manifest.json` last: every shard of every output with its size and
+  the record count the run's counters give, read back from the files. Then the lock goes. A run
+  that ends without publishing (`end_unpublished`) writes `_UNPUBLISHED` (what it wrote) and
+  removes its lock.
 
 Beam's file sinks already write each output to a temp folder and rename it into place when the
 step finishes; the manifest makes the whole run appear at once.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 
-from pipeline import records
 from pipeline.cli import UsageError
+from pipeline.published import (
+    LOCK,
+    MANIFEST,
+    MANIFEST_VERSION,
+    READERS,
+    Manifest,
+    ManifestError,
+    Output,
+    Shard,
+    ShardError,
+    check_record_count,
+    count_shard_records,
+    live_lock_owner,
+    live_readers,
+    read_bytes,
+    write_complete,
+)
+from pipeline.records import TRIPLET_FEATURES
 
-LOCK = "_RUNNING"
 STATS = "stats.json"
 TRIPLETS_PLOT = "triplets.png"
 LOG = "pipeline.log"   # Beam's log of a local run (`pipeline.progress`)
-# Top-level files and folders a run writes, besides its `triplets-*` dataset folders.
-RUN_FILES = (records.MANIFEST, STATS, TRIPLETS_PLOT, LOG, LOCK)
-RUN_FOLDERS = (records.SCB, records.PASSAGES, records.DEAD_LETTERS)
+UNPUBLISHED = "_UNPUBLISHED"   # what a run that ended without a manifest wrote
+RUN_FILES = (STATS, TRIPLETS_PLOT, LOG)   # a run's top-level files besides its outputs and manifest
+SINK_PREFIXES = ("part-", "beam-temp-part-")   # what Beam's sinks name in an output folder
+GLOB_CHARACTERS = "*?[]{}"
 
 
 class OutputInUseError(UsageError):
-    """The output folder holds another run's files, or a run is writing to it."""
+    """The output folder holds another run's files, or a run is writing to it, or a reader reads it."""
 
 
-def _entries(out: str) -> list[str]:
-    """Names directly under `out` (files and first-level folders), local or remote."""
-    from apache_beam.io.filesystems import FileSystems
-
-    if not FileSystems.exists(out):
-        return []
-    if "://" not in out:
-        return sorted(os.listdir(out))
-    names = {meta.path[len(out) + 1:].split("/", 1)[0] for meta in FileSystems.match([f"{out}/**"])[0].metadata_list}
-    return sorted(names)
-
-
-def read_bytes(path: str) -> bytes:
-    """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as handle:
-        return handle.read()
+def check_output_path(out: str, flag: str = "--output") -> None:
+    """Refuses a path with glob characters: Beam's FileSystems would read them as a pattern."""
+    found = sorted({char for char in out if char in GLOB_CHARACTERS})
+    if found:
+        raise OutputInUseError(f"{flag} {out}: the path holds {' '.join(found)}, which Beam reads as a glob "
+                               "pattern; choose a path without them")
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -64,16 +80,89 @@ def write_bytes(path: str, data: bytes) -> None:
         handle.write(data)
 
 
-def claim_output(out: str, overwrite: bool) -> None:
-    """Checks the folder is free (or, with `overwrite`, clears a previous run's files) and writes
-    the lock. Raises OutputInUseError naming the folder before any work is done."""
+def _files(out: str) -> list[str]:
+    """Every file under `out`, relative, with `/`; OutputInUseError naming a symbolic link."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if "://" in out:
+        prefix = out + "/"
+        return sorted(meta.path[len(prefix):] for meta in FileSystems.match([f"{prefix}**"])[0].metadata_list)
+    found = []
+    for folder, names, files in os.walk(out):
+        for name in names + files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                raise OutputInUseError(f"--output {out}: {os.path.relpath(path, out)} is a symbolic link; a run "
+                                       "never writes one, so nothing is replaced: remove it or choose another folder")
+        found += [os.path.relpath(os.path.join(folder, name), out).replace(os.sep, "/") for name in files]
+    return sorted(found)
+
+
+def _record_of(out: str, name: str) -> dict:
+    try:
+        record = json.loads(read_bytes(f"{out}/{name}") or b"{}")
+    except (ValueError, OSError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def listed_files(out: str, files: list[str]) -> set[str]:
+    """The files of `files` (all under `out`) that the previous run there lists as its own."""
+    listed: set[str] = set()
+    present = set(files)
+    if MANIFEST in present:
+        try:
+            listed |= set(Manifest.parse(read_bytes(f"{out}/{MANIFEST}"), f"{out}/{MANIFEST}").written_files())
+        except ManifestError as error:
+            raise OutputInUseError(f"--output {out}: its previous run's manifest is not valid, so what that run "
+                                   f"wrote is unknown and nothing is replaced ({error})") from None
+    for record_name in (UNPUBLISHED, LOCK):
+        if record_name not in present:
+            continue
+        record = _record_of(out, record_name)
+        folders = [folder for folder in record.get("folders", []) if isinstance(folder, str)]
+        listed |= {record_name, *(name for name in record.get("files", []) if name in present)}
+        listed |= {path for path in files for folder in folders
+                   if path.startswith(folder + "/") and path[len(folder) + 1:].startswith(SINK_PREFIXES)}
+    return listed & present
+
+
+@contextlib.contextmanager
+def _claiming(out: str) -> Iterator[bool]:
+    """An exclusive `flock` of the local folder while a claim decides (yields whether this call
+    created the folder); nothing for a remote one."""
+    if "://" in out:
+        yield False
+        return
+    import fcntl
+
+    created = not os.path.exists(out)
+    os.makedirs(out, exist_ok=True)
+    handle = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield created
+    finally:
+        os.close(handle)
+
+
+def claim_output(out: str, overwrite: bool, folders: list[str]) -> None:
+    """Checks the folder is free (or, with `overwrite`, clears the previous run's files) and writes
+    the lock naming `folders`, the output folders this run writes. Raises OutputInUseError naming
+    the folder before anything is written."""
+    check_output_path(out)
     if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
         raise OutputInUseError(f"--output {out} is a file, not a folder")
+    created = False
     try:
-        _claim(out, overwrite)
+        with _claiming(out) as created:
+            _claim(out, overwrite, folders)
     except PermissionError as err:
         raise OutputInUseError(f"--output {out} is not writable ({err.strerror})") from err
     except OutputInUseError:
+        if created:   # a refused claim leaves nothing behind
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
         raise
     except Exception as err:   # a remote store that cannot be reached: no credentials, no such bucket
         if "://" not in out:
@@ -82,97 +171,101 @@ def claim_output(out: str, overwrite: bool) -> None:
                                f"{str(err).splitlines()[0][:300] if str(err) else ''}") from err
 
 
-def live_lock_owner(out: str) -> str | None:
-    """'pid N on HOST' when the folder's lock belongs to a process that is alive (or that runs on
-    another host, which cannot be checked from here); None for a stale lock of a dead process."""
+def _claim(out: str, overwrite: bool, folders: list[str]) -> None:
+    owner = live_lock_owner(out)
+    if owner:   # never replaced, even with --overwrite: the run writing there would crash or be mixed
+        raise OutputInUseError(f"--output {out} is being written by another run ({owner}, its {LOCK} lock); "
+                               "wait for it or choose another folder")
+    files = [path for path in _files(out) if not path.startswith(READERS + "/")]
+    previous = listed_files(out, files)
+    others = [path for path in files if path not in previous]
+    if others:
+        raise OutputInUseError(f"--output {out} holds files no run of this pipeline lists as its own "
+                               f"({', '.join(others[:3])}); choose an empty or new folder")
+    if files and not overwrite:
+        what = "a stale lock of a run that died" if LOCK in files else "a run"
+        raise OutputInUseError(f"--output {out} already holds {what} ({', '.join(files[:3])}...); pass "
+                               "--overwrite to replace it, or choose an empty or new folder")
+    lock = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       "folders": folders, "files": list(RUN_FILES)}).encode()
+    if LOCK in files:   # stale (checked above), replaced under the folder's flock
+        _delete_files(out, [LOCK])
     try:
-        owner = json.loads(read_bytes(f"{out}/{LOCK}") or b"{}")
-    except (ValueError, OSError):
-        owner = {}
-    pid, host = owner.get("pid"), owner.get("host")
-    if not pid:   # being written this instant (O_EXCL taken, contents not yet): a live run
-        return "a run starting now"
-    if host != socket.gethostname():
-        return f"pid {pid} on {host}"
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return f"pid {pid} on {host}"
+        write_complete(f"{out}/{LOCK}", lock, exclusive=True)
+    except FileExistsError as err:
+        raise OutputInUseError(f"--output {out}: another run took it a moment ago") from err
+    readers = live_readers(out)
+    if readers:
+        _delete_files(out, [LOCK])
+        raise OutputInUseError(f"--output {out} is being read ({len(readers)} reader(s), e.g. {readers[0]}); "
+                               "replacing it now would mix two runs' data under them: wait for them to finish")
+    _delete_files(out, sorted(set(files) - {LOCK}))
 
 
-def _claim(out: str, overwrite: bool) -> None:
+def _delete_files(out: str, relative: list[str]) -> None:
+    """Deletes exactly these files, then (local) the folders they leave empty, up to `out`."""
     from apache_beam.io.filesystems import FileSystems
 
-    entries = _entries(out)
-    if LOCK in entries:
-        owner = live_lock_owner(out)
-        if owner:   # never replaced, even with --overwrite: the run writing there would crash or be mixed
-            raise OutputInUseError(f"--output {out} is being written by another run ({owner}, its {LOCK} lock); "
-                                   "wait for it or choose another folder")
-        if not overwrite:
-            raise OutputInUseError(f"--output {out} has a stale {LOCK} lock of a run that died; pass --overwrite "
-                                   "to replace what it left")
-    foreign = [name for name in entries if name not in RUN_FILES + RUN_FOLDERS
-               and not name.startswith(("beam-temp-", "triplets-"))]
-    if foreign:
-        raise OutputInUseError(f"--output {out} holds files this pipeline does not write ({', '.join(foreign[:3])}); "
-                               "choose an empty or new folder")
-    if entries and not overwrite:
-        raise OutputInUseError(f"--output {out} already holds a run ({', '.join(entries[:3])}...); pass "
-                               "--overwrite to replace it, or choose an empty or new folder")
-    if entries:
-        FileSystems.delete([f"{out}/{name}" for name in entries])
-    if "://" not in out:
-        os.makedirs(out, exist_ok=True)
-        try:   # O_EXCL: of two runs racing for the folder, one gets the lock
-            handle = os.open(f"{out}/{LOCK}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError as err:
-            raise OutputInUseError(f"--output {out}: another run took it a moment ago") from err
-        os.close(handle)
-    write_bytes(f"{out}/{LOCK}", json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode())
+    if not relative:
+        return
+    FileSystems.delete([f"{out}/{path}" for path in relative])
+    if "://" in out:
+        return
+    for folder in sorted({os.path.dirname(path) for path in relative}, key=len, reverse=True):
+        while folder:
+            try:
+                os.rmdir(os.path.join(out, folder))
+            except OSError:   # not empty: something else lives there
+                break
+            folder = os.path.dirname(folder)
 
 
-def publish_manifest(out: str, counts: dict[str, int]) -> dict:
+def publish_manifest(out: str, counts: dict[str, int]) -> Manifest:
     """`write_manifest`, then the lock is removed: the run is published (or, when the files do
-    not hold what the counters say, refused with the lock removed: the run is over)."""
+    not hold what the counters say, refused and recorded as unpublished: the run is over)."""
     try:
-        return write_manifest(out, counts)
-    finally:
-        release(out)
+        manifest = write_manifest(out, counts)
+    except BaseException:
+        end_unpublished(out, "its files do not hold what its counters say")
+        raise
+    _delete_files(out, [LOCK])
+    return manifest
 
 
-def write_manifest(out: str, counts: dict[str, int]) -> dict:
-    """Writes `manifest.json` (`records.MANIFEST_VERSION`): every output's shards with their
-    sizes and record counts, read back from the files, and the record count the run's counters
-    give (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records).
-    Where the two differ, records were lost or mixed on the way to the files: ShardError,
-    and nothing is published."""
+def write_manifest(out: str, counts: dict[str, int]) -> Manifest:
+    """Writes `manifest.json` (`MANIFEST_VERSION`): every output's shards with their sizes and
+    record counts, read back from the files, and the record count the run's counters give
+    (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records). Where
+    the two differ, records were lost or mixed on the way to the files: ShardError, and nothing
+    is published."""
     from apache_beam.io.filesystems import FileSystems
 
     outputs = {}
     for folder, n_records in counts.items():
         metadata = sorted(FileSystems.match([f"{out}/{folder}/part-*"])[0].metadata_list, key=lambda meta: meta.path)
-        shard_records = []
+        shards = []
         for meta in metadata:
-            count, broken = records.count_shard_records(meta.path)
+            count, broken = count_shard_records(meta.path)
             if broken:
-                raise records.ShardError(f"{meta.path}: {broken} after {count:,} records, as written by this run")
-            shard_records.append(count)
-        records.check_record_count(f"{out}/{folder}", sum(shard_records), n_records)
-        outputs[folder] = {"records": n_records, "shards": [meta.path[len(out) + 1:] for meta in metadata],
-                           "shard_bytes": [meta.size_in_bytes for meta in metadata], "shard_records": shard_records}
-    manifest = records.manifest(outputs, STATS)
-    write_bytes(f"{out}/{records.MANIFEST}", json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8"))
+                raise ShardError(f"{meta.path}: {broken} after {count:,} records, as written by this run")
+            shards.append(Shard(meta.path[len(out) + 1:], meta.size_in_bytes, count))
+        check_record_count(f"{out}/{folder}", sum(shard.records for shard in shards), n_records)
+        outputs[folder] = Output(folder, n_records, tuple(shards))
+    files = tuple(name for name in RUN_FILES if FileSystems.exists(f"{out}/{name}"))
+    manifest = Manifest(MANIFEST_VERSION, outputs, dict(TRIPLET_FEATURES), STATS, files)
+    write_complete(f"{out}/{MANIFEST}", json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode("utf-8"))
     return manifest
 
 
-def release(out: str) -> None:
-    """Removes the lock (the run is over, published or not), if it is still there."""
+def end_unpublished(out: str, why: str) -> None:
+    """The run is over without a manifest: `_UNPUBLISHED` keeps its lock's record of what it
+    writes (so a rerun with `--overwrite` deletes exactly that), and the lock is removed."""
     from apache_beam.io.filesystems import FileSystems
 
-    if FileSystems.exists(f"{out}/{LOCK}"):
-        FileSystems.delete([f"{out}/{LOCK}"])
+    if not FileSystems.exists(f"{out}/{LOCK}"):
+        return
+    record = {**_record_of(out, LOCK), "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": why}
+    with contextlib.suppress(OSError):
+        write_complete(f"{out}/{UNPUBLISHED}", json.dumps(record).encode())
+    _delete_files(out, [LOCK])

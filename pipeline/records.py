@@ -9,7 +9,7 @@
 * **SCB and passages** (`ScbRecord`, `PassagesRecord`): one JSON line per article. Every
   consumer reads a line with the type's `from_json`, which refuses a line that breaks the
   contract with a `RecordError` naming the field.
-* **The manifest** (`MANIFEST`, `MANIFEST_VERSION`): what a run wrote, and the triplet schema.
+* **The manifest**, what a run wrote and the triplet schema, is `pipeline.published`'s.
 
 The pipeline does not import TensorFlow: importing it costs every Beam worker about 3 s and
 several hundred MiB for nothing but two protobuf messages. `tf.train.Example` is declared here
@@ -28,7 +28,6 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
-from pipeline.cli import DataLossError, UsageError
 from pipeline.rules import Article
 from pipeline.splits import SPLITS
 from pipeline.triplets import NegativeStrategy, Triplet
@@ -70,157 +69,6 @@ TRIPLET_FEATURES: dict[str, FeatureType] = {
 }
 BYTES_FEATURES = tuple(name for name, kind in TRIPLET_FEATURES.items() if kind is FeatureType.BYTES)
 INT64_FEATURES = tuple(name for name, kind in TRIPLET_FEATURES.items() if kind is FeatureType.INT64)
-
-# Written last by a run (`pipeline.outputs`): {"format_version": 3, "outputs": {folder: {"records": n,
-# "shards": [path relative to the run folder, ...], "shard_bytes": [size, ...], "shard_records":
-# [n, ...]}}, "triplet_features": TRIPLET_FEATURES, "stats": "stats.json"}; folders are
-# `<dataset>/<split>`, `scb`, `passages` and `dead_letters`. Version 2 had no `triplet_features`
-# (they were these), version 1 (no version field) no per-shard sizes or counts either.
-MANIFEST = "manifest.json"
-MANIFEST_VERSION = 3
-READABLE_MANIFEST_VERSIONS = (1, 2, MANIFEST_VERSION)
-
-
-class ManifestError(UsageError):
-    """A run folder without a (readable) manifest, or without the output asked for."""
-
-
-class ShardError(DataLossError):
-    """A shard the manifest lists is missing, or not what the run wrote (size or record count)."""
-
-
-def read_manifest(data: str) -> dict:
-    """The manifest of the run folder `data` (local or gs://); ManifestError naming it if absent
-    or of a format version this code does not know."""
-    from apache_beam.io.filesystems import FileSystems
-
-    path = f"{data.rstrip('/')}/{MANIFEST}"
-    if not FileSystems.exists(path):
-        raise ManifestError(f"{data} has no {MANIFEST}: not the output of a finished pipeline.run "
-                            "(it failed, still runs, or the path is wrong)")
-    with FileSystems.open(path) as handle:
-        manifest = json.loads(handle.read().decode("utf-8"))
-    if manifest.get("format_version", 1) not in READABLE_MANIFEST_VERSIONS:
-        raise ManifestError(f"{path}: format_version {manifest['format_version']} is unknown to this code "
-                            f"(it reads {', '.join(map(str, READABLE_MANIFEST_VERSIONS))}); upgrade wikisim")
-    return manifest
-
-
-def manifest_triplet_features(data: str) -> dict[str, str]:
-    """The triplet features the run wrote, by the manifest ({name: type}); a manifest older than
-    version 3 was written with this code's `TRIPLET_FEATURES`."""
-    return read_manifest(data).get("triplet_features", dict(TRIPLET_FEATURES))
-
-
-def manifest(outputs: dict[str, dict], stats: str) -> dict:
-    """The manifest of a run that wrote `outputs` and its statistics to the file `stats` (see `MANIFEST`)."""
-    return {"format_version": MANIFEST_VERSION, "outputs": outputs, "triplet_features": dict(TRIPLET_FEATURES),
-            "stats": stats}
-
-
-def manifest_output(data: str, folder: str) -> tuple[list[str], int]:
-    """(shard paths, record count) of one output folder (e.g. `triplets-sen/train`) of a run.
-    Every shard is first checked to exist with the size the run wrote (ShardError naming it):
-    a missing, truncated or replaced shard is refused in seconds, before anything is read."""
-    outputs = read_manifest(data)["outputs"]
-    if folder not in outputs:
-        raise ManifestError(f"{data}/{MANIFEST} lists no {folder} (it lists {', '.join(sorted(outputs))})")
-    entry = outputs[folder]
-    paths = [f"{data.rstrip('/')}/{shard}" for shard in entry["shards"]]
-    if "shard_bytes" in entry:
-        check_shard_sizes(paths, entry["shard_bytes"])
-    return paths, int(entry["records"])
-
-
-def shard_records(data: str, folder: str) -> dict[str, int]:
-    """{shard path: records the run wrote to it} of one output folder ({} for a version-1 manifest)."""
-    entry = read_manifest(data)["outputs"][folder]
-    return dict(zip((f"{data.rstrip('/')}/{shard}" for shard in entry["shards"]), entry.get("shard_records", [])))
-
-
-def file_sizes(paths: list[str]) -> dict[str, int | None]:
-    """{path: size in bytes, or None when it does not exist}, local or remote (one listing per folder)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    sizes: dict[str, int | None] = dict.fromkeys(paths)
-    for folder in sorted({path.rsplit("/", 1)[0] for path in paths}):
-        for meta in FileSystems.match([f"{folder}/*"])[0].metadata_list:
-            if meta.path in sizes:
-                sizes[meta.path] = meta.size_in_bytes
-    return sizes
-
-
-def check_shard_sizes(paths: list[str], expected: list[int]) -> None:
-    """ShardError naming the first shard that is missing or not of the size the run wrote."""
-    found = file_sizes(paths)
-    for path, size in zip(paths, expected):
-        if found[path] is None:
-            raise ShardError(f"{path}: missing (the manifest lists it); the run folder is incomplete")
-        if found[path] != size:
-            raise ShardError(f"{path}: {found[path]:,} bytes where the run wrote {size:,} (truncated, replaced "
-                             "or corrupt); rerun the pipeline or restore the shard")
-
-
-def count_shard_records(path: str) -> tuple[int, str | None]:
-    """(records, why the shard broke off or None) of one shard, read back through Beam
-    FileSystems: TFRecord frames (length, CRC, data, CRC) of a `.tfrecord.gz`, lines of a
-    `.jsonl.gz`. A shard that ends inside a record or stops decompressing counts the records
-    before the break."""
-    import zlib
-
-    from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-    count = 0
-    try:
-        with FileSystems.open(path, compression_type=CompressionTypes.GZIP) as handle:
-            if ".tfrecord" in path:
-                while header := handle.read(12):
-                    length = int.from_bytes(header[:8], "little")
-                    if len(header) != 12 or len(handle.read(length + 4)) != length + 4:
-                        return count, f"ends inside record {count + 1}"
-                    count += 1
-            else:
-                while block := handle.read(1 << 20):
-                    count += block.count(b"\n")
-    except (zlib.error, EOFError, OSError) as error:
-        return count, f"stops decompressing ({error})"
-    return count, None
-
-
-def check_record_count(where: str, read: int, expected: int, max_lost_fraction: float = 0.0) -> int:
-    """Records read against what the manifest says: more is always wrong (mixed or replaced
-    data), fewer is a loss allowed up to `max_lost_fraction`. Returns the loss."""
-    if read > expected:
-        raise ShardError(f"{where}: {read:,} records where the manifest lists {expected:,} (mixed or replaced shards)")
-    lost = expected - read
-    if lost > max_lost_fraction * max(expected, 1):
-        raise ShardError(f"{where}: {read:,} of the {expected:,} records the manifest lists ({lost:,} lost "
-                         f"> --max-lost-fraction {max_lost_fraction})")
-    return lost
-
-
-def verify_output(data: str, folder: str, max_lost_fraction: float = 0.0) -> int:
-    """What every consumer checks before it reads an output: each shard there with its size
-    (`manifest_output`), then its records counted and compared with the manifest, both ways,
-    shard by shard (ShardError naming the shard or the folder). Returns the records lost to
-    shards that break off, allowed up to `max_lost_fraction` of the output."""
-    paths, expected = manifest_output(data, folder)
-    per_shard = shard_records(data, folder)
-    lost = 0
-    for path in paths:
-        read, broken = count_shard_records(path)
-        if path in per_shard:
-            if read > per_shard[path]:
-                raise ShardError(f"{path}: {read:,} records where the run wrote {per_shard[path]:,} (mixed or "
-                                 "replaced shards)")
-            lost += per_shard[path] - read
-        elif broken:
-            raise ShardError(f"{path}: {broken} after {read:,} records (truncated or corrupt)")
-    if not per_shard:   # a version-1 manifest: the folder's total only
-        lost = expected - sum(count_shard_records(path)[0] for path in paths)
-    return check_record_count(f"{data.rstrip('/')}/{folder}", expected - lost, expected, max_lost_fraction)
-
-
 
 _TF_EXAMPLE_PROTO = """
 name: "wikisim/tensorflow_example.proto" package: "tensorflow" syntax: "proto3"

@@ -81,6 +81,9 @@ class PipelineConfig:
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
+        from pipeline.outputs import check_output_path
+
+        check_output_path(self.output)
         try:
             chosen = self.negative_strategies()
         except ValueError:   # a name that is no NegativeStrategy
@@ -141,7 +144,8 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
     out = config.output.rstrip("/")
     reader = ReadDumpPages(input_pattern, config.index, config.page_shards, progress_folder)
     read = pipeline | "ReadDump" >> reader
-    built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
+    unique = read["pages"] | "DeduplicatePages" >> transforms.DeduplicatePages()
+    built = unique["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
     articles = built["articles"]
 
     for strategy in config.negative_strategies():
@@ -169,7 +173,7 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
                                                       counter_names.PASSAGES_ARTICLES)
     )
     (
-        (read[records.DEAD_LETTERS], built[records.DEAD_LETTERS])
+        (read[records.DEAD_LETTERS], unique[records.DEAD_LETTERS], built[records.DEAD_LETTERS])
         | "AllDeadLetters" >> beam.Flatten()
         | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/{records.DEAD_LETTERS}/part",
                                                          counter_names.DEAD_LETTERS_WRITTEN)
@@ -279,14 +283,17 @@ def summary_table(counters: dict[str, int]) -> str:
     return "\n".join(lines)
 
 
+def output_counters(config: PipelineConfig) -> dict[str, str]:
+    """{output folder: the counter of its records}: every folder the run writes, in a fixed order."""
+    return {**{f"{dataset}/{split}": counter_names.split_counter(dataset, split)
+               for dataset in config.triplet_datasets() for split in SPLITS},
+            records.SCB: counter_names.SCB_ARTICLES, records.PASSAGES: counter_names.PASSAGES_ARTICLES,
+            records.DEAD_LETTERS: counter_names.DEAD_LETTERS_WRITTEN}
+
+
 def output_records(counters: dict[str, int], config: PipelineConfig) -> dict[str, int]:
     """Records per output folder, for the manifest."""
-    counts = {f"{dataset}/{split}": counters[counter_names.split_counter(dataset, split)]
-              for dataset in config.triplet_datasets() for split in SPLITS}
-    counts.update({records.SCB: counters[counter_names.SCB_ARTICLES],
-                   records.PASSAGES: counters[counter_names.PASSAGES_ARTICLES],
-                   records.DEAD_LETTERS: counters[counter_names.DEAD_LETTERS_WRITTEN]})
-    return counts
+    return {folder: counters[name] for folder, name in output_counters(config).items()}
 
 
 def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
@@ -320,58 +327,87 @@ def main(argv: list[str] | None = None) -> dict:
     import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-    from pipeline import outputs
     from pipeline.dumps import embedded_dump_path
 
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
-    out = config.output.rstrip("/")
     runner = options.view_as(StandardOptions).runner
-    started = time.perf_counter()
-    pipeline = beam.Pipeline(options=options)
     folder = progress.progress_folder() if progress.is_local(runner) else None
-    indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
-    outputs.claim_output(out, config.overwrite)  # before anything is written, after every check
-    shown = contextlib.nullcontext()
-    if folder:   # Beam's logs to a file, a progress bar on the terminal
-        log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
-        print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
-        shown = progress.show_progress(folder, indexes, log_path)
     try:
-        with shown:
-            result = pipeline.run()
-            result.wait_until_finish()
-    except Exception as error:   # the run is over: its lock goes, so a rerun needs no --overwrite
-        outputs.release(out)
-        failure = io_failure(error) or (error if "[Errno" in str(error) else None)
-        if failure is None:
-            raise
-        raise OutputWriteError(f"writing {out} failed: {str(failure).splitlines()[0][:300]}; nothing was "
-                               "published") from error
+        pipeline = beam.Pipeline(options=options)
+        indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
+        return _run(pipeline, config, input_pattern, runner, folder, indexes)
     finally:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
-    counters = counters_of(result, config)
-    stats = {
-        "counters": counters,
-        "reconciliation": reconciliation(counters, config.negative_strategies()),
-        "input": input_pattern,
-        "config": dataclasses.asdict(config),
-        "runner": runner or "DirectRunner",
-        "wall_seconds": round(time.perf_counter() - started, 2),
-    }
-    outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
-    outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", triplets_plot_png(counters, config.triplet_datasets()))
-    print(summary_table(counters))
-    print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
-          f"wall time {stats['wall_seconds']} s; outputs in {out}")
-    loss = input_loss(stats, config.max_lost_fraction)
-    if loss:   # outputs, dead letters and stats stay for inspection, unpublished: readers refuse them
-        outputs.release(out)
-        raise InputLossError(loss)
+
+
+def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: str | None,
+         folder: str | None, indexes: list[str]) -> dict:
+    """Claims the output, runs the built job, reconciles its counters and publishes the run, or
+    ends it unpublished (the lock released, what it wrote recorded for --overwrite)."""
+    from pipeline import outputs
+
+    out = config.output.rstrip("/")
+    started = time.perf_counter()
+    outputs.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
+    try:
+        shown = contextlib.nullcontext()
+        if folder:   # Beam's logs to a file, a progress bar on the terminal
+            log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
+            print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
+            shown = progress.show_progress(folder, indexes, log_path)
+        try:
+            with shown:
+                result = pipeline.run()
+                result.wait_until_finish()
+        except Exception as error:
+            failure = io_failure(error) or (error if "[Errno" in str(error) else None)
+            if failure is None:
+                raise
+            raise OutputWriteError(f"writing {out} failed: {str(failure).splitlines()[0][:300]}; nothing was "
+                                   "published") from error
+        counters = counters_of(result, config)
+        stats = {
+            "counters": counters,
+            "reconciliation": reconciliation(counters, config.negative_strategies()),
+            "input": input_pattern,
+            "config": dataclasses.asdict(config),
+            "runner": runner or "DirectRunner",
+            "wall_seconds": round(time.perf_counter() - started, 2),
+        }
+        outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
+        outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", triplets_plot_png(counters, config.triplet_datasets()))
+        print(summary_table(counters))
+        print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
+              f"wall time {stats['wall_seconds']} s; outputs in {out}")
+        loss = input_loss(stats, config.max_lost_fraction) or unreconciled(stats)
+        if loss:   # outputs, dead letters and stats stay for inspection, unpublished: readers refuse them
+            raise InputLossError(loss)
+    except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
+        outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
+        raise
     outputs.publish_manifest(out, output_records(counters, config))
     return stats
+
+
+def unreconciled(stats: dict) -> str | None:
+    """Why the run's counts do not add up (which of the reconciliation's sums fails), or None."""
+    read = stats["reconciliation"]
+    if read["balanced"]:
+        return None
+    parts = []
+    if read["index_pages"] and read["index_pages"] != read["pages_read"] + read["pages_lost_by_read"]:
+        parts.append(f"its index lists {read['index_pages']:,} pages, the read gave {read['pages_read']:,} + "
+                     f"{read['pages_lost_by_read']:,} dead-lettered (a stale or edited index?)")
+    outcomes = sum(read["outcomes"].values())
+    if read["pages_read"] != outcomes:
+        parts.append(f"{read['pages_read']:,} pages read, {outcomes:,} page outcomes counted")
+    slots = {name: n for name, n in read["triplet_slots_by_strategy"].items() if n != read["triplet_slots"]}
+    if slots:
+        parts.append(f"{read['triplet_slots']:,} triplet slots, filled or counted: {slots}")
+    return f"{stats['input']}: the counts do not reconcile ({'; '.join(parts)}); nothing was published"
 
 
 if __name__ == "__main__":

@@ -32,6 +32,40 @@ def increment_all(counts: collections.Counter) -> None:
             count(name, value)
 
 
+def first_of_duplicates(page_id: int, pages: list[Page]) -> tuple[Page, list[dict]]:
+    """The page kept of those sharing one id (the first by source, title and text: the same
+    whatever order they arrived in), and a dead letter for each other."""
+    kept, *others = sorted(pages, key=lambda page: (page.source, page.title, page.text))
+    return kept, [dead_letter(page.source, page_id, page.title, "duplicate_page_id",
+                              f"page id {page_id} was already read from {kept.source} ({kept.title!r})")
+                  for page in others]
+
+
+class _KeepOnePageFn(beam.DoFn):
+    def process(self, keyed):
+        page_id, pages = keyed
+        kept, letters = first_of_duplicates(page_id, list(pages))
+        if letters:
+            count(counters.PAGES_DUPLICATE_ID, len(letters))
+            for letter in letters:
+                yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="dedupe"))
+        yield kept
+
+
+class DeduplicatePages(beam.PTransform):
+    """Pages -> {"pages": one per page id, "dead_letters": the others}: a dump that lists a page
+    id twice (or two inputs that hold the same pages) would otherwise make each such article's
+    triplets twice. Grouping by id is also a shuffle that spreads the parsing over workers,
+    whatever the size of the read units the pages came from."""
+
+    def expand(self, pages):
+        outputs = (pages
+                   | "KeyById" >> beam.Map(lambda page: (page.page_id, page))
+                   | "GroupById" >> beam.GroupByKey()
+                   | "KeepOne" >> beam.ParDo(_KeepOnePageFn()).with_outputs(DEAD_LETTERS, main="pages"))
+        return {"pages": outputs.pages, DEAD_LETTERS: outputs[DEAD_LETTERS]}
+
+
 class _BuildArticlesFn(beam.DoFn):
     """Page -> Article, or a counter saying why not (and a dead letter for parse failures)."""
 

@@ -25,12 +25,15 @@ def passages_files(source: str) -> list[str]:
     published run is read) or a glob of JSON-lines files."""
     from apache_beam.io.filesystems import FileSystems
 
-    if FileSystems.exists(f"{source.rstrip('/')}/{records.MANIFEST}"):
-        records.verify_output(source, records.PASSAGES)   # every article the run wrote, or a ShardError
-        return records.manifest_output(source, records.PASSAGES)[0]
+    from pipeline.published import MANIFEST, Run
+
+    if FileSystems.exists(f"{source.rstrip('/')}/{MANIFEST}"):
+        run = Run.open(source)
+        run.verify(records.PASSAGES)   # every article the run wrote, or a ShardError
+        return run.paths(records.PASSAGES)
     paths = sorted(m.path for result in FileSystems.match([source]) for m in result.metadata_list)
     if not paths:
-        raise FileNotFoundError(f"--passages {source!r} is neither a run folder with {records.MANIFEST} "
+        raise FileNotFoundError(f"--passages {source!r} is neither a run folder with {MANIFEST} "
                                 "nor a glob that matches a file")
     return paths
 

@@ -160,7 +160,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from model.encoders import load_encoders
 
     (encoder,) = load_encoders([config.encoder])
-    summary = train(config, encoder)
+    from pipeline.published import reading_if_run
+
+    with reading_if_run(config.passages):
+        summary = train(config, encoder)
     print(json.dumps(summary["counts"], indent=2))
     print(f"QS3M models, config.json and training.png in {config.output}")
     return summary

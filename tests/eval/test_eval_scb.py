@@ -8,7 +8,7 @@ from eval_fixtures import write_scb
 
 from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
-from pipeline import records
+from pipeline import published, records
 from pipeline.outputs import write_manifest
 
 
@@ -71,8 +71,8 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
 
 def test_scb_job_rerun_ignores_a_previous_runs_shards(tmp_path):
     articles = write_scb(tmp_path / "data")
-    stale = tmp_path / "out" / "scb" / "articles-00001-of-00002.jsonl"
-    stale.parent.mkdir(parents=True)
+    scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
+    stale = tmp_path / "out" / "scb" / "articles-00001-of-00002.jsonl"   # as a run with more shards left it
     stale.write_text(json.dumps({"article_id": 77, "method": "old", "variant": "all", "algorithm": "kmeans",
                                  "MI": 0.0, "AMI": 0.0, "RI": 0.0, "ARI": 0.0}) + "\n")
     result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
@@ -97,7 +97,7 @@ def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
 
 
 def test_scb_job_names_the_missing_input(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'nothing'} has no manifest.json"):
+    with pytest.raises(published.ManifestError, match=f"{tmp_path / 'nothing'} has no manifest.json"):
         scb.main(["--data", str(tmp_path / "nothing"), "--output", str(tmp_path / "out")])
 
 
@@ -137,7 +137,7 @@ def test_a_truncated_scb_file_fails_the_job_instead_of_scoring_part_of_it(tmp_pa
     shard = tmp_path / "data" / "scb" / "part-00000-of-00001.jsonl.gz"
     lines = gzip.decompress(shard.read_bytes()).splitlines(keepends=True)
     shard.write_bytes(gzip.compress(b"".join(lines[:1])))        # one article of three, a valid gzip file
-    with pytest.raises(records.ShardError, match=f"{shard}: "):
+    with pytest.raises(published.ShardError, match=f"{shard}: "):
         scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
     assert not (tmp_path / "out").exists()
 

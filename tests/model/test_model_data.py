@@ -148,14 +148,14 @@ def test_a_run_whose_triplets_carry_other_features_is_refused_naming_the_manifes
     import json
 
     from model.data import TripletDataError, list_shards
-    from pipeline import records
     from pipeline.outputs import write_manifest
+    from pipeline.published import MANIFEST
 
-    written = write_manifest(str(tmp_path), {"triplets-sen/train": 0})
+    written = write_manifest(str(tmp_path), {"triplets-sen/train": 0}).to_json()
     assert list_shards(str(tmp_path), "triplets-sen", "train") == []
     features = {**written["triplet_features"], ROLES[2]: "int64"}
     features.pop("article_id")
-    (tmp_path / records.MANIFEST).write_text(json.dumps({**written, "triplet_features": features}))
+    (tmp_path / MANIFEST).write_text(json.dumps({**written, "triplet_features": features}))
     with pytest.raises(TripletDataError, match=r"manifest.json: its triplets carry negative \(int64\), "
                                                r"article_id \(missing\)"):
         list_shards(str(tmp_path), "triplets-sen", "train")

@@ -14,6 +14,7 @@ from model.qs3m import data as qs3m_data
 from model.qs3m import network as qs3m_network
 from model.qs3m import train as qs3m
 from model.qs3m.pairs import query_from_record, sample_pairs
+from pipeline import published
 from pipeline.cli import UsageError, parse_config
 from pipeline.records import PassagesRecord, RecordError
 
@@ -286,7 +287,6 @@ def test_flags_mirror_the_config_and_bad_values_name_the_flag():
 def test_a_truncated_passages_file_fails_instead_of_training_on_part_of_it(passages_file, tmp_path):
     import gzip
 
-    from pipeline import records
     from pipeline.outputs import write_manifest
 
     run = tmp_path / "run"
@@ -296,5 +296,5 @@ def test_a_truncated_passages_file_fails_instead_of_training_on_part_of_it(passa
     write_manifest(str(run), {"passages": 16})
     lines = gzip.decompress(shard.read_bytes()).splitlines(keepends=True)
     shard.write_bytes(gzip.compress(b"".join(lines[:5])))          # 5 of 16 articles, a valid gzip file
-    with pytest.raises(records.ShardError, match=f"{shard}: "):
+    with pytest.raises(published.ShardError, match=f"{shard}: "):
         qs3m_data.read_queries(str(run), ("train",))

@@ -13,7 +13,7 @@ from model_shards import write_triplet_shards
 from model.config import TrainConfig, parse_args
 from model.data import TripletDataError, list_shards, triplet_strings
 from model.encoder import SavedModelEncoder
-from pipeline import records
+from pipeline import published
 from pipeline.cli import UsageError
 
 pytestmark = pytest.mark.slow   # real training runs
@@ -125,19 +125,19 @@ def test_a_shard_not_as_the_run_wrote_it_is_one_error_line_before_training(tmp_p
 
 def test_more_records_than_the_manifest_lists_is_refused_and_fewer_within_the_threshold_reported(tmp_path):
     data = write_triplet_shards(str(tmp_path / "data"), sizes={"train": 2000, "validation": 64, "test": 64})
-    manifest_path = Path(data) / records.MANIFEST
+    manifest_path = Path(data) / published.MANIFEST
     manifest = json.loads(manifest_path.read_text())
     manifest["outputs"]["triplets-sen/train"]["shard_records"][0] -= 1     # the shard holds one record more
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(records.ShardError, match="1,000 records where the run wrote 999"):
-        records.verify_output(data, "triplets-sen/train")
+    with pytest.raises(published.ShardError, match="1,000 records where the run wrote 999"):
+        published.Run.open(data).verify("triplets-sen/train")
     shard = list_shards(data, "triplets-sen", "validation")[0]
     manifest["outputs"]["triplets-sen/validation"]["shard_records"][0] += 2   # two records lost
     manifest["outputs"]["triplets-sen/validation"]["records"] += 2
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(records.ShardError, match="64 of the 66 records"):
-        records.verify_output(data, "triplets-sen/validation")
-    assert records.verify_output(data, "triplets-sen/validation", max_lost_fraction=0.05) == 2
+    with pytest.raises(published.ShardError, match="64 of the 66 records"):
+        published.Run.open(data).verify("triplets-sen/validation")
+    assert published.Run.open(data).verify("triplets-sen/validation", max_lost_fraction=0.05) == 2
     assert shard.endswith(".tfrecord.gz")
 
 
@@ -148,11 +148,11 @@ def test_overwrite_deletes_only_what_a_training_run_writes(shards, tmp_path):
     done = _train_cli(shards, mine, "--overwrite", "true")
     assert done.returncode == 2 and "notes.txt" in done.stderr.strip().splitlines()[-1]
     assert (mine / "notes.txt").read_text() == "my notes" and sorted(os.listdir(mine)) == ["notes.txt"]
-    manifest_before = (Path(shards) / records.MANIFEST).read_bytes()
+    manifest_before = (Path(shards) / published.MANIFEST).read_bytes()
     done = _train_cli(shards, shards, "--overwrite", "true")      # the dataset itself as the model dir
     assert done.returncode == 2 and "files a training run does not write" in done.stderr
-    assert (Path(shards) / records.MANIFEST).read_bytes() == manifest_before
-    records.verify_output(shards, "triplets-sen/train", max_lost_fraction=0.01)   # every shard still there
+    assert (Path(shards) / published.MANIFEST).read_bytes() == manifest_before
+    published.Run.open(shards).verify("triplets-sen/train", max_lost_fraction=0.01)   # every shard still there
 
 
 def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_path):

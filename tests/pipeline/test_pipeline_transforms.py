@@ -190,6 +190,7 @@ def test_build_articles_gives_the_rules_articles_and_counts_every_page_once(real
         counters.ARTICLES_USED: n_articles,
         counters.ARTICLES_TOO_FEW_SECTIONS: counts[counters.ARTICLES_TOO_FEW_SECTIONS],
         counters.PAGES_NON_ARTICLE: non_article,
+        counters.PAGES_DUPLICATE_ID: 0,   # counted by DeduplicatePages, before BuildArticles
         counters.PAGES_REDIRECT: redirects,
         counters.PARSE_ERRORS: 1,
         counters.PARAGRAPHS_TOO_LONG: 1,

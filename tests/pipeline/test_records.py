@@ -69,20 +69,6 @@ def test_a_bad_passages_line_names_the_field():
         PassagesRecord.from_json(json.dumps({**good, "sections": ["History"]}))
 
 
-def test_the_manifest_carries_its_version_and_the_triplet_schema_and_unknown_versions_are_refused(tmp_path):
-    from pipeline.outputs import write_manifest
-
-    written = write_manifest(str(tmp_path), {"triplets-sen/train": 0})
-    assert records.read_manifest(str(tmp_path)) == written
-    assert written["format_version"] == records.MANIFEST_VERSION
-    assert records.manifest_triplet_features(str(tmp_path)) == records.TRIPLET_FEATURES
-    manifest = tmp_path / records.MANIFEST
-    manifest.write_text(json.dumps({**written, "format_version": records.MANIFEST_VERSION + 1}))
-    with pytest.raises(records.ManifestError, match=f"{manifest}: format_version {records.MANIFEST_VERSION + 1} "
-                                                    "is unknown"):
-        records.read_manifest(str(tmp_path))
-
-
 def test_the_feature_spec_names_every_field_a_triplet_has_but_its_split():
     from pipeline.triplets import Triplet
 

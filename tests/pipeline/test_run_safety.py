@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import dump_writers, outputs, records, run
+from pipeline import dump_writers, outputs, published, run
 from pipeline.dumps import embedded_dump_path
 
 pytestmark = pytest.mark.slow   # pipeline runs in subprocesses
@@ -40,11 +40,11 @@ def test_a_published_run_has_a_manifest_of_every_shard_and_a_reused_output_is_re
     dump, _ = small_multistream
     out = tmp_path / "out"
     stats = run.main(["--output", str(out), "--input", str(dump), *FAST])
-    manifest = records.read_manifest(str(out))
-    train_shards, train_records = records.manifest_output(str(out), "triplets-sen/train")
+    opened = published.Run.open(str(out))
+    train_shards, train_records = opened.paths("triplets-sen/train"), opened.output("triplets-sen/train").records
     assert train_records == stats["counters"]["triplets-sen/train"] > 0
     assert all(Path(path).exists() for path in train_shards)
-    assert manifest["outputs"]["scb"]["records"] == stats["counters"]["scb_articles"]
+    assert opened.output("scb").records == stats["counters"]["scb_articles"]
     assert not (out / outputs.LOCK).exists()
     # A second run into the same folder (e.g. with another worker count) refuses before any work.
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
@@ -56,7 +56,7 @@ def test_a_published_run_has_a_manifest_of_every_shard_and_a_reused_output_is_re
     (out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz").write_bytes(b"stale shard")
     run.main(["--output", str(out), "--input", str(dump), "--overwrite", *FAST])
     assert not (out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz").exists()
-    assert records.manifest_output(str(out), "triplets-sen/train")[1] == train_records
+    assert published.Run.open(str(out)).output("triplets-sen/train").records == train_records
 
 
 def test_a_folder_being_written_or_holding_other_files_is_refused(tmp_path):
@@ -100,7 +100,7 @@ def test_a_stale_index_fails_the_run_naming_the_cause(small_multistream, tmp_pat
     assert "index of another dump" in message
     stats = json.loads((out / "stats.json").read_text())          # written before failing, for inspection
     assert stats["reconciliation"]["index_pages"] == PAGES and stats["reconciliation"]["pages_read"] < PAGES
-    assert not (out / records.MANIFEST).exists()                   # never published: readers refuse it
+    assert not (out / published.MANIFEST).exists()                   # never published: readers refuse it
 
 
 def test_a_truncated_dump_without_index_is_a_loss_of_unknown_size(small_multistream, tmp_path):
@@ -116,7 +116,7 @@ def test_a_truncated_dump_without_index_is_a_loss_of_unknown_size(small_multistr
     # Accepting the loss is explicit.
     result = _cli("--output", str(out), "--input", str(cut), "--overwrite", "--max-lost-fraction", "1", *FAST)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert (out / records.MANIFEST).exists()
+    assert (out / published.MANIFEST).exists()
 
 
 @pytest.mark.parametrize("kind", ["file", "read-only"])
@@ -167,7 +167,7 @@ def test_a_second_run_into_a_folder_being_written_refuses_and_the_first_complete
     _, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stderr[-2000:]
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["config"]["seed"] == 0 and (out / records.MANIFEST).exists()
+    assert stats["config"]["seed"] == 0 and (out / published.MANIFEST).exists()
 
 
 def test_a_local_run_shows_pages_read_of_the_index_total_and_keeps_beam_logs_in_a_file(small_multistream, tmp_path):
@@ -191,7 +191,7 @@ def test_a_plain_xml_dump_cut_inside_a_page_is_a_loss_and_publishes_nothing(tmp_
     out = tmp_path / "out"
     result = _cli("--output", str(out), "--input", str(cut), *FAST)
     assert result.returncode == 1 and "unknown number of pages" in result.stderr.strip().splitlines()[-1]
-    assert not (out / records.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert not (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
     whole = tmp_path / "whole.xml"
     whole.write_bytes(xml)
     assert _cli("--output", str(tmp_path / "whole"), "--input", str(whole), *FAST).returncode == 0
@@ -207,7 +207,7 @@ def test_a_dump_without_an_article_exits_1_naming_the_counters_and_publishes_not
     result = _cli("--output", str(out), "--input", str(dump), *FAST)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "no article was kept" in last and f"pages_redirect {len(redirects)}" in last
-    assert not (out / records.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert not (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
 
 
 def test_a_write_that_fails_for_lack_of_space_is_one_error_line_and_releases_the_lock(small_multistream, tmp_path):
@@ -224,7 +224,7 @@ def test_a_write_that_fails_for_lack_of_space_is_one_error_line_and_releases_the
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and last.startswith(f"error: writing {out} failed") and "File too large" in last
     assert "Traceback" not in result.stderr
-    assert not (out / outputs.LOCK).exists() and not (out / records.MANIFEST).exists()
+    assert not (out / outputs.LOCK).exists() and not (out / published.MANIFEST).exists()
     rerun = _cli("--output", str(out), "--input", str(dump), *FAST)         # no lock left: --overwrite not forced
     assert rerun.returncode == 2 and "already holds a run" in rerun.stderr
 

@@ -1,0 +1,461 @@
+"""A published run as its readers see it: the manifest, parsed and checked once, and a reader's lease.
+
+* `Manifest.parse` turns `manifest.json` into types and refuses, in one line naming the file and
+  the field, anything a reader could be misled by: a format version this code does not know,
+  shard paths that are absolute, leave the run folder (`..`) or repeat, counts and sizes that are
+  missing or negative, per-shard lists of another length than the shards'. A manifest is input
+  like any other: editing it must not make a reader score a shard twice or read another folder.
+* `Run.open(data)` reads it once; a command asks the `Run` for an output's shards (`paths`),
+  checks their sizes (`check_sizes`, seconds) or verifies them whole (`verify`: sizes, then
+  every shard's records counted against the manifest).
+* `Run.reading()` holds a lease (`_READERS/<host>-<pid>-<nonce>.json`) while a command reads the
+  run: `pipeline.run --overwrite` refuses a folder with a live reader, and a reader refuses a
+  folder that a run is writing (its `_RUNNING` lock). Each side writes its own file first and
+  then looks for the other's, so of a reader and a writer starting together at least one sees
+  the other: a reader never reads two runs' shards. A folder the reader cannot write to (a
+  read-only bucket) gets no lease; whoever can overwrite it then could, and the log says so.
+
+TFDS's `DatasetInfo`/`SplitInfo` are the model: what a dataset holds is read from one file, into
+types, before any record is.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import posixpath
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.cli import DataLossError, UsageError
+from pipeline.records import TRIPLET_FEATURES
+
+LOG = logging.getLogger(__name__)
+
+# Written last by a run (`pipeline.outputs`): {"format_version": 4, "outputs": {folder: {"records": n,
+# "shards": [path relative to the run folder, ...], "shard_bytes": [size, ...], "shard_records":
+# [n, ...]}}, "triplet_features": TRIPLET_FEATURES, "stats": "stats.json", "files": [the run's
+# other top-level files]}; folders are `<dataset>/<split>`, `scb`, `passages` and `dead_letters`.
+# Version 3 had no `files`, version 2 no `triplet_features` either (they were these), version 1
+# (no version field) no per-shard sizes or counts.
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 4
+READABLE_MANIFEST_VERSIONS = (1, 2, 3, MANIFEST_VERSION)
+LOCK = "_RUNNING"          # a run is writing the folder (`pipeline.outputs`)
+READERS = "_READERS"       # one lease file per command reading the folder
+STALE_EMPTY_LOCK_S = 60.0  # an empty lock (a writer killed between create and write) older than this is stale
+
+
+class ManifestError(UsageError):
+    """A run folder without a (readable, valid) manifest, or without the output asked for."""
+
+
+class ShardError(DataLossError):
+    """A shard the manifest lists is missing, or not what the run wrote (size or record count)."""
+
+
+class FolderBusyError(UsageError):
+    """A run is writing the folder a reader asked for, or a reader holds the folder a run would replace."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    path: str                # relative to the run folder, with `/`
+    size: int | None         # bytes the run wrote (None: a version-1 manifest)
+    records: int | None      # records the run wrote (None: a version-1 manifest)
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    folder: str              # `triplets-sen/train`, `scb`, ...
+    records: int
+    shards: tuple[Shard, ...]
+
+
+def _require(condition: bool, where: str, field: str, why: str) -> None:
+    if not condition:
+        raise ManifestError(f"{where}: field {field} {why}; the manifest is damaged or was edited (rerun "
+                            "pipeline.run, or restore it)")
+
+
+def _count(value: Any, where: str, field: str) -> int:
+    _require(value is not None, where, field, "is missing")
+    _require(isinstance(value, int) and not isinstance(value, bool), where, field,
+             f"is {type(value).__name__} {value!r}, not an integer")
+    _require(value >= 0, where, field, f"is negative ({value})")
+    return value
+
+
+def _relative_path(value: Any, where: str, field: str) -> str:
+    """A path inside the run folder: relative, normalised, no `..`, no scheme."""
+    _require(isinstance(value, str) and value != "", where, field, f"is {value!r}, not a path")
+    _require("://" not in value and not value.startswith(("/", "\\")) and ":" not in value.split("/")[0],
+             where, field, f"is {value!r}, not a path relative to the run folder")
+    _require(posixpath.normpath(value) == value and ".." not in value.split("/") and "\\" not in value,
+             where, field, f"is {value!r}, which leaves the run folder or is not normalised")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    outputs: dict[str, Output]
+    triplet_features: dict[str, str]
+    stats: str | None
+    files: tuple[str, ...]   # top-level files the run wrote besides its outputs' shards
+
+    @classmethod
+    def parse(cls, raw: bytes, where: str) -> Manifest:
+        """The manifest in `raw` (read from `where`); ManifestError naming `where` and the field."""
+        try:
+            fields = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ManifestError(f"{where}: not a JSON manifest ({type(error).__name__}: {error}); the run "
+                                "folder is damaged (rerun pipeline.run)") from None
+        _require(isinstance(fields, dict), where, "(top level)", f"is a {type(fields).__name__}, not an object")
+        version = fields.get("format_version", 1)
+        _require(isinstance(version, int) and not isinstance(version, bool), where, "format_version",
+                 f"is {type(version).__name__} {version!r}, not an integer")
+        if version not in READABLE_MANIFEST_VERSIONS:
+            raise ManifestError(f"{where}: format_version {version} is unknown to this code (it reads "
+                                f"{', '.join(map(str, READABLE_MANIFEST_VERSIONS))}); upgrade wikisim")
+        outputs = fields.get("outputs")
+        _require(isinstance(outputs, dict) and bool(outputs), where, "outputs", "is missing or empty")
+        parsed, seen = {}, set()
+        for folder, entry in outputs.items():
+            field = f"outputs[{folder!r}]"
+            _relative_path(folder, where, f"{field} (its name)")
+            _require(isinstance(entry, dict), where, field, "is not an object")
+            shards = entry.get("shards")
+            _require(isinstance(shards, list), where, f"{field}.shards", "is missing or not a list")
+            paths = [_relative_path(shard, where, f"{field}.shards[{i}]") for i, shard in enumerate(shards)]
+            for i, path in enumerate(paths):
+                _require(path not in seen, where, f"{field}.shards[{i}]", f"lists {path} a second time")
+                _require(path.startswith(folder + "/"), where, f"{field}.shards[{i}]",
+                         f"is {path}, outside its folder {folder}/")
+                seen.add(path)
+            per_shard = {}
+            for key in ("shard_bytes", "shard_records"):
+                if version == 1:
+                    per_shard[key] = [None] * len(paths)
+                    continue
+                values = entry.get(key)
+                _require(isinstance(values, list) and len(values) == len(paths), where, f"{field}.{key}",
+                         f"must list one count per shard ({len(paths)}), got "
+                         f"{len(values) if isinstance(values, list) else values!r}")
+                per_shard[key] = [_count(value, where, f"{field}.{key}[{i}]") for i, value in enumerate(values)]
+            parsed[folder] = Output(folder, _count(entry.get("records"), where, f"{field}.records"), tuple(
+                Shard(path, size, n) for path, size, n in zip(paths, per_shard["shard_bytes"],
+                                                              per_shard["shard_records"])))
+        features = fields.get("triplet_features", dict(TRIPLET_FEATURES))
+        _require(isinstance(features, dict) and all(isinstance(v, str) for v in features.values()), where,
+                 "triplet_features", "is not an object of type names")
+        stats = fields.get("stats")
+        files = tuple(_relative_path(name, where, f"files[{i}]") for i, name in enumerate(fields.get("files", [])))
+        return cls(version, parsed, features, stats if isinstance(stats, str) else None, files)
+
+    def to_json(self) -> dict:
+        return {"format_version": self.format_version, "triplet_features": self.triplet_features,
+                "stats": self.stats, "files": list(self.files), "outputs": {
+                    folder: {"records": output.records, "shards": [shard.path for shard in output.shards],
+                             "shard_bytes": [shard.size for shard in output.shards],
+                             "shard_records": [shard.records for shard in output.shards]}
+                    for folder, output in self.outputs.items()}}
+
+    def written_files(self) -> list[str]:
+        """Every file the run lists as its own, relative to the run folder: shards, stats, the rest, this manifest."""
+        shards = [shard.path for output in self.outputs.values() for shard in output.shards]
+        return sorted({*shards, *self.files, *([self.stats] if self.stats else []), MANIFEST})
+
+
+def read_bytes(path: str) -> bytes:
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read()
+
+
+def file_sizes(paths: list[str]) -> dict[str, int | None]:
+    """{path: size in bytes, or None when it does not exist}, local or remote (one listing per folder)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    sizes: dict[str, int | None] = dict.fromkeys(paths)
+    for folder in sorted({path.rsplit("/", 1)[0] for path in paths}):
+        for meta in FileSystems.match([f"{folder}/*"])[0].metadata_list:
+            if meta.path in sizes:
+                sizes[meta.path] = meta.size_in_bytes
+    return sizes
+
+
+def count_shard_records(path: str) -> tuple[int, str | None]:
+    """(records, why the shard broke off or None) of one shard, read back through Beam
+    FileSystems: TFRecord frames (length, CRC, data, CRC) of a `.tfrecord.gz`, lines of a
+    `.jsonl.gz`. A shard that ends inside a record or stops decompressing counts the records
+    before the break."""
+    import zlib
+
+    from apache_beam.io.filesystems import CompressionTypes, FileSystems
+
+    count = 0
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.GZIP) as handle:
+            if ".tfrecord" in path:
+                while header := handle.read(12):
+                    length = int.from_bytes(header[:8], "little")
+                    if len(header) != 12 or len(handle.read(length + 4)) != length + 4:
+                        return count, f"ends inside record {count + 1}"
+                    count += 1
+            else:
+                while block := handle.read(1 << 20):
+                    count += block.count(b"\n")
+    except (zlib.error, EOFError, OSError) as error:
+        return count, f"stops decompressing ({error})"
+    return count, None
+
+
+def check_record_count(where: str, read: int, expected: int, max_lost_fraction: float = 0.0) -> int:
+    """Records read against what the manifest says: more is always wrong (mixed or replaced
+    data), fewer is a loss allowed up to `max_lost_fraction`. Returns the loss."""
+    if read > expected:
+        raise ShardError(f"{where}: {read:,} records where the manifest lists {expected:,} (mixed or replaced shards)")
+    lost = expected - read
+    if lost > max_lost_fraction * max(expected, 1):
+        raise ShardError(f"{where}: {read:,} of the {expected:,} records the manifest lists ({lost:,} lost "
+                         f"> --max-lost-fraction {max_lost_fraction})")
+    return lost
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A published pipeline run, opened once (`open`): its folder and its validated manifest."""
+
+    root: str
+    manifest: Manifest
+
+    @classmethod
+    def open(cls, data: str) -> Run:
+        """ManifestError naming the folder when it holds no manifest (a run that failed or still
+        runs, or a wrong path), or naming the field of one that is not valid."""
+        from apache_beam.io.filesystems import FileSystems
+
+        root = data.rstrip("/")
+        path = f"{root}/{MANIFEST}"
+        if not FileSystems.exists(path):
+            raise ManifestError(f"{data} has no {MANIFEST}: not the output of a finished pipeline.run "
+                                "(it failed, still runs, or the path is wrong)")
+        return cls(root, Manifest.parse(read_bytes(path), path))
+
+    def output(self, folder: str) -> Output:
+        if folder not in self.manifest.outputs:
+            raise ManifestError(f"{self.root}/{MANIFEST} lists no {folder} (it lists "
+                                f"{', '.join(sorted(self.manifest.outputs))})")
+        return self.manifest.outputs[folder]
+
+    def path(self, relative: str) -> str:
+        return f"{self.root}/{relative}"
+
+    def paths(self, folder: str) -> list[str]:
+        return [self.path(shard.path) for shard in self.output(folder).shards]
+
+    def check_sizes(self, folder: str) -> None:
+        """ShardError naming the first shard that is missing or not of the size the run wrote:
+        a missing, truncated or replaced shard is refused in seconds, before anything is read."""
+        shards = self.output(folder).shards
+        found = file_sizes([self.path(shard.path) for shard in shards])
+        for shard in shards:
+            size = found[self.path(shard.path)]
+            if size is None:
+                raise ShardError(f"{self.path(shard.path)}: missing (the manifest lists it); the run folder is "
+                                 "incomplete")
+            if shard.size is not None and size != shard.size:
+                raise ShardError(f"{self.path(shard.path)}: {size:,} bytes where the run wrote {shard.size:,} "
+                                 "(truncated, replaced or corrupt); rerun the pipeline or restore the shard")
+
+    def verify(self, folder: str, max_lost_fraction: float = 0.0) -> int:
+        """What a consumer checks before it reads an output whole: each shard there with its size,
+        then its records counted and compared with the manifest, both ways, shard by shard
+        (ShardError naming the shard or the folder). Returns the records lost to shards that
+        break off, allowed up to `max_lost_fraction` of the output."""
+        self.check_sizes(folder)
+        output = self.output(folder)
+        lost = 0
+        for shard in output.shards:
+            read, broken = count_shard_records(self.path(shard.path))
+            if shard.records is None:   # a version-1 manifest: the folder's total only
+                lost -= read
+                continue
+            if read > shard.records:
+                raise ShardError(f"{self.path(shard.path)}: {read:,} records where the run wrote {shard.records:,} "
+                                 "(mixed or replaced shards)")
+            lost += shard.records - read
+        if output.shards and output.shards[0].records is None:
+            lost += output.records
+        return check_record_count(f"{self.root}/{folder}", output.records - lost, output.records, max_lost_fraction)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Run]:
+        """Holds a reader's lease on the folder while the block reads it (see the module docstring)."""
+        lease = take_lease(self.root)
+        try:
+            owner = live_lock_owner(self.root)
+            if owner:
+                raise FolderBusyError(f"{self.root} is being written by a pipeline run ({owner}); wait for it to "
+                                      "publish, or read another run")
+            yield self
+        finally:
+            if lease:
+                release_lease(lease)
+
+
+def reading_if_run(source: str) -> contextlib.AbstractContextManager:
+    """A reader's lease when `source` is a run folder (it holds a manifest), nothing for a glob of files."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if FileSystems.exists(f"{source.rstrip('/')}/{MANIFEST}"):
+        return Run.open(source).reading()
+    return contextlib.nullcontext()
+
+
+# ------------------------------------------------------------------ locks and leases
+
+def _owner_record() -> bytes:
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+
+
+def _delete(path: str) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
+    with contextlib.suppress(Exception):
+        FileSystems.delete([path])
+
+
+def process_alive(owner: dict) -> bool | None:
+    """Whether the process an owner record names is alive: None when it runs on another host
+    (which cannot be checked from here)."""
+    if owner.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError):
+        pass
+    return True
+
+
+def _owner_of(path: str) -> tuple[dict | None, float | None]:
+    """(owner record or None when empty/unreadable, age in seconds or None when unknown)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        raw = read_bytes(path)
+    except Exception:   # gone since it was listed
+        return None, None
+    age = None
+    if "://" not in path:
+        with contextlib.suppress(OSError):
+            age = time.time() - os.stat(path).st_mtime
+    else:
+        with contextlib.suppress(Exception):
+            age = time.time() - FileSystems.last_updated(path)
+    try:
+        owner = json.loads(raw)
+    except ValueError:
+        return None, age
+    return (owner if isinstance(owner, dict) and owner.get("pid") else None), age
+
+
+def live_lock_owner(out: str) -> str | None:
+    """'pid N on HOST' when the folder's `_RUNNING` lock belongs to a live run (or one on another
+    host, which cannot be checked from here); None without a lock or with a stale one: its process
+    is dead, or it is empty (killed between create and write) and older than a minute."""
+    from apache_beam.io.filesystems import FileSystems
+
+    path = f"{out}/{LOCK}"
+    if not FileSystems.exists(path):
+        return None
+    owner, age = _owner_of(path)
+    if owner is None:
+        return None if age is None or age > STALE_EMPTY_LOCK_S else "a run starting now (its lock is being written)"
+    alive = process_alive(owner)
+    if alive is False:
+        return None
+    return f"pid {owner['pid']} on {owner.get('host')}"
+
+
+def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
+    """Writes `path` so that it appears complete or not at all: a temporary file beside it,
+    then (local) `os.link` when `exclusive` (FileExistsError if `path` exists) or `os.replace`.
+    On a remote store the object is written in one request (GCS objects appear whole)."""
+    if "://" in path:
+        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystems import FileSystems
+
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.write(data)
+        return
+    temporary = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
+    handle = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        os.write(handle, data)
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+    try:
+        os.link(temporary, path) if exclusive else os.replace(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+def take_lease(root: str) -> str | None:
+    """Writes this process's reader lease; None (with a warning) where the folder is read-only."""
+    path = f"{root}/{READERS}/{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    try:
+        for attempt in range(3):   # another reader's release may remove the empty folder in between
+            if "://" not in root:
+                os.makedirs(f"{root}/{READERS}", exist_ok=True)
+            try:
+                write_complete(path, _owner_record())
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+    except OSError as error:
+        LOG.warning("%s: no reader lease (%s); a pipeline.run --overwrite by someone who can write there would "
+                    "not see this reader", root, error)
+        return None
+    return path
+
+
+def release_lease(path: str) -> None:
+    """Removes a reader's lease, and the leases' folder when it is left empty (local)."""
+    _delete(path)
+    if "://" not in path:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))
+
+
+def live_readers(root: str) -> list[str]:
+    """The lease files of live readers of the folder (another host's count as live); stale ones
+    (their process is dead) are removed."""
+    from apache_beam.io.filesystems import FileSystems
+
+    folder = f"{root}/{READERS}"
+    if not FileSystems.exists(folder) and "://" not in root:
+        return []
+    live = []
+    for meta in FileSystems.match([f"{folder}/*.json"])[0].metadata_list:
+        owner, _ = _owner_of(meta.path)
+        if owner is not None and process_alive(owner) is False:
+            _delete(meta.path)
+            continue
+        live.append(meta.path)
+    return live

@@ -1,0 +1,121 @@
+"""The manifest is input like any other: `Manifest.parse` refuses, in one line naming the file and
+the field, what could make a reader score a shard twice, read another folder or skip a check;
+`Run` reads it once. The lock and the readers' leases are written whole."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline import outputs, published
+from pipeline.published import MANIFEST, Manifest, ManifestError, Run
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    """A run folder with two real (empty) jsonl.gz shards, published by `write_manifest`."""
+    import gzip
+
+    for name in ("part-00000-of-00002.jsonl.gz", "part-00001-of-00002.jsonl.gz"):
+        (tmp_path / "scb").mkdir(exist_ok=True)
+        (tmp_path / "scb" / name).write_bytes(gzip.compress(b'{"a": 1}\n'))
+    outputs.write_manifest(str(tmp_path), {"scb": 2})
+    return tmp_path
+
+
+def _edit(folder, change):
+    manifest = json.loads((folder / MANIFEST).read_text())
+    change(manifest)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_the_manifest_carries_its_version_files_and_the_triplet_schema(run_folder):
+    from pipeline.records import TRIPLET_FEATURES
+
+    opened = Run.open(str(run_folder))
+    assert opened.manifest.format_version == published.MANIFEST_VERSION
+    assert opened.manifest.triplet_features == TRIPLET_FEATURES
+    assert opened.paths("scb") == [str(run_folder / "scb" / f"part-0000{i}-of-00002.jsonl.gz") for i in range(2)]
+    assert opened.verify("scb") == 0
+    assert Manifest.parse(json.dumps(opened.manifest.to_json()).encode(), "x") == opened.manifest
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda m: m["outputs"]["scb"]["shards"].append(m["outputs"]["scb"]["shards"][0]), r"shards\[2\].* a second time"),
+    (lambda m: m["outputs"]["scb"]["shards"].__setitem__(0, "../../other-run/scb/part-0.jsonl.gz"),
+     r"shards\[0\].*leaves the run folder"),
+    (lambda m: m["outputs"]["scb"]["shards"].__setitem__(0, "../../../etc/passwd"), r"shards\[0\].*leaves the run"),
+    (lambda m: m["outputs"]["scb"]["shards"].__setitem__(0, "/etc/passwd"), r"shards\[0\].*not a path relative"),
+    (lambda m: m["outputs"]["scb"]["shards"].__setitem__(0, "gs://other/scb/part-0"), r"shards\[0\].*not a path rel"),
+    (lambda m: m["outputs"]["scb"]["shards"].__setitem__(0, "passages/part-0.jsonl.gz"), r"outside its folder scb/"),
+    (lambda m: m["outputs"]["scb"].__setitem__("shard_bytes", []), r"shard_bytes must list one count per shard"),
+    (lambda m: m["outputs"]["scb"].__setitem__("shard_records", []), r"shard_records must list one count per shard"),
+    (lambda m: m["outputs"]["scb"]["shard_bytes"].__setitem__(1, -5), r"shard_bytes\[1\] is negative"),
+    (lambda m: m["outputs"]["scb"].__setitem__("records", "2"), r"records is str '2', not an integer"),
+    (lambda m: m["outputs"]["scb"].pop("records"), r"records is missing"),
+    (lambda m: m.__setitem__("format_version", "3"), r"format_version is str '3', not an integer"),
+    (lambda m: m.__setitem__("format_version", published.MANIFEST_VERSION + 1), r"format_version 5 is unknown"),
+    (lambda m: m.pop("outputs"), r"field outputs is missing or empty"),
+])
+def test_an_edited_manifest_is_one_error_naming_the_file_and_the_field(run_folder, change, field):
+    _edit(run_folder, change)
+    with pytest.raises(ManifestError, match=f"{run_folder / MANIFEST}: .*{field}"):
+        Run.open(str(run_folder))
+
+
+@pytest.mark.slow   # a real eval.triplets process per manifest
+@pytest.mark.parametrize("content", [b"", b"[]", b'{"format_version": 3}', b"\xff\xfe not utf-8"])
+def test_an_empty_or_foreign_manifest_is_one_error_line_not_a_traceback(run_folder, content):
+    (run_folder / MANIFEST).write_bytes(content)
+    done = subprocess.run([sys.executable, "-m", "eval.triplets", "--data", str(run_folder), "--output",
+                           str(run_folder.parent / "report")], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {run_folder / MANIFEST}: "), last
+    assert not (run_folder.parent / "report").exists()
+
+
+def test_a_lock_is_written_whole_and_an_empty_one_goes_stale_after_a_minute(tmp_path):
+    (tmp_path / published.LOCK).write_bytes(b"")        # a writer killed between create and write
+    assert published.live_lock_owner(str(tmp_path)) == "a run starting now (its lock is being written)"
+    old = time.time() - published.STALE_EMPTY_LOCK_S - 5
+    os.utime(tmp_path / published.LOCK, (old, old))
+    assert published.live_lock_owner(str(tmp_path)) is None
+    outputs.claim_output(str(tmp_path), overwrite=True, folders=["scb"])   # replaced, not blocked for ever
+    lock = json.loads((tmp_path / published.LOCK).read_text())
+    assert lock["pid"] == os.getpid() and lock["folders"] == ["scb"]
+    assert oct((tmp_path / published.LOCK).stat().st_mode & 0o777) == "0o644"
+    with pytest.raises(FileExistsError):                # exclusive: never replaces a lock that is there
+        published.write_complete(str(tmp_path / published.LOCK), b"{}", exclusive=True)
+    assert [name for name in os.listdir(tmp_path) if "partial" in name] == []
+
+
+def test_a_reader_lease_is_taken_and_released_and_a_dead_readers_lease_is_stale(run_folder):
+    with Run.open(str(run_folder)).reading():
+        leases = published.live_readers(str(run_folder))
+        assert len(leases) == 1 and f"-{os.getpid()}-" in leases[0]
+    assert published.live_readers(str(run_folder)) == [] and not (run_folder / published.READERS).exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (run_folder / published.READERS).mkdir()
+    stale = run_folder / published.READERS / f"{socket.gethostname()}-{dead.pid}-x.json"
+    stale.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
+    assert published.live_readers(str(run_folder)) == [] and not stale.exists()
+
+
+def test_a_reader_refuses_a_folder_a_run_is_writing(run_folder):
+    (run_folder / published.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    with pytest.raises(published.FolderBusyError, match=f"{run_folder} is being written by a pipeline run"):
+        with Run.open(str(run_folder)).reading():
+            pass
+    assert published.live_readers(str(run_folder)) == []
+
+
+@pytest.mark.parametrize("path", ["x[1]", "x*", "run?", "a{b}"])
+def test_an_output_path_with_glob_characters_is_refused_before_anything_is_claimed(tmp_path, path):
+    with pytest.raises(outputs.OutputInUseError, match="which Beam reads as a glob pattern"):
+        outputs.claim_output(str(tmp_path / path), overwrite=True, folders=["scb"])
+    assert os.listdir(tmp_path) == []
