@@ -6,6 +6,10 @@
 A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
 FileSystems (`model.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
 
+A model dir is code, not data: a SavedModel's graph runs whatever ops it holds when it is loaded
+and called (it could read or write files: `tf.io.write_file`), so load only exports you trust,
+as with a pickle.
+
 `load_encoder(path)` is the standalone entry point: it works in a fresh interpreter because loading
 imports `tensorflow_text`, which registers the tokenizer's ops (`CaseFoldUTF8`,
 `RegexSplitWithOffsets`) that the SavedModel's graph uses; plain `tf.saved_model.load` of an
@@ -34,6 +38,18 @@ class SentenceEncoder(Protocol):
     name: str
 
     def encode(self, sentences: list[str]) -> np.ndarray: ...
+
+
+def sentence_list(sentences) -> list[str]:
+    """The sentences as a list: a list, tuple or any iterable (a generator) of strings. A clear
+    TypeError for what is not: None, bytes, numbers, or an iterable holding a non-string."""
+    if sentences is None or isinstance(sentences, (bytes, bytearray)) or not hasattr(sentences, "__iter__"):
+        raise TypeError(f"encode takes a string or an iterable of strings, got {type(sentences).__name__}")
+    listed = list(sentences)
+    for index, sentence in enumerate(listed):
+        if not isinstance(sentence, str):
+            raise TypeError(f"encode takes strings: item {index} is a {type(sentence).__name__} ({sentence!r:.40})")
+    return listed
 
 
 def _encoder_dir(path: str) -> str:
@@ -83,12 +99,12 @@ class SavedModelEncoder:
         (cosine similarity becomes a dot product)."""
         if isinstance(sentences, str):
             return self.encode([sentences], batch_size, normalize_embeddings)[0]
-        if not len(sentences):
+        sentences = sentence_list(sentences)
+        if not sentences:
             return np.zeros((0, self.dim), np.float32)
         import tensorflow as tf
 
         batch_size = batch_size or self.batch_size
-        sentences = list(sentences)
         # Batches of similar length: each is padded to its longest sentence, so a random mix would
         # spend most LSTM steps on padding. The order is undone below; each row is the same.
         order = np.argsort([len(sentence) for sentence in sentences], kind="stable")
@@ -116,5 +132,6 @@ class SavedModelEncoder:
 
 
 def load_encoder(path: str, batch_size: int = 512) -> SavedModelEncoder:
-    """The trained encoder at `path`: a model dir, its `encoder/`, local or `gs://`."""
+    """The trained encoder at `path`: a model dir, its `encoder/`, local or `gs://`. Loading runs
+    the export's graph: load only model dirs you trust (see the module docstring)."""
     return SavedModelEncoder(path, batch_size=batch_size)

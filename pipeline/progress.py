@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -119,6 +120,26 @@ def show_progress(folder: str, indexes: list[str], log_path: str, interval_s: fl
         bar.update(pages - bar.n)
         bar.close()
         terminal.close()
+
+
+@contextlib.contextmanager
+def private_tempdir() -> Iterator[str]:
+    """A temporary folder of this run's own, made the process's (and its worker processes')
+    TMPDIR while the block runs, then removed: Beam's local runners leave empty `tmp*`,
+    `beam-temp*` and `beam-requirements-cache` folders in the system's temporary folder on
+    every run, which piled up."""
+    previous_env, previous_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    folder = tempfile.mkdtemp(prefix=f"wikisim-run-{os.getpid()}-")
+    os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = previous_tempdir
+        if previous_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous_env
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def progress_folder() -> str:

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import shutil
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -333,14 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
     check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
     runner = options.view_as(StandardOptions).runner
-    folder = progress.progress_folder() if progress.is_local(runner) else None
-    try:
+    with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
+        folder = progress.progress_folder() if progress.is_local(runner) else None
         pipeline = beam.Pipeline(options=options)
         indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
         return _run(pipeline, config, input_pattern, runner, folder, indexes)
-    finally:
-        if folder:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: str | None,

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -52,10 +53,15 @@ def test_a_published_run_has_a_manifest_of_every_shard_and_a_reused_output_is_re
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: --output {out} already holds a run")
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
-    # --overwrite replaces it: nothing of the first run is left beside the second.
-    (out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz").write_bytes(b"stale shard")
+    # A file no run lists, even one named like a shard, is not deleted: --overwrite refuses.
+    stray = out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz"
+    stray.write_bytes(b"stray shard")
+    result = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)
+    assert result.returncode == 2 and "triplets-sen/train/part-00000-of-00009.tfrecord.gz" in result.stderr
+    assert stray.read_bytes() == b"stray shard" and (out / published.MANIFEST).exists()
+    # --overwrite replaces it: exactly the first run's files go, nothing of it is left beside the second.
+    stray.unlink()
     run.main(["--output", str(out), "--input", str(dump), "--overwrite", *FAST])
-    assert not (out / "triplets-sen" / "train" / "part-00000-of-00009.tfrecord.gz").exists()
     assert published.Run.open(str(out)).output("triplets-sen/train").records == train_records
 
 
@@ -64,12 +70,12 @@ def test_a_folder_being_written_or_holding_other_files_is_refused(tmp_path):
     busy.mkdir()
     (busy / outputs.LOCK).write_text("{}")          # a run is writing here (or died here)
     with pytest.raises(outputs.OutputInUseError, match="lock"):
-        outputs.claim_output(str(busy), overwrite=False)
+        outputs.claim_output(str(busy), overwrite=False, folders=["scb"])
     other = tmp_path / "other"
     other.mkdir()
     (other / "thesis.tex").write_text("mine")
     with pytest.raises(outputs.OutputInUseError, match="thesis.tex"):
-        outputs.claim_output(str(other), overwrite=True)
+        outputs.claim_output(str(other), overwrite=True, folders=["scb"])
     assert (other / "thesis.tex").read_text() == "mine"
 
 
@@ -78,12 +84,16 @@ def test_a_lock_of_a_dead_process_is_stale_and_replaced_only_with_overwrite(tmp_
     dead.wait()
     out = tmp_path / "out"
     out.mkdir()
-    (out / outputs.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid}))
-    (out / "scb").mkdir()                                                  # what the dead run left
+    (out / outputs.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "folders": ["scb"],
+                                                "files": [outputs.LOG]}))
+    (out / "scb" / "beam-temp-part-1234").mkdir(parents=True)               # what the dead run left
+    (out / "scb" / "beam-temp-part-1234" / "a.jsonl.gz").write_bytes(b"partial")
+    (out / outputs.LOG).write_text("log")
     with pytest.raises(outputs.OutputInUseError, match="stale"):
-        outputs.claim_output(str(out), overwrite=False)
-    outputs.claim_output(str(out), overwrite=True)
-    assert not (out / "scb").exists() and json.loads((out / outputs.LOCK).read_text())["pid"] == os.getpid()
+        outputs.claim_output(str(out), overwrite=False, folders=["scb"])
+    outputs.claim_output(str(out), overwrite=True, folders=["scb"])
+    assert sorted(os.listdir(out)) == [outputs.LOCK]                          # exactly what its lock lists, gone
+    assert json.loads((out / outputs.LOCK).read_text())["pid"] == os.getpid()
 
 
 def test_a_stale_index_fails_the_run_naming_the_cause(small_multistream, tmp_path):
@@ -260,7 +270,8 @@ def test_worker_processes_end_when_their_launcher_is_killed(tmp_path):
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)   # the whole excerpt
     deadline = time.monotonic() + 300
     # Reading has begun in a worker once a worker's page counts appear in the launcher's progress folder.
-    while not glob.glob(f"{tempfile.gettempdir()}/wikisim-progress-{launcher.pid}-*/*.json"):
+    counts = f"{tempfile.gettempdir()}/wikisim-run-{launcher.pid}-*/wikisim-progress-{launcher.pid}-*/*.json"
+    while not glob.glob(counts):
         assert launcher.poll() is None and time.monotonic() < deadline, "the workers never started reading"
         time.sleep(0.1)
     workers = _children(launcher.pid)
@@ -271,3 +282,154 @@ def test_worker_processes_end_when_their_launcher_is_killed(tmp_path):
     while alive := [pid for pid in workers if _running(pid)]:
         assert time.monotonic() < deadline, f"worker processes {alive} outlived their launcher"
         time.sleep(0.5)
+
+
+# ---------------------------------------------------------------- hostile runs (each a real run)
+
+def _published(small_multistream, out):
+    dump, _ = small_multistream
+    run.main(["--output", str(out), "--input", str(dump), *FAST])
+    return dump
+
+
+def test_overwrite_never_deletes_a_users_folder_whatever_its_name(small_multistream, tmp_path):
+    out = tmp_path / "out"
+    dump = _published(small_multistream, out)
+    backup = out / "triplets-sen-backup-2019"
+    backup.mkdir()
+    (backup / "README.txt").write_text("k")
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    result = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)
+    assert result.returncode == 2 and "triplets-sen-backup-2019/README.txt" in result.stderr.strip().splitlines()[-1]
+    assert (backup / "README.txt").read_text() == "k"
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before     # the published run untouched too
+
+
+def test_overwrite_through_a_symbolic_link_is_refused_before_anything_is_deleted(small_multistream, tmp_path):
+    out = tmp_path / "out"
+    dump = _published(small_multistream, out)
+    elsewhere = tmp_path / "elsewhere"
+    (out / "passages").rename(elsewhere)
+    (out / "passages").symlink_to(elsewhere)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    result = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "passages is a symbolic link" in result.stderr.strip().splitlines()[-1]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("fault", ["half the streams", "lines dropped", "lines duplicated"])
+def test_an_index_that_does_not_reconcile_exits_1_and_publishes_nothing(small_multistream, tmp_path, fault):
+    dump, index = small_multistream
+    lines = bz2.decompress(index.read_bytes()).decode().splitlines()
+    offsets = sorted({int(line.split(":", 1)[0]) for line in lines})
+    if fault == "half the streams":
+        kept = [line for line in lines if int(line.split(":", 1)[0]) in offsets[: len(offsets) // 2]]
+    elif fault == "lines dropped":
+        kept = [line for number, line in enumerate(lines) if number % 7 != 3]
+    else:
+        kept = [line for line in lines for _ in range(2)]
+    edited = tmp_path / "edited-index.txt.bz2"
+    edited.write_bytes(bz2.compress(("\n".join(kept) + "\n").encode()))
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(dump), "--index", str(edited), *FAST)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert last.startswith("error: ") and ("do not reconcile" in last or "pages its index lists" in last), last
+    assert not (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert (out / outputs.UNPUBLISHED).exists() and (out / outputs.STATS).exists()   # kept for inspection
+    rerun = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)    # replaced by a good run
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert not (out / outputs.UNPUBLISHED).exists() and (out / published.MANIFEST).exists()
+
+
+def test_a_glob_that_matches_one_dump_twice_is_refused(small_multistream, tmp_path):
+    dump, _ = small_multistream
+    (tmp_path / "wiki.xml.bz2").write_bytes(dump.read_bytes())
+    (tmp_path / "wiki.xml").write_bytes(bz2.decompress(dump.read_bytes()))
+    out = tmp_path / "out"
+    result = _cli("--output", str(out), "--input", str(tmp_path / "wiki.xml*"), *FAST)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "the same dump compressed and not" in last
+    assert str(tmp_path / "wiki.xml") in last and str(tmp_path / "wiki.xml.bz2") in last
+    assert not out.exists()
+
+
+def test_pages_with_an_id_read_twice_are_kept_once_and_counted(tmp_path):
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
+    first = [next(pages) for _ in range(PAGES)]
+    dump = tmp_path / "twice.xml"
+    dump.write_bytes(header + b"".join(first + first[:PAGES // 2]) + b"</mediawiki>\n")
+    once = tmp_path / "once.xml"
+    once.write_bytes(header + b"".join(first) + b"</mediawiki>\n")
+    twice = run.main(["--output", str(tmp_path / "twice"), "--input", str(dump), *FAST])
+    single = run.main(["--output", str(tmp_path / "once"), "--input", str(once), *FAST])
+    assert twice["counters"]["pages_duplicate_id"] == PAGES // 2 and twice["reconciliation"]["balanced"]
+    assert twice["counters"]["pages_read"] == PAGES + PAGES // 2
+    for name in ("articles_used", "triplets-sen/train", "triplets-titles/train", "scb_articles"):
+        assert twice["counters"][name] == single["counters"][name], name
+    letters = [json.loads(line) for path in (tmp_path / "twice" / "dead_letters").glob("*.jsonl.gz")
+               for line in __import__("gzip").decompress(path.read_bytes()).splitlines()]
+    assert sum(letter["reason"] == "duplicate_page_id" for letter in letters) == PAGES // 2
+
+
+def test_overwrite_refuses_while_a_reader_holds_the_run_and_the_reader_is_not_mixed(small_multistream, tmp_path):
+    import time
+
+    out = tmp_path / "out"
+    dump = _published(small_multistream, out)
+    manifest = (out / published.MANIFEST).read_bytes()
+    reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pipeline.published import Run
+        with Run.open({str(out)!r}).reading() as run:
+            print("reading", flush=True)
+            sys.stdin.readline()        # reads until told to stop
+            run.verify("triplets-sen/train")
+        """)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "reading"
+    result = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)
+    assert result.returncode == 2 and "is being read" in result.stderr.strip().splitlines()[-1]
+    assert (out / published.MANIFEST).read_bytes() == manifest and not (out / outputs.LOCK).exists()
+    reader.stdin.write("done\n")
+    reader.stdin.flush()
+    assert reader.wait(timeout=120) == 0, reader.stderr.read()[-2000:]
+    time.sleep(0.1)
+    rerun = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)   # no reader now
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+
+
+def test_an_output_path_with_brackets_is_one_error_line_and_claims_nothing(small_multistream, tmp_path):
+    dump, _ = small_multistream
+    out = tmp_path / "x[1]"
+    result = _cli("--output", str(out), "--input", str(dump), *FAST)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "which Beam reads as a glob pattern" in result.stderr.strip().splitlines()[-1]
+    assert not out.exists()
+
+
+def test_ctrl_c_is_one_line_exit_130_with_the_lock_released_and_no_temporary_folder_left(tmp_path):
+    import signal
+    import time
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    out = tmp_path / "out"
+    launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *FAST], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "TMPDIR": str(temporary)})
+    deadline = time.monotonic() + 300
+    while not (out / outputs.LOCK).exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, "the run never took the folder"
+        time.sleep(0.1)
+    time.sleep(1)
+    launcher.send_signal(signal.SIGINT)
+    _, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not (out / outputs.LOCK).exists() and not (out / published.MANIFEST).exists()
+    assert json.loads((out / outputs.UNPUBLISHED).read_text())["why"] == "interrupted"
+    assert os.listdir(temporary) == []
+    refused = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "x[1]"), *FAST],
+                             cwd=REPO, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(temporary)})
+    assert refused.returncode == 2 and os.listdir(temporary) == []          # a refusal leaves none either
