@@ -78,3 +78,25 @@ def test_a_seeded_sample_of_triplets_is_the_same_in_every_run(topic_shards):
     assert len(sample["anchor"]) == 20 and sample == again and sample != other
     whole_rows = set(zip(*(whole[key] for key in ("anchor", "positive", "negative"))))
     assert set(zip(*(sample[key] for key in ("anchor", "positive", "negative")))) <= whole_rows   # roles aligned
+
+
+def test_an_empty_split_or_a_folder_that_is_not_a_report_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = write_triplet_shards(str(tmp_path / "data"), sizes={"train": 16, "validation": 0, "test": 16})
+    repo = Path(__file__).resolve().parents[2]
+
+    def cli(*flags):
+        return subprocess.run([sys.executable, "-m", "eval.triplets", "--data", data, "--encoder", "tfidf", *flags],
+                              capture_output=True, text=True, cwd=repo)
+
+    done = cli("--split", "validation", "--output", str(tmp_path / "report"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"error: {data}/triplets-sen/validation holds no triplets to score"
+    assert not (tmp_path / "report").exists()
+    done = cli("--output", data)                     # the data folder itself: not an eval report's
+    assert done.returncode == 2 and "holds files eval does not write" in done.stderr.strip().splitlines()[-1]
+    assert cli("--output", str(tmp_path / "report")).returncode == 0
+    assert cli("--output", str(tmp_path / "report")).returncode == 0    # its own report: replaced

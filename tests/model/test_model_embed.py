@@ -135,3 +135,39 @@ def test_json_lines_without_text_are_set_aside_in_the_output_and_named_in_the_su
     assert sorted(letter["detail"][:16] for letter in letters) == ["Expecting value:", "no string field "]
     assert all(letter["source"] == str(source) and letter["stage"] == "embed" for letter in letters)
     assert "2 malformed line(s) set aside in dead_letters-*.jsonl" in capsys.readouterr().out
+
+
+def test_a_used_output_folder_is_refused_unless_overwrite_which_deletes_only_the_earlier_embeddings(tiny_model,
+                                                                                                    tmp_path):
+    import pytest
+
+    from pipeline.cli import UsageError
+
+    source = tmp_path / "sentences.txt"
+    source.write_text("The striker scored.\nBake the bread.\n")
+    out = tmp_path / "out"
+    embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(out)])
+    first = sorted(path.name for path in out.iterdir())
+    stale = out / "embeddings-00007-of-00009.parquet"          # as a run with more shards would have left it
+    stale.write_bytes((out / first[0]).read_bytes() if first[0].endswith(".parquet") else b"")
+    with pytest.raises(UsageError, match="already holds the output of an earlier model.embed"):
+        embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(out)])
+    assert stale.exists()
+    embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(out), "--overwrite"])
+    assert not stale.exists() and len(_rows(out)[0]) == 2     # only this run's rows: no earlier file left
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match=r"holds files model.embed does not write \(notes.txt\)"):
+        embed.main(["--model-dir", tiny_model, "--input", str(source), "--output", str(out), "--overwrite"])
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_encode_refuses_what_is_not_a_string_with_a_clear_type_error(tiny_model):
+    import pytest
+
+    encoder = load_encoder(tiny_model)
+    for bad, named in [(None, "got NoneType"), (b"bytes", "got bytes"), ([1, 2], "item 0 is a int"),
+                       (["fine", None], "item 1 is a NoneType"), (3.5, "got float")]:
+        with pytest.raises(TypeError, match=named):
+            encoder.encode(bad)
+    generated = encoder.encode(sentence for sentence in ["Goal!", "Bake the bread."])   # any iterable of strings
+    np.testing.assert_allclose(generated, encoder.encode(["Goal!", "Bake the bread."]), atol=1e-6)

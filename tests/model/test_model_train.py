@@ -252,13 +252,19 @@ TRAIN_SCRIPT = textwrap.dedent("""
             if args["kill_at"] and int(self.model.optimizer.iterations.numpy()) >= args["kill_at"]:
                 os._exit(17)
 
+    if args["kill_in_export"]:   # dies like a job killed after training, as its export begins
+        from model.network import ExportableEncoder
+        ExportableEncoder.export = lambda self, path: os._exit(17)
+
     summary = train(TrainConfig.from_flags(**args["config"]), extra_callbacks=[Probe()])
     print("SUMMARY" + json.dumps({k: v for k, v in summary.items() if k != "config"}))
 """)
 
 
-def _train_in_subprocess(config: dict, probe: Path, kill_at: int = 0, logical_cpus: int = 1):
-    args = json.dumps({"config": config, "probe": str(probe), "kill_at": kill_at, "logical_cpus": logical_cpus})
+def _train_in_subprocess(config: dict, probe: Path, kill_at: int = 0, logical_cpus: int = 1,
+                         kill_in_export: bool = False):
+    args = json.dumps({"config": config, "probe": str(probe), "kill_at": kill_at, "logical_cpus": logical_cpus,
+                       "kill_in_export": kill_in_export})
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     return subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, args], capture_output=True, text=True, env=env,
                           timeout=600)
@@ -288,8 +294,11 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     assert killed.returncode == 17, killed.stderr[-3000:]
     assert json.loads((tmp_path / "first.json").read_text()) == {"iterations": 0, "epoch": 0}
     assert not FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
-    with FileSystems.open(f"{model_dir}/backup/training_metadata.json") as handle:   # gcs: mirrored before the kill
-        assert json.load(handle) == {"epoch": 1, "batch": 1}
+    with FileSystems.open(f"{model_dir}/backup/training_state.json") as handle:   # gcs: mirrored before the kill
+        assert json.load(handle) == {"epoch": 1, "step": 6}
+    if where == "local":   # killed again while writing the next backup: a truncated file in backup.partial
+        (tmp_path / "m" / "backup.partial").mkdir()
+        (tmp_path / "m" / "backup.partial" / "latest.weights.h5").write_bytes(b"\x89HDF" + bytes(92))
     # Epoch 1 was validated before the kill; make its checkpoint unbeatable: a resumed run must keep it.
     with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
         best_weights = handle.read()
@@ -309,6 +318,56 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
         assert handle.read() == best_weights
     assert FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
+    assert not FileSystems.exists(f"{model_dir}/backup/training_state.json")   # deleted once the export is done
+
+
+def test_a_kill_between_two_backups_renames_resumes_from_the_last_good_one(shards, tmp_path):
+    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "epochs": 2, "steps": 4,
+              "checkpoint_every": 2}
+    assert _train_in_subprocess(config, tmp_path / "first.json", kill_at=6).returncode == 17
+    (tmp_path / "m" / "backup").rename(tmp_path / "m" / "backup.previous")   # killed between the two renames
+    (tmp_path / "m" / "backup.partial").mkdir()
+    summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
+    assert json.loads((tmp_path / "second.json").read_text()) == {"iterations": 6, "epoch": 1}
+    assert summary["epochs_run"] == 1
+    assert sorted(os.listdir(tmp_path / "m")) == sorted(
+        ["inputs.json", "vocabulary.txt", "checkpoints", "logs", "history.json", "training_curve.png",
+         "learning_curve.png", "encoder"])
+
+
+def test_a_kill_between_training_and_export_resumes_at_the_export(shards, tmp_path):
+    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "epochs": 2, "steps": 3}
+    died = _train_in_subprocess(config, tmp_path / "first.json", kill_in_export=True)
+    assert died.returncode == 17, died.stderr[-3000:]
+    assert (tmp_path / "m" / "backup" / "fit.json").exists() and not (tmp_path / "m" / "encoder").exists()
+    trained = json.loads((tmp_path / "m" / "backup" / "fit.json").read_text())
+    summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
+    assert not (tmp_path / "second.json").exists()            # fit never began again: no epoch started
+    assert summary["learning_curve"] == trained["learning_curve"] and summary["epochs_run"] == 2
+    assert (tmp_path / "m" / "encoder" / "saved_model.pb").exists()
+    assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder.partial").exists()
+
+
+def test_a_rerun_with_other_hyperparameters_is_refused_naming_them(shards, tmp_path):
+    lossy = ("--max-lost-fraction", "0.01")   # the fixture plants a corrupt record
+    assert _train_cli(shards, tmp_path / "m", *lossy).returncode == 0
+    done = _train_cli(shards, tmp_path / "m", *lossy, "--batch-size", "64", "--learning-rate", "0.5")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "holds a run with other flags" in last and "--batch-size 128 -> 64" in last
+    assert "--learning-rate None -> 0.5" in last
+    assert _train_cli(shards, tmp_path / "m", *lossy, "--budget-minutes", "5").returncode == 0   # how long: may
+
+
+def test_model_pretrained_refuses_a_trained_model_dir(shards, tmp_path):
+    assert _train_cli(shards, tmp_path / "m", "--max-lost-fraction", "0.01").returncode == 0
+    encoder = (tmp_path / "m" / "encoder" / "saved_model.pb").read_bytes()
+    for flags in ([], ["--overwrite"]):
+        done = subprocess.run([sys.executable, "-m", "model.pretrained", "--model-dir", str(tmp_path / "m"), *flags],
+                              capture_output=True, text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert "holds files model.pretrained does not write" in done.stderr.strip().splitlines()[-1]
+    assert (tmp_path / "m" / "encoder" / "saved_model.pb").read_bytes() == encoder
 
 
 def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
