@@ -1,4 +1,5 @@
-"""Progress of a local run: pages read so far, pages/s and the total the index lists.
+"""Progress of a local run: pages gone on to parsing so far (after `DeduplicatePages`), pages/s
+and the total the index lists.
 
 Beam's local runners give the launching process no counters until the pipeline ends (and the
 multi-process DirectRunner's workers are other processes), so each reading DoFn instance

@@ -70,10 +70,8 @@ class _DecodeReadUnitsFn(beam.DoFn):
         self.units_read.inc()
         self.index_pages.inc(len(read_unit.expected))
         for item in decode_read_unit(read_unit):
-            if isinstance(item, Page):
+            if isinstance(item, Page):   # shown in progress as it leaves `DeduplicatePages` for parsing
                 self.pages_read.inc()
-                if self.progress:
-                    self.progress.add(pages=1)
                 yield item
                 continue
             if item["page_id"] is not None:

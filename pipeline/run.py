@@ -143,7 +143,7 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
     out = config.output.rstrip("/")
     reader = ReadDumpPages(input_pattern, config.index, config.page_shards, progress_folder)
     read = pipeline | "ReadDump" >> reader
-    unique = read["pages"] | "DeduplicatePages" >> transforms.DeduplicatePages()
+    unique = read["pages"] | "DeduplicatePages" >> transforms.DeduplicatePages(progress_folder)
     built = unique["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
     articles = built["articles"]
 

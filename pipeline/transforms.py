@@ -10,7 +10,7 @@ import collections
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline import counters, records, sinks, triplets
+from pipeline import counters, progress, records, sinks, triplets
 from pipeline.dumps import Page, dead_letter
 from pipeline.records import DATASET_OF_STRATEGY, DEAD_LETTERS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
@@ -42,14 +42,32 @@ def first_of_duplicates(page_id: int, pages: list[Page]) -> tuple[Page, list[dic
 
 
 class _KeepOnePageFn(beam.DoFn):
+    """`first_of_duplicates`, counted; on a local run, each page is shown in the progress bar
+    (`pipeline.progress`) here, as it goes on to be parsed, the costly stage."""
+
+    def __init__(self, progress_folder: str | None = None):
+        self.progress_folder = progress_folder
+        self.progress = None
+
+    def setup(self):
+        if self.progress_folder:
+            self.progress = progress.PageCounts(self.progress_folder)
+
     def process(self, keyed):
         page_id, pages = keyed
-        kept, letters = first_of_duplicates(page_id, list(pages))
+        pages = list(pages)
+        kept, letters = first_of_duplicates(page_id, pages)
+        if self.progress:
+            self.progress.add(pages=len(pages))
         if letters:
             count(counters.PAGES_DUPLICATE_ID, len(letters))
             for letter in letters:
                 yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="dedupe"))
         yield kept
+
+    def finish_bundle(self):
+        if self.progress:
+            self.progress.flush()
 
 
 class DeduplicatePages(beam.PTransform):
@@ -58,11 +76,16 @@ class DeduplicatePages(beam.PTransform):
     triplets twice. Grouping by id is also a shuffle that spreads the parsing over workers,
     whatever the size of the read units the pages came from."""
 
+    def __init__(self, progress_folder: str | None = None):
+        super().__init__()
+        self.progress_folder = progress_folder
+
     def expand(self, pages):
         outputs = (pages
                    | "KeyById" >> beam.Map(lambda page: (page.page_id, page))
                    | "GroupById" >> beam.GroupByKey()
-                   | "KeepOne" >> beam.ParDo(_KeepOnePageFn()).with_outputs(DEAD_LETTERS, main="pages"))
+                   | "KeepOne" >> beam.ParDo(_KeepOnePageFn(self.progress_folder)).with_outputs(DEAD_LETTERS,
+                                                                                             main="pages"))
         return {"pages": outputs.pages, DEAD_LETTERS: outputs[DEAD_LETTERS]}
 
 
