@@ -158,15 +158,15 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
     killed = _cluster(config, tmp_path / "killed", kill_at=4)   # 3 steps per epoch, a backup every 2
     chief, worker = killed
     assert _wait([worker]) == [17], (tmp_path / "killed" / "worker1" / "stderr").read_text()[-4000:]
-    metadata = model_dir / "backup" / "training_metadata.json"
-    deadline = time.monotonic() + 120     # the chief backs up step 4, then waits for the dead worker
+    metadata = model_dir / "backup" / "training_state.json"
+    deadline = time.monotonic() + 120     # the chief backs up epoch 1's end (step 3), then waits for the dead worker
     while time.monotonic() < deadline and chief.poll() is None and not (
-            metadata.is_file() and json.loads(metadata.read_text() or "{}") == {"epoch": 1, "batch": 0}):
+            metadata.is_file() and json.loads(metadata.read_text() or "{}") == {"epoch": 1, "step": 3}):
         time.sleep(0.5)
     if chief.poll() is None:
         chief.send_signal(signal.SIGKILL)
     _wait([chief])
-    assert json.loads(metadata.read_text()) == {"epoch": 1, "batch": 0}
+    assert json.loads(metadata.read_text()) == {"epoch": 1, "step": 3}
     assert not (model_dir / "encoder").exists()
     # The dead worker's backups went to its own temporary folder, never into the model dir.
     (own,) = (tmp_path / "killed" / "worker1" / "tmp").glob("workertemp_1-*")
@@ -174,10 +174,10 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
 
     resumed = _cluster(config, tmp_path / "resumed")
     summaries = [_summary(tmp_path / "resumed" / f"worker{task}", code) for task, code in enumerate(_wait(resumed))]
-    for task in range(2):   # both continue at the backup's step, in the epoch it was in
-        assert json.loads((tmp_path / "resumed" / f"worker{task}" / "probe.json").read_text()) == {"iterations": 4}
+    for task in range(2):   # both continue at the backup's step, in the epoch after it
+        assert json.loads((tmp_path / "resumed" / f"worker{task}" / "probe.json").read_text()) == {"iterations": 3}
     assert [s["epochs_run"] for s in summaries] == [1, 1]
-    assert summaries[0]["learning_curve"][-1]["triplets_seen"] == 7 * 2 * COMMON["batch_size"]
+    assert summaries[0]["learning_curve"][-1]["triplets_seen"] == 6 * 2 * COMMON["batch_size"]
     for mine, theirs in zip(*(_weights(tmp_path / "resumed" / f"worker{task}") for task in range(2))):
         np.testing.assert_array_equal(mine, theirs)
     assert (model_dir / "encoder" / "saved_model.pb").is_file()

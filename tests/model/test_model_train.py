@@ -202,12 +202,12 @@ def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, t
     class RemoteBackupProbe(keras.callbacks.Callback):   # runs after the mirror: the backup is already up
         def on_train_batch_end(self, batch, logs=None):
             if int(self.model.optimizer.iterations.numpy()) == 2:
-                with FileSystems.open(f"{remote}/backup/training_metadata.json") as handle:
+                with FileSystems.open(f"{remote}/backup/training_state.json") as handle:
                     seen.append(json.load(handle))
 
     summary = train(TrainConfig.from_flags(data=shards, model_dir=remote, checkpoint_every=2, **TINY),
                     extra_callbacks=[RemoteBackupProbe()])
-    assert seen == [{"epoch": 0, "batch": 1}]
+    assert seen == [{"epoch": 0, "step": 2}]
     files = list_tree(remote)
     for artefact in ("history.json", "training_curve.png", "vocabulary.txt", "checkpoints/best.weights.h5",
                      "encoder/saved_model.pb"):
