@@ -174,10 +174,10 @@ class Manifest:
 
 
 def read_bytes(path: str) -> bytes:
-    from apache_beam.io.filesystem import CompressionTypes
+    """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
     from apache_beam.io.filesystems import FileSystems
 
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    with FileSystems.open(path) as handle:
         return handle.read()
 
 
