@@ -80,6 +80,7 @@ def test_a_seeded_sample_of_triplets_is_the_same_in_every_run(topic_shards):
     assert set(zip(*(sample[key] for key in ("anchor", "positive", "negative")))) <= whole_rows   # roles aligned
 
 
+@pytest.mark.slow   # four eval.triplets processes
 def test_an_empty_split_or_a_folder_that_is_not_a_report_is_one_error_line(tmp_path):
     import subprocess
     import sys
