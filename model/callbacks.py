@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from model.storage import TreeMirror
+from pipeline.published import write_complete
 
 
 def replace_whole(folder: str, write) -> None:
@@ -169,9 +170,7 @@ class BestCheckpoint(keras.callbacks.Callback):
         partial = os.path.join(self.directory, "best.partial.weights.h5")
         self.model.save_weights(partial, overwrite=True)
         os.replace(partial, self.filepath)
-        with open(self.score_path + ".partial", "w") as handle:
-            json.dump({self.monitor: self.best, "epoch": epoch + 1}, handle)
-        os.replace(self.score_path + ".partial", self.score_path)
+        write_complete(self.score_path, json.dumps({self.monitor: self.best, "epoch": epoch + 1}).encode())
 
 
 class LearningCurve(keras.callbacks.Callback):

@@ -168,15 +168,16 @@ def claim_folder(path: str, command: str, writes: tuple[str, ...], flag: str, ov
     from apache_beam.io.filesystems import FileSystems
 
     from pipeline.cli import UsageError
-    from pipeline.outputs import check_output_path, write_bytes
+    from pipeline.outputs import check_output_path
+    from pipeline.published import write_complete
 
     check_output_path(path, flag)
     if not is_remote(path) and os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a file, not a folder")
-    if not is_remote(path) and any(os.path.islink(os.path.join(path, name)) for name in _top_level_entries(path)):
-        raise UsageError(f"{flag} {path} holds a symbolic link; {command} never writes one: choose another folder")
     root = path.rstrip("/")
     found = _top_level_entries(path)
+    if not is_remote(path) and any(os.path.islink(os.path.join(path, name)) for name in found):
+        raise UsageError(f"{flag} {path} holds a symbolic link; {command} never writes one: choose another folder")
     entries = [name for name in found if name != CLAIM_FILE]
     owner = None
     if CLAIM_FILE in found:
@@ -194,4 +195,4 @@ def claim_folder(path: str, command: str, writes: tuple[str, ...], flag: str, ov
         FileSystems.delete([f"{root}/{name}" for name in entries])
     if not is_remote(path):
         os.makedirs(path, exist_ok=True)
-    write_bytes(f"{root}/{CLAIM_FILE}", json.dumps({"command": command, "pid": os.getpid()}).encode())
+    write_complete(f"{root}/{CLAIM_FILE}", json.dumps({"command": command, "pid": os.getpid()}).encode())

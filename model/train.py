@@ -62,7 +62,7 @@ from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
-from pipeline.published import MANIFEST  # noqa: E402
+from pipeline.published import MANIFEST, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -435,9 +435,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
                       "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points}
         os.makedirs(backup, exist_ok=True)
-        with open(f"{fitted}.partial", "w") as handle:
-            json.dump(fit_record, handle)
-        os.replace(f"{fitted}.partial", fitted)
+        write_complete(fitted, json.dumps(fit_record).encode())
     # tested and exported: the best validation epoch, of this run or a killed one
     if tf.io.gfile.exists(best.filepath):
         model.load_weights(best.filepath)
