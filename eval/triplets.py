@@ -51,11 +51,12 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
                   seed: int = 0) -> dict[str, list[str]]:
     """{role: sentences} (`records.ROLES`): parallel lists of sentences of one split, or of a
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
-    from model.data import triplet_sample, triplet_strings  # TensorFlow: after the flags parse
+    from model.data import open_run, triplet_sample, triplet_strings  # TensorFlow: after the flags parse
 
     columns = {role: [] for role in records.ROLES}
-    triplets = (triplet_sample(data, dataset, split, max_triplets, seed) if max_triplets
-                else triplet_strings(data, dataset, split, deterministic=True))
+    run = open_run(data)
+    triplets = (triplet_sample(run, dataset, split, max_triplets, seed) if max_triplets
+                else triplet_strings(run, dataset, split))
     with tqdm(desc=f"read {dataset}/{split}", unit="triplet") as progress:
         for batch in triplets.batch(4096).as_numpy_iterator():
             for key, values in columns.items():
@@ -125,9 +126,9 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
 
 def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
     """The split's triplets (or the configured sample), checked whole against the run's manifest."""
-    from model.data import verify_split  # TensorFlow: after the flags parse
+    from model.data import open_run, verify_split  # TensorFlow: after the flags parse
 
-    verify_split(config.data, config.dataset, config.split)   # the whole split as the run wrote it, or an error
+    verify_split(open_run(config.data), config.dataset, config.split)   # the whole split as the run wrote it
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
     if not triplet_count(triplets):
         raise UsageError(f"{config.data}/{config.dataset}/{config.split} holds no triplets to score")

@@ -91,7 +91,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from model.data import ARTICLE_ID, article_chunks, training_batches, triplet_strings  # noqa: E402
+from model.data import ARTICLE_ID, article_chunks, open_run, training_batches, triplet_strings  # noqa: E402
 from model.network import (  # noqa: E402
     LENGTH_SLICES,
     build_sentence_encoder,
@@ -146,7 +146,7 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
         return triplet_model
 
     def batches(batch_size, article_chunk=0, group_by_length=True):
-        return batch_size, training_batches(triplets, word_ids, batch_size, repeat=True, article_chunk=article_chunk,
+        return batch_size, training_batches(triplets.repeat(), word_ids, batch_size, article_chunk=article_chunk,
                                             group_by_length=group_by_length)
 
     batch, chunk = config.optimizer.batch_size, config.inputs.article_chunk
@@ -173,8 +173,8 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
     each article, until enough, in memory; the same in every process (shards read in a fixed order),
     as the workers of a scaling run must build the same global batches."""
     chunks, articles = [], set()
-    for chunk in article_chunks(triplet_strings(config.inputs.data, config.inputs.dataset, "train", deterministic=True),
-                                config.inputs.article_chunk):
+    run = open_run(config.inputs.data)
+    for chunk in article_chunks(triplet_strings(run, config.inputs.dataset, "train"), config.inputs.article_chunk):
         article = int(chunk[ARTICLE_ID][0])
         if article not in articles:
             articles.add(article)
@@ -187,7 +187,7 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
 def sentence_ids(config: TrainConfig):
     """(the token-id lookup, the embedding matrix or None) of the configured Net, as the trainer builds them."""
     if config.network.encoder == "bilstm":
-        vocabulary = build_vocabulary(config)
+        vocabulary = build_vocabulary(config, open_run(config.inputs.data))
         word_ids = WordIds(vocabulary, config.inputs.num_oov_buckets, config.inputs.max_tokens)
         return word_ids, embedding_matrix(vocabulary, word_ids, config)
     return token_ids(config.inputs.max_tokens, config.network.encoder), None
@@ -261,7 +261,7 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     network, batch_size = config.network, config.optimizer.batch_size
     global_batch = batch_size * replicas
     steps = -(-int(triplets.cardinality()) // global_batch)
-    batches = distributed_by_blocks(training_batches(triplets, word_ids, batch_size, repeat=True,
+    batches = distributed_by_blocks(training_batches(triplets.repeat(), word_ids, batch_size,
                                                      article_chunk=config.inputs.article_chunk, replicas=replicas))
     with strategy.scope():
         encoder = (build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,

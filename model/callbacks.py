@@ -6,6 +6,7 @@ trains (Keras loads then, not at `--help`)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -171,6 +172,22 @@ class BestCheckpoint(keras.callbacks.Callback):
         self.model.save_weights(partial, overwrite=True)
         os.replace(partial, self.filepath)
         write_complete(self.score_path, json.dumps({self.monitor: self.best, "epoch": epoch + 1}).encode())
+
+
+class FirstStep(keras.callbacks.Callback):
+    """Logs and keeps (`seconds`) the wall time from `started` (a `time.monotonic()` reading taken
+    when the trainer began, after its imports) to the end of the first training step: what a
+    user waits for before anything is learned (set-up, checks, the first batches' input)."""
+
+    def __init__(self, started: float):
+        super().__init__()
+        self.started = started
+        self.seconds: float | None = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.seconds is None:
+            self.seconds = round(time.monotonic() - self.started, 1)
+            logging.getLogger(__name__).info("first training step after %.1f s", self.seconds)
 
 
 class LearningCurve(keras.callbacks.Callback):

@@ -10,14 +10,17 @@ same client Dataflow uses, so what the tests exercise is what runs in the cloud.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+from collections.abc import Iterator
 
+import numpy as np
 import tensorflow as tf
 
 from model.text import WordIds, pad_ids, tokenize_graph
 from pipeline import records
 from pipeline.cli import DataLossError, UsageError
-from pipeline.published import MANIFEST, ManifestError, Run
+from pipeline.published import MANIFEST, ManifestError, Output, Run
 from pipeline.records import ROLES, FeatureType
 
 LOG = logging.getLogger(__name__)
@@ -42,12 +45,6 @@ class TripletDataLoss(DataLossError):
     """Reading a split lost more records than allowed (corrupt or truncated shards)."""
 
 
-def list_shards(data: str, dataset: str, split: str) -> list[str]:
-    """Paths of the split's shards as the run's manifest lists them (a folder without a manifest,
-    one from a failed or unfinished run, is refused); an error names the folder."""
-    return _manifest_entry(data, dataset, split)[0]
-
-
 def open_run(data: str) -> Run:
     """`Run.open`, with the trainer's error (a TripletDataError naming the folder)."""
     try:
@@ -56,30 +53,36 @@ def open_run(data: str) -> Run:
         raise TripletDataError(str(error)) from None
 
 
-def verify_split(data: str, dataset: str, split: str, max_lost_fraction: float = 0.0) -> int:
+def verify_split(run: Run, dataset: str, split: str, max_lost_fraction: float = 0.0) -> int:
     """`Run.verify` of one split (every shard there, of its size and record count), with the
     trainer's error for a run folder that lacks the split. Returns the records lost."""
-    _manifest_entry(data, dataset, split)
-    return Run.open(data).verify(f"{dataset}/{split}", max_lost_fraction)
+    triplet_split(run, dataset, split)
+    return run.verify(f"{dataset}/{split}", max_lost_fraction)
 
 
-def _manifest_entry(data: str, dataset: str, split: str) -> tuple[list[str], int]:
-    """(shard paths, records written) of the split, from the run's manifest, whose triplets must
-    carry the features training reads, of the types it parses."""
-    try:
-        run = Run.open(data)
-        paths, expected = run.paths(f"{dataset}/{split}"), run.output(f"{dataset}/{split}").records
-    except ManifestError as error:
-        hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
-                if dataset.startswith("triplets-sen-") else "")
-        raise TripletDataError(f"{error}{hint}") from None
+def triplet_split(run: Run, dataset: str, split: str) -> Output:
+    """The split's manifest entry (shards, per-shard records and sizes, order); the run's triplets
+    must carry the features training reads, of the types it parses. A run without the split, or
+    with other features, is one TripletDataError naming the manifest."""
     written = run.manifest.triplet_features
     differing = [f"{name} ({written.get(name, 'missing')})" for name in FEATURES
                  if written.get(name) != records.TRIPLET_FEATURES[name]]
     if differing:
-        raise TripletDataError(f"{data}/{MANIFEST}: its triplets carry {', '.join(differing)}, not as "
+        raise TripletDataError(f"{run.root}/{MANIFEST}: its triplets carry {', '.join(differing)}, not as "
                                "this code parses them; rerun the pipeline with this version")
-    return paths, expected
+    try:
+        return run.output(f"{dataset}/{split}")
+    except ManifestError as error:
+        hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
+                if dataset.startswith("triplets-sen-") else "")
+        raise TripletDataError(f"{error}{hint}") from None
+
+
+def list_shards(data: str, dataset: str, split: str) -> list[str]:
+    """Paths of the split's shards as the run's manifest lists them (a folder without a manifest,
+    one from a failed or unfinished run, is refused); an error names the folder."""
+    run = open_run(data)
+    return [run.path(shard.path) for shard in triplet_split(run, dataset, split).shards]
 
 
 def _beam_records(path: bytes):
@@ -92,23 +95,70 @@ def _beam_records(path: bytes):
         yield from read_frames(handle, path.decode())
 
 
-def read_records(shards: list[str], deterministic: bool = False) -> tf.data.Dataset:
-    """Serialized tf.train.Examples of all shards, shards read interleaved (in a fixed order
-    when `deterministic`, for samples that must be the same in every run)."""
-    paths = tf.data.Dataset.from_tensor_slices(shards)
-    if shards[0].startswith("gs://"):
-        def records_of(path):
-            return tf.data.Dataset.from_generator(
-                _beam_records, args=(path,), output_signature=tf.TensorSpec([], tf.string))
+def shard_records(path: tf.Tensor, remote: bool) -> tf.data.Dataset:
+    """The serialised records of one gzip TFRecord shard: tf.data's reader for a local path,
+    Beam's FileSystems for a `remote` one (gs://). A corrupt or truncated shard ends where it
+    breaks (`count_records` counts the loss)."""
+    if remote:
+        records_of = tf.data.Dataset.from_generator(_beam_records, args=(path,),
+                                                    output_signature=tf.TensorSpec([], tf.string))
     else:
-        def records_of(path):
-            return tf.data.TFRecordDataset(path, compression_type="GZIP")
+        records_of = tf.data.TFRecordDataset(path, compression_type="GZIP", buffer_size=1 << 20)
+    return records_of.ignore_errors(log_warning=True)
 
-    def open_shard(path):   # a corrupt or truncated shard ends where it breaks (`count_records` counts the loss)
-        return records_of(path).ignore_errors(log_warning=True)
 
-    return paths.interleave(open_shard, cycle_length=min(len(shards), 8),
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+def read_records(shards: list[str]) -> tf.data.Dataset:
+    """Serialized tf.train.Examples of the shards, read one after the other, in the order given:
+    the pipeline wrote each split in a fixed pseudo-random order (`pipeline.order`), so reading
+    the shards in order reads the split in that order."""
+    remote = bool(shards) and "://" in shards[0]
+    return tf.data.Dataset.from_tensor_slices(tf.constant(shards, tf.string)).flat_map(
+        lambda path: shard_records(path, remote))
+
+
+def shard_stream(shards: list[tuple[str, int]], seed: int, pipeline: int = 0, pipelines: int = 1,
+                 start: int = 0) -> Iterator[tuple[str, int]]:
+    """(shard path, records to skip in it) in the order input pipeline `pipeline` of `pipelines`
+    reads a split, pass after pass, for ever: pass p permutes the shards by (seed, p) and gives
+    this pipeline every `pipelines`-th of them (FILE sharding: workers read disjoint shards, each
+    record once per pass across them). `start` skips that many of this pipeline's records
+    without reading them: whole shards by the manifest's per-shard records, then the first
+    records of one shard. `shards`: (path, records) in the manifest's order."""
+    if len(shards) < pipelines:
+        raise TripletDataError(f"{len(shards)} shard(s) cannot feed {pipelines} input pipelines: each worker reads "
+                               "its own shards; rerun the pipeline on more data, or train on fewer workers")
+    if not sum(count for _, count in shards):
+        return
+    for passes in itertools.count():
+        order = np.random.default_rng([seed, passes]).permutation(len(shards))
+        mine = [shards[i] for i in order[pipeline::pipelines]]
+        total = sum(count for _, count in mine)
+        if start >= total:
+            start -= total
+            continue
+        for path, count in mine:
+            if start >= count:
+                start -= count
+                continue
+            LOG.info("input pipeline %d of %d, pass %d: %s from record %d", pipeline, pipelines, passes, path, start)
+            yield path, start
+            start = 0
+
+
+def streamed_triplets(run: Run, dataset: str, split: str, seed: int, pipeline: int = 0, pipelines: int = 1,
+                      start: int = 0) -> tf.data.Dataset:
+    """The split's triplets as an endless stream (`shard_stream`), shard after shard, each read
+    front to back: what the pipeline wrote in its pseudo-random order needs no shuffle buffer,
+    so memory does not grow with the data, the first batch comes as soon as a shard opens, and a
+    resumed run starts at its record (`start`) without reading what it trained on."""
+    output = triplet_split(run, dataset, split)
+    shards = [(run.path(shard.path), shard.records if shard.records is not None else 0) for shard in output.shards]
+    next(shard_stream(shards, seed, pipeline, pipelines, start), None)   # too few shards: refused now, not in fit
+    remote = "://" in run.root
+    stream = tf.data.Dataset.from_generator(lambda: shard_stream(shards, seed, pipeline, pipelines, start),
+                                            output_signature=(tf.TensorSpec([], tf.string),
+                                                              tf.TensorSpec([], tf.int64)))
+    return parse_triplets(stream.flat_map(lambda path, skip: shard_records(path, remote).skip(skip)))
 
 
 def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
@@ -120,31 +170,33 @@ def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
             .ignore_errors(log_warning=True))
 
 
-def count_records(data: str, dataset: str, split: str) -> dict[str, int]:
+def count_records(run: Run, dataset: str, split: str) -> dict[str, int]:
     """What reading the split loses, against its manifest: `lost` records (a corrupt or
     truncated shard is read up to where it breaks) and `unparseable` ones (read but not a
-    triplet Example: `parse_triplets` skips them)."""
-    shards, expected = _manifest_entry(data, dataset, split)
-    records_read = read_records(shards)
+    triplet Example: `parse_triplets` skips them). One pass, beside training."""
+    output = triplet_split(run, dataset, split)
+    records_read = read_records([run.path(shard.path) for shard in output.shards])
 
     def count(ds):
         return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
 
     raw = count(records_read)
-    return {"expected": expected, "read": raw, "lost": max(0, expected - raw),
+    return {"expected": output.records, "read": raw, "lost": max(0, output.records - raw),
             "unparseable": raw - count(parse_triplets(records_read))}
 
 
-def triplet_strings(data: str, dataset: str, split: str, deterministic: bool = False) -> tf.data.Dataset:
-    return parse_triplets(read_records(list_shards(data, dataset, split), deterministic))
+def triplet_strings(run: Run, dataset: str, split: str) -> tf.data.Dataset:
+    """Every triplet of the split once, in its written order."""
+    return parse_triplets(read_records([run.path(shard.path) for shard in triplet_split(run, dataset, split).shards]))
 
 
-def triplet_sample(data: str, dataset: str, split: str, size: int, seed: int = 0) -> tf.data.Dataset:
-    """A seeded sample of about `size` triplets, the same in every run: shards read in a fixed
-    order through a 20x shuffle buffer (triplets of one article lie together in a shard, so
-    the first `size` records would cover few articles)."""
-    triplets = triplet_strings(data, dataset, split, deterministic=True)
-    return triplets.shuffle(20 * size, seed=seed, reshuffle_each_iteration=False).take(size).cache()
+def triplet_sample(run: Run, dataset: str, split: str, size: int, seed: int = 0) -> tf.data.Dataset:
+    """A seeded sample of `size` triplets, the same in every run: the split read in its written
+    (pseudo-random) order from shard `seed` on (wrapping round), its first `size` records. No
+    shuffle buffer: the order was drawn when the run wrote the split."""
+    shards = [run.path(shard.path) for shard in triplet_split(run, dataset, split).shards]
+    rotation = seed % max(len(shards), 1)
+    return parse_triplets(read_records(shards[rotation:] + shards[:rotation])).take(size).cache()
 
 
 def count_words(triplets: tf.data.Dataset, batch_size: int = 1024) -> collections.Counter:
@@ -272,36 +324,33 @@ def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
 
 
 def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int, *,
-                     shuffle_buffer: int = 0, repeat: bool = False, seed: int = 0, article_chunk: int = 16,
-                     group_by_length: bool = True, replicas: int = 1, skip_batches: int = 0,
-                     static_shapes: bool = False) -> tf.data.Dataset:
+                     shuffle_buffer: int = 0, seed: int = 0, article_chunk: int = 16, group_by_length: bool = True,
+                     replicas: int = 1, static_shapes: bool = False) -> tf.data.Dataset:
     """(inputs, labels, weights) batches for Keras (`shared_sentences`), `batch_size` triplets
-    per replica; every triplet appears exactly once per pass, its three roles together.
+    per replica (`replicas` blocks per batch); every triplet of `triplets` appears once, its
+    three roles together.
 
-    With `article_chunk` > 0, chunks of that many triplets of one article (`article_chunks`) are
-    shuffled whole and batched side by side, so a batch holds `batch_size / article_chunk`
-    articles whose shared sentences are encoded once. With `article_chunk` 0, triplets are
-    shuffled one by one and, with `group_by_length`, grouped by their longest sentence
-    (`LENGTH_BOUNDARIES`), each group batched on its own so a batch is padded only to
-    similar-length sentences (the last batch of a group may be smaller).
+    With `article_chunk` > 0, the stream is taken in blocks of that many consecutive triplets,
+    batched side by side: the pipeline wrote each article's triplets in chunks of 16, together
+    (`pipeline.order`), so a batch holds about `batch_size / article_chunk` articles whose shared
+    sentences are encoded once; a `shuffle_buffer` (triplets) shuffles whole blocks. With
+    `article_chunk` 0, triplets are shuffled one by one (with a buffer) and, with
+    `group_by_length`, grouped by their longest sentence (`LENGTH_BOUNDARIES`), each group batched
+    on its own so a batch is padded only to similar-length sentences (the last batch of a group
+    may be smaller). The split's order was drawn when it was written, so the stream needs no
+    buffer to be shuffled; one keeps the batches of a second pass from repeating the first's.
 
-    `skip_batches` drops the stream's first batches before they become model inputs: a resumed
-    run (`model.train`) continues at the first batch it had not trained on. The stream is the same
-    in every process only when `triplets` is read in a fixed order (`deterministic`) and
-    shuffled with a `seed`. With `static_shapes`, batches are padded to a few fixed shapes
-    (`static_batch`): string work stays here, in the input pipeline, and the device gets ints."""
+    With `static_shapes`, batches are padded to a few fixed shapes (`static_batch`): string work
+    stays here, in the input pipeline, and the device gets ints."""
     global_batch = batch_size * replicas
     if article_chunk:
-        triplets = article_chunks(triplets, article_chunk)
+        blocks = triplets.batch(article_chunk)
         if shuffle_buffer:
-            triplets = triplets.shuffle(max(1, shuffle_buffer // article_chunk), seed=seed,
-                                        reshuffle_each_iteration=True)
-        batches = (triplets.repeat() if repeat else triplets).unbatch().batch(global_batch)
+            blocks = blocks.shuffle(max(1, shuffle_buffer // article_chunk), seed=seed, reshuffle_each_iteration=True)
+        batches = blocks.unbatch().batch(global_batch)
     else:
         if shuffle_buffer:
             triplets = triplets.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-        if repeat:
-            triplets = triplets.repeat()
         if group_by_length:
             def with_lengths(batch):   # tokenised in large batches (one graph call each)
                 return {**batch, "length": tf.reduce_max(
@@ -313,7 +362,7 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
                 bucket_batch_sizes=[global_batch] * (len(LENGTH_BOUNDARIES) + 1), no_padding=True)
         else:
             batches = triplets.batch(global_batch)
-    batches = batches.skip(skip_batches).map(lambda batch: shared_sentences(batch, word_ids, replicas),
+    batches = batches.map(lambda batch: shared_sentences(batch, word_ids, replicas),
                                              num_parallel_calls=tf.data.AUTOTUNE)
     if static_shapes:
         batches = batches.map(lambda *batch: static_batch(*batch, batch_size, word_ids.max_tokens),

@@ -52,17 +52,18 @@ from model.data import (  # noqa: E402
     count_words,
     distributed_by_blocks,
     open_run,
+    streamed_triplets,
     training_batches,
     triplet_sample,
+    triplet_split,
     triplet_strings,
-    verify_split,
     with_known_length,
 )
 from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
-from pipeline.published import MANIFEST, write_complete  # noqa: E402
+from pipeline.published import MANIFEST, Run, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -205,18 +206,22 @@ def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
         json.dump(inputs, handle, indent=2)
 
 
-def check_lost_records(config: TrainConfig, counts: dict[str, dict]) -> None:
-    """TripletDataLoss when a split lost more than `--max-lost-fraction` of its records."""
+def check_lost_records(config: TrainConfig, run: Run, counts: dict[str, dict]) -> None:
+    """TripletDataLoss when a split lost more than `--max-lost-fraction` of its records; a split
+    holding more records than its manifest lists (mixed data), or a shard fewer than allowed, is
+    named by `Run.verify` (ShardError naming the shard)."""
     inputs = config.inputs
     for split, count in counts.items():
         lost = count["lost"] + count["unparseable"]
+        if count["read"] != count["expected"]:
+            run.verify(f"{inputs.dataset}/{split}", inputs.max_lost_fraction)
         if lost > inputs.max_lost_fraction * max(count["expected"], 1):
             raise TripletDataLoss(
                 f"{inputs.data}/{inputs.dataset}/{split}: {lost:,} of {count['expected']:,} records lost to corrupt or "
                 f"truncated shards or unparseable (> --max-lost-fraction {inputs.max_lost_fraction})")
 
 
-def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[str]:
+def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None) -> list[str]:
     """The id space, kept in `<model_dir>/vocabulary.txt` (default: `--model-dir`) so a resumed job
     rebuilds the same one. `--vocabulary embeddings` (default): every word of the vector file
     in its order; with frozen vectors a word unseen in training still has its pre-trained vector
@@ -233,7 +238,7 @@ def build_vocabulary(config: TrainConfig, model_dir: str | None = None) -> list[
         vocabulary = load_word_vectors(inputs.embeddings).words
         LOG.info("vocabulary: all %d words of the word vectors", len(vocabulary))
     else:
-        counts = count_words(triplet_strings(inputs.data, inputs.dataset, "train"))
+        counts = count_words(triplet_strings(run, inputs.dataset, "train"))
         frequent = {word for word, n in counts.items() if n >= inputs.min_count}
         with_vectors = set(load_word_vectors(inputs.embeddings, frequent).words)
         vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
@@ -259,25 +264,40 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
     return matrix
 
 
-def split_batches(config: TrainConfig, split: str, word_ids: WordIds, replicas: int,
-                  resume_at_step: int = 0) -> tf.data.Dataset:
-    """Training batches are shuffled (and repeated when `--steps` sets the epoch length), the
-    same seeded stream in every run, so a resumed run starts it at `resume_at_step`; a
-    pass-long epoch or an evaluation has its batches counted first (one pass) so Keras stops
-    at its end. Validation and test score a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`),
-    the same at every epoch and in every run."""
-    inputs, seed = config.inputs, config.runtime.seed
-    training = split == "train"
-    if training or not inputs.evaluation_triplets:
-        triplets = triplet_strings(inputs.data, inputs.dataset, split, deterministic=training)
-    else:
-        triplets = triplet_sample(inputs.data, inputs.dataset, split, inputs.evaluation_triplets, seed)
-    repeat = training and config.optimizer.steps is not None
+def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: WordIds, replicas: int) -> tf.data.Dataset:
+    """Validation or test batches: a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`,
+    the same at every epoch and in every run) or the whole split, counted once so Keras knows
+    where it ends. Every worker of a multi-worker job reads them whole, and scores its block of
+    each global batch (`distributed_by_blocks`)."""
+    inputs = config.inputs
+    triplets = (triplet_sample(run, inputs.dataset, split, inputs.evaluation_triplets, config.runtime.seed)
+                if inputs.evaluation_triplets else triplet_strings(run, inputs.dataset, split))
     batches = training_batches(triplets, word_ids, config.optimizer.batch_size, replicas=replicas,
-                               shuffle_buffer=inputs.shuffle_buffer if training else 0, repeat=repeat,
-                               seed=seed, article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
-                               skip_batches=resume_at_step if repeat else 0, static_shapes=config.runtime.static_shapes)
-    return distributed_by_blocks(batches if repeat else with_known_length(batches))
+                               article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
+                               static_shapes=config.runtime.static_shapes)
+    return distributed_by_blocks(with_known_length(batches))
+
+
+def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: tf.distribute.Strategy,
+                    resume_at_step: int = 0):
+    """The training batches: each input pipeline (one per worker) streams its own shards of the
+    train split (`model.data.streamed_triplets`), one replica's batch per element
+    (`distribute_datasets_from_function`: no worker reads, parses or tokenises another's data).
+    A resumed run starts each pipeline's stream at the record its backup's step reached."""
+    inputs, optimizer = config.inputs, config.optimizer
+
+    def pipeline_batches(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+        triplets = streamed_triplets(run, inputs.dataset, "train", config.runtime.seed, context.input_pipeline_id,
+                                     context.num_input_pipelines,
+                                     start=resume_at_step * optimizer.batch_size * replicas_here)
+        return training_batches(triplets, word_ids, optimizer.batch_size, shuffle_buffer=inputs.shuffle_buffer,
+                                seed=config.runtime.seed, article_chunk=inputs.article_chunk,
+                                group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_shapes)
+
+    if strategy.num_replicas_in_sync == 1 and getattr(strategy, "cluster_resolver", None) is None:
+        return pipeline_batches(tf.distribute.InputContext())
+    return strategy.distribute_datasets_from_function(pipeline_batches)
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int):
@@ -345,8 +365,11 @@ def restored_state(model, backup_dir: str) -> tuple[int, int]:
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json."""
+    import time
+
     import keras
 
+    started = time.monotonic()   # seconds_to_first_step count from here
     keras.utils.set_random_seed(config.runtime.seed)
     run = open_run(config.inputs.data)
     strategy = make_strategy(config.runtime.distribution_strategy)
@@ -354,18 +377,19 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     # A reader's lease on the data for the whole run: no pipeline.run --overwrite replaces it meanwhile.
     with run.reading(), staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
         if chief:
-            return _train(config, strategy, model_dir, mirror, extra_callbacks)
+            return _train(config, run, strategy, model_dir, mirror, extra_callbacks, started)
         with worker_temp_dir(strategy) as own_dir:
-            return _train(config, strategy, own_dir, None, extra_callbacks, resume_from=model_dir)
+            return _train(config, run, strategy, own_dir, None, extra_callbacks, started, resume_from=model_dir)
 
 
-def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str, mirror: TreeMirror | None,
-           extra_callbacks: list | None, resume_from: str | None = None) -> dict:
+def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, model_dir: str,
+           mirror: TreeMirror | None, extra_callbacks: list | None, started: float,
+           resume_from: str | None = None) -> dict:
     """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one.
     `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     import keras
 
-    from model.callbacks import AtomicBackup, BestCheckpoint, LearningCurve, MirrorBackups, TimeBudget
+    from model.callbacks import AtomicBackup, BestCheckpoint, FirstStep, LearningCurve, MirrorBackups, TimeBudget
     from model.network import ExportableEncoder
 
     inputs, optimizer, runtime = config.inputs, config.optimizer, config.runtime
@@ -377,7 +401,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         if os.path.isdir(os.path.join(resume_from, entry)):
             shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))
     if config.network.encoder == "bilstm":
-        vocabulary = build_vocabulary(config, model_dir)
+        vocabulary = build_vocabulary(config, run, model_dir)
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
@@ -386,25 +410,29 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
     if mirror:
         mirror.push()
-    for split in SPLITS:   # every shard there, of its size and record count, before any training (seconds)
-        lost = verify_split(inputs.data, inputs.dataset, split, inputs.max_lost_fraction)
-        if lost:
-            LOG.warning("%s/%s/%s: %d records lost to broken shards (within --max-lost-fraction)",
-                        inputs.data, inputs.dataset, split, lost)
-    validation_batches = split_batches(config, "validation", word_ids, strategy.num_replicas_in_sync)
-    if int(validation_batches.cardinality()) == 0:   # refused now, not after training (no best epoch to keep)
+    for split in SPLITS:   # every shard there, of the size the run wrote, before any training (seconds)
+        triplet_split(run, inputs.dataset, split)
+        run.check_sizes(f"{inputs.dataset}/{split}")
+    if triplet_split(run, inputs.dataset, "train").order is None and not inputs.shuffle_buffer:
+        LOG.warning("%s/%s was written in page order (an older pipeline.run): streamed without a shuffle buffer, "
+                    "training would drift with the topics; rerun the pipeline, or pass --shuffle-buffer",
+                    inputs.data, inputs.dataset)
+    if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
         raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
-    # Counting what reading loses takes a pass over every split (minutes for a million triplets):
-    # it runs beside training (tf.data releases the GIL) and is checked before the export.
+    validation_batches = evaluation_batches(config, run, "validation", word_ids, strategy.num_replicas_in_sync)
+    # The records each split holds are counted beside training (tf.data releases the GIL), not
+    # before it, and checked before the export: no extra pass before the first step.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    record_counts = {split: counting.submit(count_records, inputs.data, inputs.dataset, split)
-                     for split in SPLITS}
+    record_counts = {split: counting.submit(count_records, run, inputs.dataset, split) for split in SPLITS}
     with strategy.scope():
         encoder, model = build_models(config, matrix, global_batch)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
     backup = f"{model_dir}/{BACKUP}"
     step, epochs_done = restored_state(model, backup)
-    train_batches = split_batches(config, "train", word_ids, strategy.num_replicas_in_sync, resume_at_step=step)
+    train_batches = training_stream(config, run, word_ids, strategy, resume_at_step=step)
+    # `--steps none`: an epoch is one pass over the train split, by the manifest's count.
+    pass_steps = max(1, -(-triplet_split(run, inputs.dataset, "train").records // global_batch))
+    first_step = FirstStep(started)
     if step:
         LOG.info("resuming from the backup at step %d", step)
 
@@ -431,9 +459,11 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
     else:
         fit = model.fit(train_batches, validation_data=validation_batches, epochs=optimizer.epochs,
                         initial_epoch=step // optimizer.steps if optimizer.steps else epochs_done,
-                        steps_per_epoch=optimizer.steps, callbacks=callbacks, verbose=1 if runtime.progress else 2)
+                        steps_per_epoch=optimizer.steps or pass_steps, callbacks=[*callbacks, first_step],
+                        verbose=1 if runtime.progress else 2)
         fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
-                      "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points}
+                      "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points,
+                      "seconds_to_first_step": first_step.seconds}
         os.makedirs(backup, exist_ok=True)
         write_complete(fitted, json.dumps(fit_record).encode())
     # tested and exported: the best validation epoch, of this run or a killed one
@@ -442,15 +472,15 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
 
     # silent otherwise: the test pass takes a while
     LOG.info("training done; scoring the best epoch on the test split")
-    test = model.evaluate(split_batches(config, "test", word_ids, strategy.num_replicas_in_sync), verbose=0,
-                          return_dict=True)
+    test = model.evaluate(evaluation_batches(config, run, "test", word_ids, strategy.num_replicas_in_sync),
+                          verbose=0, return_dict=True)
     LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
     counts = {split: future.result() for split, future in record_counts.items()}
     counting.shutdown()
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):
         LOG.warning("records lost or unparseable per split of %s/%s: %s", inputs.data, inputs.dataset, counts)
-    check_lost_records(config, counts)
+    check_lost_records(config, run, counts)
     history = fit_record["history"]
     summary = {
         **history,
@@ -464,6 +494,7 @@ def _train(config: TrainConfig, strategy: tf.distribute.Strategy, model_dir: str
         "test_loss": float(test["loss"]),
         "epochs_run": len(history["loss"]),
         "stopped_by_budget": fit_record["stopped_by_budget"],
+        "seconds_to_first_step": fit_record.get("seconds_to_first_step"),
         "learning_curve": fit_record["learning_curve"],
         "vocabulary_size": len(vocabulary) if vocabulary else None,
         "skipped_records": skipped,

@@ -221,11 +221,11 @@ def _delete_files(out: str, relative: list[str]) -> None:
             folder = os.path.dirname(folder)
 
 
-def publish_manifest(out: str, counts: dict[str, int]) -> Manifest:
+def publish_manifest(out: str, counts: dict[str, int], orders: dict[str, dict] | None = None) -> Manifest:
     """`write_manifest`, then the lock is removed: the run is published (or, when the files do
     not hold what the counters say, refused and recorded as unpublished: the run is over)."""
     try:
-        manifest = write_manifest(out, counts)
+        manifest = write_manifest(out, counts, orders)
     except BaseException:
         end_unpublished(out, "its files do not hold what its counters say")
         raise
@@ -233,10 +233,11 @@ def publish_manifest(out: str, counts: dict[str, int]) -> Manifest:
     return manifest
 
 
-def write_manifest(out: str, counts: dict[str, int]) -> Manifest:
+def write_manifest(out: str, counts: dict[str, int], orders: dict[str, dict] | None = None) -> Manifest:
     """Writes `manifest.json` (`MANIFEST_VERSION`): every output's shards with their sizes and
     record counts, read back from the files, and the record count the run's counters give
-    (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records). Where
+    (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records; `orders`
+    a triplet folder to how its records are ordered, `pipeline.order.order_record`). Where
     the two differ, records were lost or mixed on the way to the files: ShardError, and nothing
     is published."""
     from apache_beam.io.filesystems import FileSystems
@@ -251,7 +252,7 @@ def write_manifest(out: str, counts: dict[str, int]) -> Manifest:
                 raise ShardError(f"{meta.path}: {broken} after {count:,} records, as written by this run")
             shards.append(Shard(meta.path[len(out) + 1:], meta.size_in_bytes, count))
         check_record_count(f"{out}/{folder}", sum(shard.records for shard in shards), n_records)
-        outputs[folder] = Output(folder, n_records, tuple(shards))
+        outputs[folder] = Output(folder, n_records, tuple(shards), (orders or {}).get(folder))
     files = tuple(name for name in RUN_FILES if FileSystems.exists(f"{out}/{name}"))
     manifest = Manifest(MANIFEST_VERSION, outputs, dict(TRIPLET_FEATURES), STATS, files)
     write_complete(f"{out}/{MANIFEST}", json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode("utf-8"))

@@ -39,10 +39,11 @@ LOG = logging.getLogger(__name__)
 
 # Written last by a run (`pipeline.outputs`): {"format_version": 4, "outputs": {folder: {"records": n,
 # "shards": [path relative to the run folder, ...], "shard_bytes": [size, ...], "shard_records":
-# [n, ...]}}, "triplet_features": TRIPLET_FEATURES, "stats": "stats.json", "files": [the run's
-# other top-level files]}; folders are `<dataset>/<split>`, `scb`, `passages` and `dead_letters`.
-# Version 3 had no `files`, version 2 no `triplet_features` either (they were these), version 1
-# (no version field) no per-shard sizes or counts.
+# [n, ...], "order": how a triplet split is ordered, or null}}, "triplet_features": TRIPLET_FEATURES,
+# "stats": "stats.json", "files": [the run's other top-level files]}; folders are
+# `<dataset>/<split>`, `scb`, `passages` and `dead_letters`. Version 3 had no `files` and no
+# `order` (its triplets lay in page order, article by article), version 2 no `triplet_features`
+# either (they were these), version 1 (no version field) no per-shard sizes or counts.
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 4
 READABLE_MANIFEST_VERSIONS = (1, 2, 3, MANIFEST_VERSION)
@@ -75,6 +76,7 @@ class Output:
     folder: str              # `triplets-sen/train`, `scb`, ...
     records: int
     shards: tuple[Shard, ...]
+    order: dict | None = None   # how a triplet split's records are ordered (`pipeline.order.order_record`)
 
 
 def _require(condition: bool, where: str, field: str, why: str) -> None:
@@ -149,9 +151,11 @@ class Manifest:
                          f"must list one count per shard ({len(paths)}), got "
                          f"{len(values) if isinstance(values, list) else values!r}")
                 per_shard[key] = [_count(value, where, f"{field}.{key}[{i}]") for i, value in enumerate(values)]
+            ordering = entry.get("order")
+            _require(ordering is None or isinstance(ordering, dict), where, f"{field}.order", "is not an object")
             parsed[folder] = Output(folder, _count(entry.get("records"), where, f"{field}.records"), tuple(
                 Shard(path, size, n) for path, size, n in zip(paths, per_shard["shard_bytes"],
-                                                              per_shard["shard_records"])))
+                                                              per_shard["shard_records"])), ordering)
         features = fields.get("triplet_features", dict(TRIPLET_FEATURES))
         _require(isinstance(features, dict) and all(isinstance(v, str) for v in features.values()), where,
                  "triplet_features", "is not an object of type names")
@@ -164,7 +168,7 @@ class Manifest:
                 "stats": self.stats, "files": list(self.files), "outputs": {
                     folder: {"records": output.records, "shards": [shard.path for shard in output.shards],
                              "shard_bytes": [shard.size for shard in output.shards],
-                             "shard_records": [shard.records for shard in output.shards]}
+                             "shard_records": [shard.records for shard in output.shards], "order": output.order}
                     for folder, output in self.outputs.items()}}
 
     def written_files(self) -> list[str]:

@@ -153,12 +153,13 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
             articles
             | f"Triplets[{dataset}]"
             >> transforms.SentenceTriplets(strategy, config.seed, config.rules, config.other_article_bucket_size)
-            | f"Write[{dataset}]" >> transforms.WriteTripletSplits(out, dataset)
+            | f"Write[{dataset}]" >> transforms.WriteTripletSplits(out, dataset, config.seed)
         )
     (
         articles
         | f"Triplets[{records.TITLES_DATASET}]" >> transforms.TitleTriplets()
-        | f"Write[{records.TITLES_DATASET}]" >> transforms.WriteTripletSplits(out, records.TITLES_DATASET)
+        | f"Write[{records.TITLES_DATASET}]" >> transforms.WriteTripletSplits(out, records.TITLES_DATASET,
+                                                                             config.seed)
     )
     (
         articles
@@ -384,7 +385,11 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
         outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
         raise
-    outputs.publish_manifest(out, output_records(counters, config))
+    from pipeline.order import order_record
+
+    triplet_folders = [folder for folder in output_counters(config) if folder.split("/")[0] in records.TRIPLET_DATASETS]
+    outputs.publish_manifest(out, output_records(counters, config),
+                             dict.fromkeys(triplet_folders, order_record(config.seed)))
     return stats
 
 

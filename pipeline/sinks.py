@@ -1,4 +1,5 @@
-"""Beam's TFRecord and text file sinks, writing each file in blocks of `BLOCK_BYTES`.
+"""The run's file writers, in blocks: Beam's text sink for the JSON-lines outputs, and one
+ordered TFRecord shard at a time for the triplet splits (`pipeline.order`).
 
 A run writes about ten gzip files at once (three splits of each triplet dataset, SCB, passages,
 dead letters) and Beam's sinks hand each record to its file's zlib compressor as it comes, so
@@ -9,17 +10,13 @@ gives zlib the same bytes in fewer, larger pieces, and deflate's output does not
 its input is cut, so the files are the same byte for byte. A thread per file writes its blocks
 (`BlockWriter`), so the compressing runs beside the parsing: zlib releases the GIL.
 
-`write_tfrecord_batches` also takes a *list* of records per element (the triplets of one
-article and split): Beam's write step costs a few microseconds per element (windowing,
-timestamps, its side input), as much as serialising a triplet, so one element per article
-spares it for all but one of each article's triplets. The records of a batch are written in
-order, as consecutive elements would be.
-
-The sinks are Beam's public `FileBasedSink` (what `WriteToTFRecord` and `WriteToText` build on)
-with the same arguments those transforms pass: they add only `open` (a block-gathering handle
-around Beam's own), the record framing (`pipeline.tfrecord.frame`; a line and its newline for
-text) and, for batches, `write_record`, so sharding, naming and finalisation stay Beam's. A test
-checks the files equal Beam's own sinks' byte for byte.
+The text sink is Beam's public `FileBasedSink` (what `WriteToText` builds on) with the same
+arguments that transform passes: it adds only `open` (a block-gathering handle around Beam's
+own) and the line framing, so sharding, naming and finalisation stay Beam's. A test checks the
+files equal Beam's own sink's byte for byte. A triplet shard is written whole by one worker in
+its key order (`write_tfrecord_shard`, framed by `pipeline.tfrecord`) to a temporary folder, and
+the split's shards are renamed into place together (`finalize_shards`), as Beam's sinks
+finalise; a test checks a shard equals `WriteToTFRecord`'s file of the same records.
 """
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ import queue
 import threading
 
 import apache_beam as beam
-from apache_beam.coders.coders import BytesCoder, Coder, ToBytesCoder
+from apache_beam.coders.coders import Coder, ToBytesCoder
 from apache_beam.io.filebasedsink import FileBasedSink
 from apache_beam.io.filesystem import CompressionTypes
 
@@ -98,26 +95,49 @@ class _BlockSink(FileBasedSink):
         return BlockWriter(super().open(temp_path))
 
 
-class _BlockTFRecordBatchSink(_BlockSink):
-    def write_record(self, file_handle, batch: list[bytes]) -> None:
-        for record in batch:
-            file_handle.write(frame(record))
-
-
 class _BlockTextSink(_BlockSink):
     def write_encoded_record(self, file_handle, encoded_line: bytes) -> None:
         file_handle.write(encoded_line)
         file_handle.write(b"\n")
 
 
-def write_tfrecord_batches(prefix: str, suffix: str = ".tfrecord.gz") -> beam.PTransform:
-    """PCollection[list[bytes]] -> the records, in order, as `beam.io.WriteToTFRecord(prefix,
-    file_name_suffix=suffix, compression_type=GZIP)` writes bounded input (its defaults: as
-    many shards as the runner chooses), in blocks."""
-    return beam.io.Write(_BlockTFRecordBatchSink(prefix, suffix, BytesCoder(), "application/octet-stream"))
-
-
 def write_text(prefix: str, suffix: str = ".jsonl.gz") -> beam.PTransform:
     """`beam.io.WriteToText(prefix, file_name_suffix=suffix, compression_type=GZIP)` for bounded
     input, writing in blocks."""
     return beam.io.Write(_BlockTextSink(prefix, suffix, ToBytesCoder(), "text/plain"))
+
+
+def write_tfrecord_shard(path: str, chunks) -> int:
+    """Writes the records of `chunks` (lists of serialised records), in order, as one gzip
+    TFRecord file (through Beam's FileSystems, compressed by a `BlockWriter`'s thread); returns
+    the records written."""
+    from apache_beam.io.filesystems import FileSystems
+
+    written = 0
+    writer = BlockWriter(FileSystems.create(path, mime_type="application/octet-stream",
+                                            compression_type=CompressionTypes.GZIP))
+    for chunk in chunks:
+        for record in chunk:
+            writer.write(frame(record))
+        written += len(chunk)
+    writer.close()
+    return written
+
+
+def finalize_shards(temp_paths: list[str], folder: str, temp_folder: str) -> list[str]:
+    """Renames a split's shards from its temporary folder into `folder` (all at the end, as Beam's
+    file sinks finalise), or writes one empty shard when the split got none, then removes the
+    temporary folder. Returns the final paths."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipeline.order import shard_name
+
+    if not temp_paths:
+        empty = f"{folder}/{shard_name(0, 1)}"
+        write_tfrecord_shard(empty, [])
+        return [empty]
+    final = [f"{folder}/{path.rsplit('/', 1)[1]}" for path in sorted(temp_paths)]
+    FileSystems.rename(sorted(temp_paths), final)
+    if FileSystems.exists(temp_folder):
+        FileSystems.delete([temp_folder])
+    return final

@@ -6,11 +6,12 @@ namespace (`counters.NAMESPACE`, names in `pipeline.counters`); `pipeline.run` w
 from __future__ import annotations
 
 import collections
+import uuid
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline import counters, progress, records, sinks, triplets
+from pipeline import counters, order, progress, records, sinks, triplets
 from pipeline.dumps import Page, dead_letter
 from pipeline.records import DATASET_OF_STRATEGY, DEAD_LETTERS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
@@ -146,21 +147,21 @@ def unfilled_slots_counter(strategy: str) -> str:
 
 
 def records_by_split(dataset: str, made: list[triplets.Triplet]):
-    """The triplets as serialised `tf.train.Example`s, one list per split (in the order made),
-    each a tagged output named after its split, counted per split in one increment each.
-    Serialising where the triplets are made, and handing Beam one element per article and split
-    (see `pipeline.sinks`), spares it a Partition step, a serialising step and a counter call
-    per triplet."""
+    """The triplets of one article as serialised `tf.train.Example`s, one (article id, list)
+    per split (in the order made), each a tagged output named after its split, counted per split
+    in one increment each. Serialising where the triplets are made, and handing Beam one element
+    per article and split, spares it a Partition step, a serialising step and a counter call per
+    triplet."""
     batches: dict[str, list[bytes]] = {}
     for triplet, record in zip(made, records.triplet_examples(made)):
         batches.setdefault(triplet.split, []).append(record)
     for split, batch in batches.items():
         count(counters.split_counter(dataset, split), len(batch))
-        yield beam.pvalue.TaggedOutput(split, batch)
+        yield beam.pvalue.TaggedOutput(split, (made[0].article_id, batch))
 
 
 def by_split(outputs) -> dict:
-    """{split: PCollection[list[bytes]]} of a ParDo whose outputs are tagged by `records_by_split`."""
+    """{split: PCollection[(article id, list[bytes])]} of a ParDo tagged by `records_by_split`."""
     return {split: outputs[split] for split in SPLITS}
 
 
@@ -239,22 +240,63 @@ class TitleTriplets(beam.PTransform):
         ).with_outputs(*SPLITS))
 
 
-class WriteTripletSplits(beam.PTransform):
-    """{split: lists of serialised triplets} -> `<out>/<dataset>/<split>/part-NNNNN-of-MMMMM.tfrecord.gz`.
+def keyed_chunks(article_and_records: tuple[int, list[bytes]], seed: int, dataset: str, split: str):
+    """(order key, chunk of records) of one article's records of one split (`pipeline.order`)."""
+    article_id, batch = article_and_records
+    for index, chunk in enumerate(order.chunks(batch)):
+        yield order.order_key(seed, dataset, split, article_id, index), chunk
 
-    Beam's file sink writes one empty shard for a split that gets no triplet, so every split
-    of every dataset is readable (as zero records).
+
+def assign_shard(keyed_chunk: tuple[int, list[bytes]], record_bytes: int, n_chunks: int):
+    """(shard index, (key, chunk)), the shard from the key and the split's size."""
+    return order.shard_of(keyed_chunk[0], order.shard_count(record_bytes, n_chunks)), keyed_chunk
+
+
+class _WriteShardFn(beam.DoFn):
+    """Writes one shard, its chunks sorted by key, to the split's temporary folder."""
+
+    def __init__(self, temp_folder: str):
+        self.temp_folder = temp_folder
+
+    def process(self, shard: tuple[int, list], record_bytes: int, n_chunks: int):
+        index, keyed = shard
+        path = f"{self.temp_folder}/{order.shard_name(index, order.shard_count(record_bytes, n_chunks))}"
+        sinks.write_tfrecord_shard(path, (chunk for _, chunk in sorted(keyed, key=lambda pair: pair[0])))
+        yield path
+
+
+class WriteTripletSplits(beam.PTransform):
+    """{split: (article id, serialised triplets)} -> `<out>/<dataset>/<split>/part-SSSSS-of-NNNNN.tfrecord.gz`,
+    each split in its fixed pseudo-random order (`pipeline.order`): chunks keyed by a seeded hash,
+    grouped by shard (one shuffle; the shard count from the split's size, a side input), sorted
+    within each shard, written to a temporary folder and renamed into place once every shard is
+    written. A split that gets no triplet is written as one empty shard, so every split of every
+    dataset is readable (as zero records).
     """
 
-    def __init__(self, output: str, dataset: str):
+    def __init__(self, output: str, dataset: str, seed: int):
         super().__init__()
         self.output = output.rstrip("/")
         self.dataset = dataset
+        self.seed = seed
+        self.run_id = uuid.uuid4().hex   # one temporary folder per split and run; a retried shard rewrites its file
 
     def expand(self, records_of_split):
         for split in SPLITS:
-            _ = records_of_split[split] | f"Write[{split}]" >> sinks.write_tfrecord_batches(
-                f"{self.output}/{self.dataset}/{split}/part")
+            folder = f"{self.output}/{self.dataset}/{split}"
+            temp_folder = f"{folder}/beam-temp-part-{self.run_id}"
+            keyed = (records_of_split[split]
+                     | f"Chunk[{split}]" >> beam.FlatMap(keyed_chunks, self.seed, self.dataset, split))
+            record_bytes = beam.pvalue.AsSingleton(
+                keyed | f"Bytes[{split}]" >> beam.Map(lambda pair: sum(map(len, pair[1])))
+                | f"SumBytes[{split}]" >> beam.CombineGlobally(sum))
+            n_chunks = beam.pvalue.AsSingleton(keyed | f"CountChunks[{split}]" >> beam.combiners.Count.Globally())
+            _ = (keyed
+                 | f"AssignShard[{split}]" >> beam.Map(assign_shard, record_bytes, n_chunks)
+                 | f"GroupShards[{split}]" >> beam.GroupByKey()
+                 | f"WriteShards[{split}]" >> beam.ParDo(_WriteShardFn(temp_folder), record_bytes, n_chunks)
+                 | f"AllShards[{split}]" >> beam.combiners.ToList()
+                 | f"Finalize[{split}]" >> beam.Map(sinks.finalize_shards, folder, temp_folder))
         return beam.pvalue.PDone(records_of_split[SPLITS[0]].pipeline)
 
 

@@ -7,6 +7,7 @@ import random
 
 import tensorflow as tf
 
+from pipeline.order import order_record
 from pipeline.outputs import write_manifest
 
 TOPICS = {
@@ -55,7 +56,8 @@ def write_triplet_shards(out: str, dataset: str = "triplets-sen", sizes=None, sh
                 if split == "train" and shard == 0:
                     for record in extra_records:
                         writer.write(record)
-    write_manifest(out, {**_manifest_counts(out), **counts})
+    # Each record is its own random article: the shards are in a pseudo-random order, as the pipeline writes them.
+    write_manifest(out, {**_manifest_counts(out), **counts}, dict.fromkeys(counts, order_record(seed)))
     return out
 
 

@@ -1,5 +1,6 @@
 """The trainer's input: every triplet once per pass, roles aligned, shared sentences encoded once."""
 import collections
+import itertools
 import random
 
 import numpy as np
@@ -67,22 +68,53 @@ def test_every_triplet_once_per_pass_with_its_roles_together(options):
     assert seen == expected                                # each triplet exactly once, roles aligned
 
 
-@pytest.mark.parametrize("options", [dict(article_chunk=4), dict(article_chunk=0)])
-def test_a_resumed_stream_continues_at_the_first_batch_not_trained_on(options):
-    """What `model.train` relies on when it resumes at a backup's step: the seeded stream, built
-    again, skips exactly the batches already trained on (across pass boundaries too)."""
-    triplets = _triplets(120)
-    vocabulary = [f"k{k}" for k in range(120)] + [f"shared{a}" for a in range(10)] + WORDS
+def _records_of(plan, limit):
+    """The (shard, record index) a reader of `shard_stream`'s plan reads, up to `limit` of them."""
+    read = []
+    for path, skip in plan:
+        read += [(path, index) for index in range(skip, SHARD_SIZES[path])]
+        if len(read) >= limit:
+            return read[:limit]
+    return read
 
-    def stream(skip):
-        tf.random.set_seed(0)   # as keras.utils.set_random_seed does at the start of every run
-        batches = training_batches(_dataset(triplets), _word_ids(120), 16, shuffle_buffer=120, seed=5,
-                                   repeat=True, skip_batches=skip, **options)
-        return [_decoded_triplets(inputs, weights, vocabulary) for inputs, _, weights in batches.take(14 - skip)]
 
-    unbroken, resumed = stream(0), stream(9)           # 9 batches of 16 cross the first pass of 120
-    assert resumed == unbroken[9:]
-    assert len({tuple(batch) for batch in unbroken}) == 14   # not a stream that repeats itself
+SHARD_SIZES = {"a": 5, "b": 0, "c": 7, "d": 3, "e": 6}
+
+
+def test_a_resumed_stream_starts_at_its_record_without_reading_what_came_before():
+    """What `model.train` relies on when it resumes at a backup's step: the stream, planned
+    again from the record its step reached, skips whole shards unread and continues exactly
+    there (across pass boundaries too)."""
+    from model.data import shard_stream
+
+    shards = list(SHARD_SIZES.items())
+    unbroken = _records_of(shard_stream(shards, seed=3), 80)          # 21 records a pass: nearly 4 passes
+    for start in (0, 4, 5, 13, 21, 30, 61):
+        plan = list(itertools.islice(shard_stream(shards, seed=3, start=start), 20))
+        assert _records_of(plan, 80 - start) == unbroken[start:]
+        assert plan[0][1] < SHARD_SIZES[plan[0][0]]                   # the first shard is read from its record on
+    passes = [sorted(unbroken[21 * p:21 * (p + 1)]) for p in range(3)]
+    assert passes[0] == passes[1] == passes[2] == sorted((path, i) for path, n in shards for i in range(n))
+    assert unbroken[:21] != unbroken[21:42]                          # each pass in another shard order
+
+
+def test_workers_stream_disjoint_shards_and_every_record_once_per_pass():
+    from model.data import TripletDataError, shard_stream
+
+    shards = list(SHARD_SIZES.items())
+    for workers in (2, 3):
+        for passes in range(3):   # pass p: worker w reads every workers-th shard of the pass's permutation
+            order = np.random.default_rng([3, passes]).permutation(len(shards))
+            owned = [[shards[i][0] for i in order[worker::workers] if shards[i][1]] for worker in range(workers)]
+            assert sorted(path for paths in owned for path in paths) == sorted(p for p, n in shards if n)
+            for worker in range(workers):
+                before = sum(SHARD_SIZES[shards[i][0]] for p in range(passes)
+                             for i in np.random.default_rng([3, p]).permutation(len(shards))[worker::workers])
+                plan = list(itertools.islice(shard_stream(shards, 3, worker, workers, start=before),
+                                             len(owned[worker])))
+                assert [path for path, _ in plan] == owned[worker] and all(skip == 0 for _, skip in plan)
+    with pytest.raises(TripletDataError, match="5 shard"):
+        next(shard_stream(shards, 3, 0, 6))
 
 
 def test_shared_sentences_are_encoded_once_and_sorted_by_length():
@@ -97,7 +129,7 @@ def test_shared_sentences_are_encoded_once_and_sorted_by_length():
 
 
 def test_article_chunks_keep_an_article_together():
-    triplets = _triplets(280, articles=7)
+    triplets = sorted(_triplets(280, articles=7), key=lambda t: t["article_id"])   # as written: articles together
     batches = training_batches(_dataset(triplets), _word_ids(280), 8, shuffle_buffer=280, article_chunk=8)
     for inputs, _, _ in batches:      # 8 triplets = one chunk = one article: its 3 negatives are shared
         shared_rows = [row for row in inputs["sentences"].numpy()[0] if row[0] > 280]

@@ -76,8 +76,8 @@ def fields(record: bytes) -> dict:
 def by_split(batches_by_split: dict):
     """(split, record) of every record a triplet transform hands on, as per-article batches, per split:
     one PCollection, so that one `assert_that` checks them all (each costs about half a second)."""
-    return [batches_by_split[split] | f"Tag[{split}]" >> beam.FlatMap(lambda batch, split: [(split, r) for r in batch],
-                                                                      split=split)
+    return [batches_by_split[split] | f"Tag[{split}]" >> beam.FlatMap(
+        lambda article_batch, split: [(split, r) for r in article_batch[1]], split=split)
             for split in SPLITS] | "AllSplits" >> beam.Flatten()
 
 
@@ -335,21 +335,61 @@ def _tfrecords(path) -> list[bytes]:
     return found
 
 
-def test_write_triplet_splits_writes_each_split_to_its_folder_and_an_empty_split_as_an_empty_shard(articles,
-                                                                                                 tmp_path):
-    batches = {split: [records.triplet_examples(triplets.title_triplets(article))
-                       for article in articles if article.split == split] for split in SPLITS}
-    batches["validation"] = []
+def _write(batches: dict, folder, seed: int = 0) -> None:
     p = test_pipeline.TestPipeline()
     split_inputs = {split: p | f"Create[{split}]" >> beam.Create(batches[split], reshuffle=False) for split in SPLITS}
-    _ = split_inputs | WriteTripletSplits(str(tmp_path), "some-dataset")
+    _ = split_inputs | WriteTripletSplits(str(folder), "some-dataset", seed)
     run(p)
+
+
+def test_write_triplet_splits_writes_each_split_in_its_key_order_and_an_empty_split_as_an_empty_shard(articles,
+                                                                                                     tmp_path):
+    from pipeline import order
+
+    batches = {split: [(article.article_id, records.triplet_examples(triplets.title_triplets(article)))
+                       for article in articles if article.split == split] for split in SPLITS}
+    batches["validation"] = []
+    _write(batches, tmp_path)
     for split in SPLITS:
         shards = sorted((tmp_path / "some-dataset" / split).glob("part-*-of-*.tfrecord.gz"))
         assert shards, split
-        assert sorted(record for shard in shards for record in _tfrecords(shard)) == sorted(
-            record for batch in batches[split] for record in batch)
-    assert not list((tmp_path / "some-dataset").glob("*/*.tmp*"))
+        written = [record for shard in shards for record in _tfrecords(shard)]
+        # the whole split, each article's records cut into chunks, in the order of the chunks' keys
+        expected = sorted((order.order_key(0, "some-dataset", split, article_id, index), chunk)
+                          for article_id, batch in batches[split] for index, chunk in enumerate(order.chunks(batch)))
+        assert written == [record for _, chunk in expected for record in chunk]
+    assert [p.name for p in (tmp_path / "some-dataset" / "validation").iterdir()] == ["part-00000-of-00001.tfrecord.gz"]
+    assert not list((tmp_path / "some-dataset").glob("*/beam-temp-*"))
+
+
+def test_the_write_order_depends_on_the_seed_and_the_data_not_on_the_input_order(articles, tmp_path):
+    batches = {split: [(article.article_id, records.triplet_examples(triplets.title_triplets(article)))
+                       for article in articles if article.split == split] for split in SPLITS}
+    _write(batches, tmp_path / "a")
+    _write({split: list(reversed(batches[split])) for split in SPLITS}, tmp_path / "b")
+    _write(batches, tmp_path / "c", seed=1)
+
+    def train_records(folder):
+        return [record for shard in sorted((folder / "some-dataset" / "train").glob("part-*"))
+                for record in _tfrecords(shard)]
+
+    assert train_records(tmp_path / "a") == train_records(tmp_path / "b")
+    assert train_records(tmp_path / "a") != train_records(tmp_path / "c")
+    assert sorted(train_records(tmp_path / "a")) == sorted(train_records(tmp_path / "c"))
+
+
+def test_a_split_is_cut_into_shards_by_its_size():
+    from pipeline import order
+
+    assert order.shard_count(0, 0) == 1
+    assert order.shard_count(300 << 10, 40) == 1                      # the demo: under a MiB
+    assert order.shard_count(40 << 20, 10_000) == 16                  # 40 MiB: the floor of 16 shards
+    assert order.shard_count(5 << 20, 10_000) == 5                    # 5 MiB: no shard under a MiB
+    assert order.shard_count(100 << 30, 10 ** 7) == 267               # 100 GiB: 384 MiB of records each
+    assert order.shard_count(40 << 20, 3) == 3                        # never more shards than chunks
+    keys = [order.order_key(0, "d", "train", article, 0) for article in range(20_000)]
+    sizes = collections.Counter(order.shard_of(key, 16) for key in keys)
+    assert sorted(sizes) == list(range(16)) and max(sizes.values()) < 1.15 * min(sizes.values())
 
 
 # --- SCB and passages ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""pipeline.sinks writes the files Beam's own sinks write, byte for byte, from batches and in blocks."""
+"""pipeline.sinks writes the files Beam's own sinks write, byte for byte, in blocks."""
 import glob
 import gzip
 
@@ -19,15 +19,14 @@ def _only_file(pattern: str) -> bytes:
         return handle.read()
 
 
-def test_tfrecord_batches_give_the_file_write_to_tfrecord_gives(tmp_path):
+def test_an_ordered_shard_is_the_file_write_to_tfrecord_gives(tmp_path):
     records = _records(5000)  # about 250 KB: several blocks' worth of writes below
-    batches = [records[i:i + 13] for i in range(0, len(records), 13)]
+    chunks = [records[i:i + 13] for i in range(0, len(records), 13)]
     with beam.Pipeline(runner="DirectRunner") as pipeline:
         _ = (pipeline | "Records" >> beam.Create([records]) | beam.FlatMap(lambda rs: rs)
              | beam.io.WriteToTFRecord(str(tmp_path / "beam" / "part"), file_name_suffix=".tfrecord.gz",
                                        compression_type=beam.io.filesystem.CompressionTypes.GZIP))
-        _ = (pipeline | "Batches" >> beam.Create([batches]) | "Each" >> beam.FlatMap(lambda bs: bs)
-             | sinks.write_tfrecord_batches(str(tmp_path / "ours" / "part")))
+    assert sinks.write_tfrecord_shard(str(tmp_path / "ours" / "part-00000-of-00001.tfrecord.gz"), chunks) == 5000
     beams, ours = _only_file(str(tmp_path / "beam" / "part-*")), _only_file(str(tmp_path / "ours" / "part-*"))
     assert gzip.decompress(ours) == gzip.decompress(beams)
     assert ours == beams  # deflate's output does not depend on how its input was cut
