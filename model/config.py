@@ -66,7 +66,8 @@ class InputConfig:
     article_chunk: int = flag(16, help="triplets of one article kept together in a batch, their shared sentences "
                                        "encoded once; 0 = triplets shuffled one by one")
     group_by_length: bool = flag(True, help="with --article-chunk 0: batches of similar-length triplets")
-    shuffle_buffer: int = flag(10000, help="training triplets in the shuffle buffer")
+    shuffle_buffer: int = flag(0, help="training triplets in a shuffle buffer (in --article-chunk blocks); 0: none, "
+                                       "the order the pipeline wrote the split in is the shuffle")
     evaluation_triplets: int | None = flag(None, help="seeded sample of validation/test triplets scored per "
                                                       "epoch and at the end; none = all")
     max_lost_fraction: float = flag(0.001, help="fail the run before export when more of a split's records "

@@ -63,7 +63,7 @@ from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
-from pipeline.published import MANIFEST, Run, write_complete  # noqa: E402
+from pipeline.published import Run, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -157,18 +157,14 @@ RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", BACKUP, f"{BAC
                "encoder.partial", "serving", "model", "model.partial")
 
 
-def claim_model_dir(config: TrainConfig, model_dir: str) -> None:
+def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None) -> None:
     """Ties `model_dir` to its inputs in `inputs.json` (the config fields of STATE_INPUTS and the
     SHA-256 of the data's manifest). Refused (TripletDataError naming the folder): a non-empty
     folder that is not a model dir (no claim, or entries a run does not write: the user's files, a
     dataset), and one holding state from other inputs, with the first difference named, unless
-    `--overwrite`, which deletes what a run wrote (RUN_ENTRIES) and nothing else."""
-    import hashlib
-
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(f"{config.inputs.data.rstrip('/')}/{MANIFEST}") as handle:
-        digest = hashlib.sha256(handle.read()).hexdigest()
+    `--overwrite`, which deletes what a run wrote (RUN_ENTRIES) and nothing else. `run`: the data,
+    opened (by default, opened here)."""
+    digest = (run or open_run(config.inputs.data)).sha256
     flags = config.flags()
     inputs = {**{name: flags[name] for name in STATE_INPUTS}, "manifest_sha256": digest,
               "flags": {name: value for name, value in flags.items() if name not in RESUME_MAY_CHANGE}}
@@ -396,7 +392,7 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
     global_batch = optimizer.batch_size * strategy.num_replicas_in_sync
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
-    claim_model_dir(config, model_dir)
+    claim_model_dir(config, model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
         if os.path.isdir(os.path.join(resume_from, entry)):
             shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))

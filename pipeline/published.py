@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -241,6 +242,7 @@ class Run:
 
     root: str
     manifest: Manifest
+    sha256: str   # of the manifest's bytes: what a model dir records of the data it was trained on
 
     @classmethod
     def open(cls, data: str) -> Run:
@@ -253,7 +255,8 @@ class Run:
         if not FileSystems.exists(path):
             raise ManifestError(f"{data} has no {MANIFEST}: not the output of a finished pipeline.run "
                                 "(it failed, still runs, or the path is wrong)")
-        return cls(root, Manifest.parse(read_bytes(path), path))
+        raw = read_bytes(path)
+        return cls(root, Manifest.parse(raw, path), hashlib.sha256(raw).hexdigest())
 
     def output(self, folder: str) -> Output:
         if folder not in self.manifest.outputs:

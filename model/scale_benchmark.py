@@ -1,0 +1,118 @@
+"""What the trainer costs before its first step, at 1x and at N x the data, side by side in one run.
+
+    python -m model.scale_benchmark --data PIPELINE_OUT [--times 8] [--recipe triplets-sen] [--out DIR]
+
+A dataset N times as large is made beside the benchmark's output: the same shards of the train
+split, hard-linked N times under new names, and a manifest that lists every copy (validation
+and test as they are), so nothing is copied and the trainer streams N times the records. Then
+`python -m model.train` runs under `/usr/bin/time -v` with `make scale`'s recipe
+(`infra/recipe.py`) for `--steps` steps on each dataset, one after the other, and the benchmark
+prints, for each: the seconds from the process's start to its first training step (the time of
+the trainer's `first training step` log line), the trainer's own `seconds_to_first_step` (from
+the start of `train`), and the peak RSS; then the N x / 1 x ratios, which streaming should keep
+at about 1 (a whole-split shuffle buffer made both grow with the data). With `--out`, writes
+scale_benchmark.json there.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from pipeline.cli import UsageError, flag, parse_config, run_cli
+
+FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*first training step after")
+MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleBenchmarkConfig:
+    """Flags of `python -m model.scale_benchmark`."""
+
+    data: str = flag(help="a local pipeline run (its manifest lists the shards)")
+    times: int = flag(8, help="how many times the train split the larger dataset holds")
+    recipe: str = flag("triplets-sen", help="make scale's training recipe (infra/recipe.py)")
+    steps: int = flag(20, help="training steps of each run (the recipe's budget is not waited for)")
+    out: str | None = flag(None, help="folder for scale_benchmark.json and the datasets' model dirs")
+
+    def __post_init__(self):
+        if self.times < 2:
+            raise UsageError(f"--times must be >= 2, got {self.times}")
+        if "://" in self.data:
+            raise UsageError("--data must be a local run folder (the larger dataset is made of hard links)")
+
+
+def repeated_run(data: str, dataset: str, times: int, folder: str) -> str:
+    """A run folder whose train split is `data`'s, `times` over (hard links under new names)."""
+    from pipeline.published import MANIFEST, Manifest, Output, Run, Shard
+
+    run = Run.open(data)
+    train = run.output(f"{dataset}/train")
+    shards = []
+    for copy in range(times):
+        for shard in train.shards:
+            name = f"{dataset}/train/copy{copy:03d}-{shard.path.rsplit('/', 1)[1]}"
+            os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+            os.link(run.path(shard.path), os.path.join(folder, name))
+            shards.append(Shard(name, shard.size, shard.records))
+    outputs = {f"{dataset}/train": Output(f"{dataset}/train", train.records * times, tuple(shards), train.order)}
+    for split in ("validation", "test"):
+        output = run.output(f"{dataset}/{split}")
+        for shard in output.shards:
+            os.makedirs(os.path.dirname(os.path.join(folder, shard.path)), exist_ok=True)
+            os.link(run.path(shard.path), os.path.join(folder, shard.path))
+        outputs[output.folder] = output
+    manifest = dataclasses.replace(run.manifest, outputs=outputs, files=())
+    with open(os.path.join(folder, MANIFEST), "w") as handle:
+        json.dump(Manifest.to_json(manifest), handle, indent=2)
+    return folder
+
+
+def timed_training(data: str, model_dir: str, flags: list[str]) -> dict:
+    """Runs the trainer under /usr/bin/time -v; its seconds to the first step and peak RSS."""
+    started = time.time()
+    done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "model.train", "--data", data,
+                           "--model-dir", model_dir, *flags], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    if done.returncode:
+        raise RuntimeError(f"model.train failed on {data}: {done.stderr[-2000:]}")
+    stamp = next(match.group(1) for line in done.stderr.splitlines() if (match := FIRST_STEP.match(line)))
+    first_step = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    with open(os.path.join(model_dir, "history.json")) as handle:
+        history = json.load(handle)
+    return {"seconds_to_first_step_from_process_start": round(first_step - started, 1),
+            "seconds_to_first_step_in_train": history["seconds_to_first_step"],
+            "peak_rss_mib": round(int(MAX_RSS.search(done.stderr).group(1)) / 1024, 1),
+            "train_records": history["record_counts"]["train"]["expected"]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_config(ScaleBenchmarkConfig, argv, "python -m model.scale_benchmark", __doc__.split("\n\n")[0])
+    from infra.recipe import RECIPES
+
+    recipe = RECIPES[config.recipe]
+    flags = [*recipe.arguments(), "--dataset", recipe.dataset, "--steps", str(config.steps), "--epochs", "1",
+             "--progress", "false"]
+    out = config.out or tempfile.mkdtemp(prefix="scale-benchmark-")
+    larger = repeated_run(config.data, recipe.dataset, config.times, os.path.join(out, f"data-{config.times}x"))
+    results = {}
+    for name, data in (("1x", config.data), (f"{config.times}x", larger)):
+        results[name] = timed_training(data, os.path.join(out, f"model-{name}"), flags)
+        print(f"{name:>4}: {results[name]}", flush=True)
+    ratios = {key: round(results[f"{config.times}x"][key] / results["1x"][key], 3)
+              for key in ("seconds_to_first_step_from_process_start", "seconds_to_first_step_in_train", "peak_rss_mib")}
+    print(f"{config.times}x / 1x: {ratios}")
+    summary = {"recipe": config.recipe, "flags": flags, "runs": results, "ratios": ratios}
+    with open(os.path.join(out, "scale_benchmark.json"), "w") as handle:
+        json.dump(summary, handle, indent=2)
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
