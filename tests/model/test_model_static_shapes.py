@@ -13,11 +13,11 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def triplets(tmp_path_factory):
-    from model.data import triplet_strings
+    from model.data import open_run, triplet_strings
 
     data = write_triplet_shards(str(tmp_path_factory.mktemp("static-shards")),
                                 sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
-    return triplet_strings(data, "triplets-sen", "train", deterministic=True)
+    return triplet_strings(open_run(data), "triplets-sen", "train")
 
 
 def test_the_static_xla_step_trains_like_the_dynamic_one(triplets):

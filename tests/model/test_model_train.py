@@ -11,7 +11,7 @@ import pytest
 from model_shards import write_triplet_shards
 
 from model.config import TrainConfig, parse_args
-from model.data import TripletDataError, list_shards, triplet_strings
+from model.data import TripletDataError, list_shards, open_run, triplet_strings
 from model.encoder import SavedModelEncoder
 from pipeline import published
 from pipeline.cli import UsageError
@@ -184,8 +184,8 @@ def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
         with open(local, "rb") as source, FileSystems.create(
                 remote + local[len(shards):], compression_type=CompressionTypes.UNCOMPRESSED) as target:
             target.write(source.read())
-    local_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(shards, "triplets-sen", "validation"))
-    remote_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(remote, "triplets-sen", "validation"))
+    local_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(open_run(shards), "triplets-sen", "validation"))
+    remote_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(open_run(remote), "triplets-sen", "validation"))
     assert len(remote_anchors) == 64 and remote_anchors == local_anchors
 
 
@@ -389,10 +389,10 @@ def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp
     from model.vectors import load_word_vectors
 
     config = TrainConfig.from_flags(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
-    vocabulary = build_vocabulary(config)
+    vocabulary = build_vocabulary(config, open_run(shards))
     glove = load_word_vectors(None)
     assert vocabulary == glove.words and "volcano" in vocabulary      # not a word of the training shards
-    trained_only = build_vocabulary(config.with_flags(vocabulary="train"), str(tmp_path / "t"))
+    trained_only = build_vocabulary(config.with_flags(vocabulary="train"), open_run(shards), str(tmp_path / "t"))
     assert "volcano" not in trained_only and {"striker", "oven"} <= set(trained_only)
     assert not (tmp_path / "m" / "vocabulary.txt.partial").exists()
 
