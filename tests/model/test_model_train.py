@@ -184,8 +184,9 @@ def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
         with open(local, "rb") as source, FileSystems.create(
                 remote + local[len(shards):], compression_type=CompressionTypes.UNCOMPRESSED) as target:
             target.write(source.read())
-    local_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(open_run(shards), "triplets-sen", "validation"))
-    remote_anchors = sorted(t["anchor"].numpy() for t in triplet_strings(open_run(remote), "triplets-sen", "validation"))
+    local_anchors, remote_anchors = (sorted(t["anchor"].numpy() for t in triplet_strings(open_run(data), "triplets-sen",
+                                                                                          "validation"))
+                                     for data in (shards, remote))
     assert len(remote_anchors) == 64 and remote_anchors == local_anchors
 
 
