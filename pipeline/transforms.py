@@ -268,10 +268,17 @@ class _WriteShardFn(beam.DoFn):
 class WriteTripletSplits(beam.PTransform):
     """{split: (article id, serialised triplets)} -> `<out>/<dataset>/<split>/part-SSSSS-of-NNNNN.tfrecord.gz`,
     each split in its fixed pseudo-random order (`pipeline.order`): chunks keyed by a seeded hash,
-    grouped by shard (one shuffle; the shard count from the split's size, a side input), sorted
-    within each shard, written to a temporary folder and renamed into place once every shard is
-    written. A split that gets no triplet is written as one empty shard, so every split of every
-    dataset is readable (as zero records).
+    grouped by shard (the shard count from the split's size, a side input), sorted within each
+    shard, written to a temporary folder and renamed into place once every shard is written. A
+    split that gets no triplet is written as one empty shard, so every split of every dataset is
+    readable (as zero records).
+
+    The chunks go through a Reshuffle before their shard is assigned, so that step reads them
+    from a shuffle rather than from the PCollection the runner holds back while the side inputs
+    are computed from it. On the DirectRunner's multi_processing mode (Beam 2.77, 2 workers) that
+    held-back PCollection lost 1-10 % of the 2019 dump's train chunks in 2 runs of 2 (caught by
+    the run's reconciliation: exit 1, nothing published); through the Reshuffle, none in the runs
+    since (docs/pipeline.md). It also spreads the chunks evenly over the workers.
     """
 
     def __init__(self, output: str, dataset: str, seed: int):
@@ -292,6 +299,7 @@ class WriteTripletSplits(beam.PTransform):
                 | f"SumBytes[{split}]" >> beam.CombineGlobally(sum))
             n_chunks = beam.pvalue.AsSingleton(keyed | f"CountChunks[{split}]" >> beam.combiners.Count.Globally())
             _ = (keyed
+                 | f"Spread[{split}]" >> beam.Reshuffle()
                  | f"AssignShard[{split}]" >> beam.Map(assign_shard, record_bytes, n_chunks)
                  | f"GroupShards[{split}]" >> beam.GroupByKey()
                  | f"WriteShards[{split}]" >> beam.ParDo(_WriteShardFn(temp_folder), record_bytes, n_chunks)
