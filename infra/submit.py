@@ -79,11 +79,17 @@ class CloudConfig:
                               ("dataset", TRIPLET_DATASETS)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        recipe = self.recipe or self.dataset
+        recipe = self.recipe_name
         if recipe not in RECIPES or RECIPES[recipe].dataset != self.dataset:
             fitting = [name for name, entry in RECIPES.items() if entry.dataset == self.dataset]
             raise UsageError(f"--recipe for --dataset {self.dataset} must be one of {', '.join(fitting)}, "
                              f"got {recipe!r}")
+
+
+    @property
+    def recipe_name(self) -> str:
+        """The training recipe (infra/recipe.py): --recipe, or the one named after --dataset."""
+        return self.recipe or self.dataset
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ def gcs_layout(cfg: CloudConfig) -> GcsLayout:
     bucket = f"gs://{cfg.bucket}"
     run_root = f"{bucket}/wikisim/{cfg.run}"
     data = f"{run_root}/data"
-    model_dir = f"{run_root}/models/{cfg.dataset}"
+    model_dir = f"{run_root}/models/{cfg.recipe_name}"   # one folder per recipe: minilm-sen is not triplets-sen
     return GcsLayout(
         dump=cfg.dump or f"{bucket}/dumps/enwiki-latest-pages-articles-multistream.xml.bz2",
         index=cfg.index,
@@ -274,7 +280,7 @@ def vertex_spec(cfg: CloudConfig) -> dict:
     spec = fill_placeholders(yaml.safe_load(path.read_text()), values, path.name)
     for pool in spec["workerPoolSpecs"]:
         pool["containerSpec"]["args"] = [*pool["containerSpec"]["args"],
-                                         *RECIPES[cfg.recipe or cfg.dataset].arguments()]
+                                         *RECIPES[cfg.recipe_name].arguments(cfg.accelerator)]
     errors = custom_job_spec_errors(spec)
     if errors:
         raise ValueError(f"{path.relative_to(REPO_ROOT)} filled for this run: " + "; ".join(errors))
@@ -313,7 +319,7 @@ def scb_commands(cfg: CloudConfig) -> list[list[str]]:
         "python", "-m", "eval.scb",
         "--data", layout.data,
         "--output", layout.eval_scb,
-        "--model-dir", f"{cfg.dataset}={layout.model_dir}",
+        "--model-dir", f"{cfg.recipe_name}={layout.model_dir}",
         "--encoder", f"mean-vectors:{layout.vectors}",
         "--encoder", "tfidf",
     ]
@@ -324,12 +330,12 @@ def train_commands(cfg: CloudConfig) -> tuple[list[list[str]], dict[Path, str]]:
     """`gcloud ai custom-jobs create` with the filled spec (returned as a file to write); one spec
     and job name per run, dataset and accelerator, so training titles never overwrites sen's."""
     spec = vertex_spec(cfg)
-    spec_path = Path(cfg.spec_dir).resolve() / f"{job_name(cfg.run, cfg.dataset, cfg.accelerator)}.yaml"
+    spec_path = Path(cfg.spec_dir).resolve() / f"{job_name(cfg.run, cfg.recipe_name, cfg.accelerator)}.yaml"
     command = [
         "gcloud", "ai", "custom-jobs", "create",
         f"--project={cfg.project}",
         f"--region={cfg.region}",
-        f"--display-name={job_name('wikisim', 'train', cfg.run, cfg.dataset, cfg.accelerator)}",
+        f"--display-name={job_name('wikisim', 'train', cfg.run, cfg.recipe_name, cfg.accelerator)}",
         f"--config={spec_path}",
     ]
     return [command], {spec_path: yaml.safe_dump(spec, sort_keys=False)}

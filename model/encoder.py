@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -27,6 +28,9 @@ import numpy as np
 from model.storage import download_tree, is_remote
 
 SIGNATURE = "serving_default"
+PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")   # sentence-transformers' `precision`
+# sentence-transformers' names of the similarities (its SimilarityFunction) for the trainer's distances.
+SIMILARITY_FN_NAMES = {"cosine": "cosine", "l1": "manhattan"}
 OUTPUT_KEY = "embeddings"
 INPUT_KEY = "sentences"
 
@@ -87,48 +91,103 @@ class SavedModelEncoder:
         self._module = tf.saved_model.load(local)
         self._serve = self._module.signatures[SIGNATURE]
         self.dim = int(self._module.embedding_dim.numpy())
-        # What the embeddings were trained for (exports before it was recorded: cosine, as
-        # sentence-transformers assumes).
+        # What the embeddings were trained for, by sentence-transformers' name (exports before it
+        # was recorded: cosine, as sentence-transformers assumes; older ones recorded `l1`).
         recorded = getattr(self._module, "similarity", None)
-        self.similarity_fn_name = recorded.numpy().decode() if recorded is not None else "cosine"
+        recorded = recorded.numpy().decode() if recorded is not None else "cosine"
+        self.similarity_fn_name = SIMILARITY_FN_NAMES.get(recorded, recorded)
+        # Tokens (wordpieces) kept per sentence, where the export records it (older ones do not).
+        recorded = getattr(self._module, "max_seq_length", None)
+        self.max_seq_length = int(recorded.numpy()) if recorded is not None else None
 
-    def encode(self, sentences: str | list[str], batch_size: int | None = None,
-               normalize_embeddings: bool = False) -> np.ndarray:
-        """float32 [n, d] embeddings of a list of sentences, [d] of a single string, as
-        sentence-transformers returns them; `normalize_embeddings` scales each row to unit length
-        (cosine similarity becomes a dot product)."""
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.dim
+
+    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
+               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
+               precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray | list[np.ndarray]:
+        """float32 [n, d] embeddings of sentences (a list or any iterable of strings), [d] of a
+        single string, with sentence-transformers' `encode` arguments: `normalize_embeddings`
+        scales each row to unit length (cosine similarity becomes a dot product); `precision`
+        quantises as its `quantize_embeddings` does (`quantize`); `convert_to_numpy=False` gives a
+        list of rows. It runs where TensorFlow places it and returns NumPy: `device` and
+        `convert_to_tensor` are refused."""
+        if convert_to_tensor or device is not None:
+            raise TypeError("SavedModelEncoder.encode returns NumPy arrays and runs where TensorFlow places it: "
+                            "convert_to_tensor and device are not supported (hide GPUs with CUDA_VISIBLE_DEVICES)")
+        if output_value != "sentence_embedding":
+            raise TypeError(f"output_value={output_value!r}: the export gives sentence embeddings only")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if isinstance(sentences, str):
-            return self.encode([sentences], batch_size, normalize_embeddings)[0]
+            return self.encode([sentences], batch_size, show_progress_bar, output_value, precision, convert_to_numpy,
+                               normalize_embeddings=normalize_embeddings)[0]
         sentences = sentence_list(sentences)
+        embeddings = self._embed(sentences, batch_size or self.batch_size, bool(show_progress_bar))
+        if normalize_embeddings:
+            norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
+            embeddings = embeddings / np.where(norms > 0, norms, 1.0)
+        embeddings = quantize(embeddings, precision)
+        return embeddings if convert_to_numpy else list(embeddings)
+
+    def _embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool) -> np.ndarray:
+        """float32 [n, d], in batches of similar length: each is padded to its longest sentence, so
+        a random mix would spend most steps on padding. The order is undone; each row is the same."""
         if not sentences:
             return np.zeros((0, self.dim), np.float32)
         import tensorflow as tf
+        from tqdm import tqdm
 
-        batch_size = batch_size or self.batch_size
-        # Batches of similar length: each is padded to its longest sentence, so a random mix would
-        # spend most LSTM steps on padding. The order is undone below; each row is the same.
         order = np.argsort([len(sentence) for sentence in sentences], kind="stable")
         chunks = []
-        for start in range(0, len(sentences), batch_size):
+        for start in tqdm(range(0, len(sentences), batch_size), desc="Batches", unit="batch",
+                          disable=not show_progress_bar):
             batch = tf.constant([sentences[i] for i in order[start:start + batch_size]], dtype=tf.string)
             chunks.append(self._serve(**{INPUT_KEY: batch})[OUTPUT_KEY].numpy())
         embeddings = np.empty((len(sentences), self.dim), np.float32)
         embeddings[order] = np.concatenate(chunks)
-        if normalize_embeddings:
-            norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
-            embeddings = embeddings / np.where(norms > 0, norms, 1.0)
         return embeddings
 
     def similarity(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """[n, m] similarities of two sets of embeddings (a single one, [d], counts as [1, d]),
-        by the similarity the export records: cosine, or for `l1` the negative L1 distance
+        by the similarity the export records: cosine, or for `manhattan` the negative L1 distance
         (higher is more similar either way, as sentence-transformers' `similarity`)."""
         left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
-        if self.similarity_fn_name == "l1":
+        if self.similarity_fn_name == "manhattan":
             return -np.abs(left[:, None, :] - right[None, :, :]).sum(axis=-1)
-        left = left / np.maximum(np.linalg.norm(left, axis=1, keepdims=True), 1e-12)
-        right = right / np.maximum(np.linalg.norm(right, axis=1, keepdims=True), 1e-12)
-        return left @ right.T
+        return _unit_rows(left) @ _unit_rows(right).T
+
+    def similarity_pairwise(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """[n] similarities of row i of `left` with row i of `right`, as sentence-transformers'
+        `similarity_pairwise`."""
+        left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
+        if left.shape != right.shape:
+            raise ValueError(f"similarity_pairwise takes two [n, d] arrays of one shape, got {left.shape} and "
+                             f"{right.shape}")
+        if self.similarity_fn_name == "manhattan":
+            return -np.abs(left - right).sum(axis=-1)
+        return (_unit_rows(left) * _unit_rows(right)).sum(axis=-1)
+
+
+def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
+def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
+    """float32 [n, d] embeddings at `precision`, as sentence-transformers' `quantize_embeddings`
+    does without calibration data (written here: that library brings PyTorch): int8/uint8 map each
+    dimension's range over these embeddings onto 256 steps; binary/ubinary pack the signs (> 0)
+    into bits, 8 dimensions per byte (binary: offset by -128 into int8)."""
+    if precision == "float32" or not len(embeddings):
+        return embeddings.astype(np.float32) if precision == "float32" else embeddings
+    if precision in ("int8", "uint8"):
+        starts, ends = embeddings.min(axis=0), embeddings.max(axis=0)
+        steps = (ends - starts) / 255
+        scaled = (embeddings - starts) / np.where(steps > 0, steps, 1.0)
+        return (scaled - 128).astype(np.int8) if precision == "int8" else scaled.astype(np.uint8)
+    packed = np.packbits(embeddings > 0).reshape(embeddings.shape[0], -1)
+    return (packed.astype(np.int16) - 128).astype(np.int8) if precision == "binary" else packed
 
 
 def load_encoder(path: str, batch_size: int = 512) -> SavedModelEncoder:

@@ -22,6 +22,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from model.encoder import SIMILARITY_FN_NAMES
+
 # Cosine distances lie in [0, 2]: scaled so that the softmax over (d+, d-) is not stuck near
 # 1/2 (the loss is 2 * sigmoid(scale * (cos- - cos+))), as sentence-transformers scales cosine
 # similarities by 20 in its ranking losses.
@@ -216,15 +218,17 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
 class ExportableEncoder(tf.Module):
     """Raw strings -> embeddings: the in-graph tokenizer and vocabulary lookup (`word_ids`)
     followed by Net, saved together so clients need only strings. The export records the
-    similarity its embeddings were trained for (`cosine` or `l1`), which
-    `model.encoder.SavedModelEncoder.similarity` uses."""
+    similarity its embeddings were trained for, by sentence-transformers' name (`cosine`, or
+    `manhattan` for the `l1` distance), which `model.encoder.SavedModelEncoder.similarity` uses,
+    and the tokens kept per sentence (its `max_seq_length`)."""
 
     def __init__(self, word_ids, sentence_encoder: keras.Model, similarity: str = "cosine"):
         super().__init__()
         self.word_ids = word_ids
         self.sentence_encoder = sentence_encoder
         self.embedding_dim = tf.Variable(int(sentence_encoder.output_shape[-1]), trainable=False)
-        self.similarity = tf.Variable(similarity, trainable=False)
+        self.similarity = tf.Variable(SIMILARITY_FN_NAMES[similarity], trainable=False)
+        self.max_seq_length = tf.Variable(int(word_ids.max_tokens), trainable=False)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
     def serve(self, sentences):

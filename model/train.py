@@ -9,7 +9,9 @@ whole every `--checkpoint-every` steps: a killed job resumes from its last backu
 holds; it is deleted once the export is complete, so a job killed between training and export
 resumes at the export), `checkpoints/best.{weights.h5,json}` (the best
 validation epoch, which is tested and exported), `logs/` (TensorBoard), `history.json`,
-`training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}).
+`training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}); for a
+transformer also `sentence-transformers/` (`model.export`: the same weights for sentence-transformers
+and Hugging Face users).
 
 Resuming: the training stream is the same seeded stream in every run (shards read in a fixed
 order, a seeded shuffle), so a resumed run starts it at the backup's optimizer step: no batch is
@@ -154,7 +156,8 @@ BACKUP = "backup"
 FIT_RECORD = "fit.json"   # in the backup, once `fit` returned: its history, for a rerun that only exports
 RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", BACKUP, f"{BACKUP}.partial", f"{BACKUP}.previous",
                "checkpoints", "logs", "history.json", "training_curve.png", "learning_curve.png", "encoder",
-               "encoder.partial", "serving", "model", "model.partial")
+               "encoder.partial", "serving", "model", "model.partial", "sentence-transformers",
+               "sentence-transformers.partial")
 
 
 def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None) -> None:
@@ -505,6 +508,8 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
         LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
         exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
+        if config.network.encoder != "bilstm":   # the same weights for sentence-transformers / HF users
+            export_sentence_transformers(encoder, summary, config, model_dir)
         if runtime.serving_version is not None:
             exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
         if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
@@ -518,6 +523,17 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
              summary["test_triplet_accuracy"], runtime.model_dir)
     return summary
+
+
+def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, model_dir: str) -> None:
+    """`<model-dir>/sentence-transformers`: the fine-tuned transformer for sentence-transformers (`model.hf`)."""
+    from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
+    from model.transformer import checkpoint_dir
+
+    similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
+    card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [])
+    write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder), f"{model_dir}/{EXPORT_FOLDER}",
+                                max_tokens=max_tokens, similarity=similarity, card=card)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -160,7 +160,8 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
     assert config.inputs.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
     assert config.runtime.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu",
                                             "multi-worker": "multi_worker"}[accelerator]
-    assert config.inputs.shuffle_buffer == 1100000 and config.runtime.budget_minutes  # make scale's, not the demo's
+    # the recipe's flags for this machine, not make scale's 2-core ones: whole passes, capped by a budget
+    assert (config.optimizer.steps, config.optimizer.epochs) == (None, 10) and config.runtime.budget_minutes
 
 
 # accelerator -> (replicas per worker pool, image variant, strategy, trainer flags the spec adds)
@@ -174,8 +175,7 @@ SPEC_SHAPES = {
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("accelerator", sorted(submit.VERTEX_SPECS))
-def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, monkeypatch, accelerator, recipe):
-    from model.config import InputConfig
+def test_every_vertex_spec_renders_with_its_machines_recipe(capsys, tmp_path, monkeypatch, accelerator, recipe):
     from model.config import parse_args as train_args
 
     dataset = RECIPES[recipe].dataset
@@ -184,15 +184,17 @@ def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, mon
     spec = yaml.safe_load(Path(next(a for a in command if a.startswith("--config=")).split("=", 1)[1]).read_text())
     message = as_custom_job_spec(spec)
     replicas, image, strategy, spec_flags = SPEC_SHAPES[accelerator]
-    model_dir = f"gs://wikisim-data/wikisim/r1/models/{dataset}"
+    model_dir = f"gs://wikisim-data/wikisim/r1/models/{recipe}"                 # the recipe's own folder
+    assert f"--display-name=wikisim-train-r1-{recipe}-{accelerator}" in command
     assert [pool.replica_count for pool in message.worker_pool_specs] == replicas
     assert message.base_output_directory.output_uri_prefix == model_dir      # -> AIP_MODEL_DIR etc.
     monkeypatch.setenv("AIP_MODEL_DIR", f"{model_dir}/model/")
-    recipe_args = RECIPES[recipe].arguments()
+    recipe_args = RECIPES[recipe].arguments(accelerator)
+    assert recipe_args != RECIPES[recipe].arguments("cpu")                   # not make scale's 2-core recipe
     for pool in message.worker_pool_specs:
         assert pool.container_spec.image_uri == f"europe-west4-docker.pkg.dev/wikisim-demo/wikisim/{image}:latest"
         args = list(pool.container_spec.args)
-        assert args[-len(recipe_args):] == recipe_args                      # the recipe the Makefile reads
+        assert args[-len(recipe_args):] == recipe_args                      # this machine's flags of the recipe
         assert list(pool.container_spec.args) == list(message.worker_pool_specs[0].container_spec.args)
         config = train_args(args)
         flags = config.flags()
@@ -201,9 +203,31 @@ def test_every_vertex_spec_renders_with_make_scales_recipe(capsys, tmp_path, mon
         for name in ("shuffle_buffer", "epochs", "steps", "budget_minutes", "learning_rate_half_life",
                      "encoder", "batch_size", "evaluation_triplets"):
             assert flags[name] == recipe_flags[name], name
-        assert flags["shuffle_buffer"] > InputConfig.shuffle_buffer and flags["budget_minutes"]
+        assert flags["steps"] is None and flags["budget_minutes"]             # whole passes, capped
         for name, value in spec_flags.items():
             assert flags[name] == value
+
+
+def test_no_two_recipes_share_an_output_folder_or_a_job_name(capsys, tmp_path):
+    seen: dict[tuple, str] = {}
+    for recipe in RECIPES:
+        for accelerator in submit.VERTEX_SPECS:
+            [command] = printed_commands(capsys, ["train", "--accelerator", accelerator, "--recipe", recipe,
+                                                  "--dataset", RECIPES[recipe].dataset, "--spec-dir", str(tmp_path),
+                                                  "--run", "r1"])
+            spec = yaml.safe_load(Path(next(a for a in command if a.startswith("--config="))
+                                       .split("=", 1)[1]).read_text())
+            folder = spec["baseOutputDirectory"]["outputUriPrefix"]
+            name = next(a for a in command if a.startswith("--display-name="))
+            for key in (("folder", folder, accelerator), ("name", name)):
+                assert seen.setdefault(key, recipe) == recipe, (key, recipe)
+    assert len({key[1] for key in seen if key[0] == "folder"}) == len(RECIPES)
+
+
+def test_infra_readme_states_what_every_spec_runs():
+    from infra.recipe import recipes_table
+
+    assert recipes_table() in (Path(submit.INFRA_DIR) / "README.md").read_text()
 
 
 def test_a_recipe_of_another_dataset_is_refused(capsys):

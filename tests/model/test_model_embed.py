@@ -171,3 +171,46 @@ def test_encode_refuses_what_is_not_a_string_with_a_clear_type_error(tiny_model)
             encoder.encode(bad)
     generated = encoder.encode(sentence for sentence in ["Goal!", "Bake the bread."])   # any iterable of strings
     np.testing.assert_allclose(generated, encoder.encode(["Goal!", "Bake the bread."]), atol=1e-6)
+
+
+def test_encode_takes_sentence_transformers_arguments(tiny_model, capsys):
+    import pytest
+
+    encoder = load_encoder(tiny_model)
+    sentences = ["Goal!", "Bake the bread in a hot oven.", "The striker scored twice.", "Rivers flow to the sea."]
+    plain = encoder.encode(sentences)
+    batched = encoder.encode(sentences, batch_size=1, show_progress_bar=True)
+    np.testing.assert_allclose(batched, plain, atol=1e-6)
+    shown = capsys.readouterr().err
+    assert "Batches: 100%" in shown and "4/4" in shown                 # one batch per sentence, with its total
+    rows = encoder.encode(sentences, convert_to_numpy=False)
+    assert isinstance(rows, list) and len(rows) == 4 and np.allclose(rows[2], plain[2], atol=1e-6)
+    unit = encoder.encode(sentences, normalize_embeddings=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, rtol=1e-5)
+
+    # precision as sentence-transformers' quantize_embeddings: per-dimension ranges onto 256 steps; signs as bits
+    uint8 = encoder.encode(sentences, precision="uint8")
+    assert uint8.dtype == np.uint8 and (uint8.min(axis=0) == 0).all()
+    assert (uint8.argmax(axis=0) == plain.argmax(axis=0)).all()
+    int8 = encoder.encode(sentences, precision="int8")
+    assert int8.dtype == np.int8 and (int8.astype(int) == uint8.astype(int) - 128).all()
+    ubinary = encoder.encode(sentences, precision="ubinary")
+    assert ubinary.dtype == np.uint8 and ubinary.shape == (4, -(-plain.shape[1] // 8))
+    assert (np.unpackbits(ubinary, axis=1)[:, :plain.shape[1]] == (plain > 0)).all()
+    binary = encoder.encode(sentences, precision="binary")
+    assert binary.dtype == np.int8 and (binary.astype(int) + 128 == ubinary).all()
+
+    for refused, named in [({"convert_to_tensor": True}, "convert_to_tensor"), ({"device": "cuda"}, "device"),
+                           ({"output_value": "token_embeddings"}, "sentence embeddings only")]:
+        with pytest.raises(TypeError, match=named):
+            encoder.encode(sentences, **refused)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        encoder.encode(sentences, precision="float16")
+
+    # similarity by the export's own function (the tiny model: the BiLSTM's l1, sentence-transformers' manhattan)
+    assert encoder.similarity_fn_name == "manhattan"
+    pairwise = encoder.similarity_pairwise(plain[:2], plain[2:])
+    np.testing.assert_allclose(pairwise, np.diag(encoder.similarity(plain[:2], plain[2:])), rtol=1e-6)
+    np.testing.assert_allclose(pairwise, -np.abs(plain[:2] - plain[2:]).sum(axis=1), rtol=1e-5)
+    with pytest.raises(ValueError, match="one shape"):
+        encoder.similarity_pairwise(plain[:2], plain)

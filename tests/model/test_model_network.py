@@ -111,7 +111,8 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     assert single.shape == (10,)
     unit = loaded.encode(sentences[:2], normalize_embeddings=True)
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1, rtol=1e-5)
-    assert loaded.similarity_fn_name == "l1"                             # recorded by the export
+    assert loaded.similarity_fn_name == "manhattan"                      # recorded by the export, by ST's name
+    assert loaded.max_seq_length == 8 and loaded.get_sentence_embedding_dimension() == 10
     similarities = loaded.similarity(single, encoded)                    # [1, 4]: negative L1 distances
     np.testing.assert_allclose(similarities, -np.abs(encoded - single).sum(axis=1)[None], rtol=1e-5)
     assert similarities.shape == (1, 4) and np.argmax(similarities) == 0

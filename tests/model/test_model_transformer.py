@@ -1,5 +1,6 @@
 """The fine-tuned transformer Net: the checkpoint's own tokenisation in the graph, the untrained
 export equal to the backbone's mean-pooled states, and the trainer fine-tuning it end to end."""
+import importlib.util
 import json
 import os
 
@@ -79,13 +80,20 @@ def test_untrained_export_equals_the_backbones_mean_pooled_states(tmp_path, refe
         np.testing.assert_allclose(row, np.asarray(states)[0].mean(axis=0), atol=1e-5)
 
 
-def test_trainer_fine_tunes_the_transformer_and_exports_it(embedded_pipeline_output, tmp_path):
+@pytest.fixture(scope="module")
+def fine_tuned(embedded_pipeline_output, tmp_path_factory):
+    """A model dir of MiniLM fine-tuned for two steps, and model.train's summary."""
     from model.train import train
 
-    model_dir = tmp_path / "minilm-sen"
+    model_dir = tmp_path_factory.mktemp("models") / "minilm-sen"
     summary = train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
                                            encoder="minilm", epochs=1, steps=2, batch_size=8, max_tokens=32,
                                            warmup_triplets=8, evaluation_triplets=16, progress=False))
+    return model_dir, summary
+
+
+def test_trainer_fine_tunes_the_transformer_and_exports_it(fine_tuned):
+    model_dir, summary = fine_tuned
     assert summary["distance"] == "cosine" and summary["learning_rate"] == 5e-5
     assert summary["learning_curve"][0]["triplets_seen"] == 16
     history = json.loads((model_dir / "history.json").read_text())
@@ -96,3 +104,72 @@ def test_trainer_fine_tunes_the_transformer_and_exports_it(embedded_pipeline_out
     assert embeddings.shape == (2, 384) and np.isfinite(embeddings).all()
     untrained = build_transformer_encoder()(token_ids(32)(tf.constant(["Rivers flow into seas."]))).numpy()
     assert not np.allclose(untrained[0], embeddings[0], atol=1e-4)   # two AdamW steps moved the weights
+
+
+def _keras_hub_embeddings(folder, sentences, reference_tokenizer, max_tokens) -> np.ndarray:
+    """Embeddings by keras-hub's own Hugging Face loader: the backbone read from `folder`, mean-pooled
+    over the tokens the checkpoint's tokenizer gives (truncated as sentence-transformers does)."""
+    import keras_hub
+
+    backbone = keras_hub.models.BertBackbone.from_preset(str(folder))
+    rows = []
+    for sentence in sentences:
+        ids = np.array([reference_tokenizer.encode(sentence).ids])
+        ids = np.concatenate([ids[:, :max_tokens - 1], ids[:, -1:]], axis=1) if ids.shape[1] > max_tokens else ids
+        states = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids),
+                           "segment_ids": np.zeros_like(ids)})["sequence_output"]
+        rows.append(np.asarray(states)[0].mean(axis=0))
+    return np.array(rows)
+
+
+def test_the_sentence_transformers_export_holds_the_fine_tuned_weights(fine_tuned, embedded_pipeline_output,
+                                                                       reference_tokenizer):
+    model_dir, _ = fine_tuned
+    folder = model_dir / "sentence-transformers"
+    sentences = real_sentences(embedded_pipeline_output, limit=40) + HARD_SENTENCES
+    keras_export = SavedModelEncoder(str(model_dir)).encode(sentences)
+    by_keras_hub = _keras_hub_embeddings(folder, sentences, reference_tokenizer, max_tokens=32)
+    np.testing.assert_allclose(by_keras_hub, keras_export, atol=1e-5)
+    untrained = _keras_hub_embeddings(checkpoint_dir(), sentences[:3], reference_tokenizer, max_tokens=32)
+    assert not np.allclose(untrained, keras_export[:3], atol=1e-4)   # the fine-tuned weights, not the checkpoint's
+
+    # sentence-transformers' documented files: modules in order, mean pooling, its similarity name
+    modules = json.loads((folder / "modules.json").read_text())
+    assert [(m["idx"], m["path"], m["type"]) for m in modules] == [
+        (0, "", "sentence_transformers.models.Transformer"), (1, "1_Pooling", "sentence_transformers.models.Pooling")]
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    assert pooling["word_embedding_dimension"] == 384 and pooling["pooling_mode_mean_tokens"]
+    assert [key for key, value in pooling.items() if key.startswith("pooling_mode_") and value] == [
+        "pooling_mode_mean_tokens"]
+    assert json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
+    assert json.loads((folder / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "cosine"
+    assert {"vocab.txt", "tokenizer.json", "config.json", "model.safetensors"} <= {p.name for p in folder.iterdir()}
+    card = (folder / "README.md").read_text()
+    assert "library_name: sentence-transformers" in card and "16 triplets seen" in card
+
+
+def test_model_export_rewrites_the_same_folder_from_the_model_dir(fine_tuned, tmp_path):
+    from safetensors.numpy import load_file
+
+    from model.export import main as export
+
+    model_dir, _ = fine_tuned
+    export(["--model-dir", str(model_dir), "--output", str(tmp_path / "st")])
+    written, at_train = load_file(tmp_path / "st" / "model.safetensors"), load_file(
+        model_dir / "sentence-transformers" / "model.safetensors")
+    assert written.keys() == at_train.keys() and len(written) == 5 + 6 * 16 + 2
+    for name in written:
+        np.testing.assert_array_equal(written[name], at_train[name])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,
+                    reason="sentence-transformers (PyTorch) not installed: docs/export.md runs this check")
+def test_sentence_transformers_loads_the_export(fine_tuned, embedded_pipeline_output):
+    from sentence_transformers import SentenceTransformer
+
+    model_dir, _ = fine_tuned
+    sentences = real_sentences(embedded_pipeline_output, limit=200)
+    theirs = SentenceTransformer(str(model_dir / "sentence-transformers"), device="cpu").encode(sentences)
+    ours = SavedModelEncoder(str(model_dir)).encode(sentences)
+    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
+    assert cosines.min() >= 0.9999

@@ -1,6 +1,6 @@
 """What the trainer costs before its first step, at 1x and at N x the data, side by side in one run.
 
-    python -m model.scale_benchmark --data PIPELINE_OUT [--times 8] [--recipe triplets-sen] [--out DIR]
+    python -m infra.scale_benchmark --data PIPELINE_OUT [--times 8] [--recipe triplets-sen] [--out DIR]
 
 A dataset N times as large is made beside the benchmark's output: the same shards of the train
 split, hard-linked N times under new names, and a manifest that lists every copy (validation
@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.records import PAPER_DATASET
 
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*first training step after")
 MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
@@ -33,11 +34,11 @@ MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 
 @dataclasses.dataclass(frozen=True)
 class ScaleBenchmarkConfig:
-    """Flags of `python -m model.scale_benchmark`."""
+    """Flags of `python -m infra.scale_benchmark`."""
 
     data: str = flag(help="a local pipeline run (its manifest lists the shards)")
     times: int = flag(8, help="how many times the train split the larger dataset holds")
-    recipe: str = flag("triplets-sen", help="make scale's training recipe (infra/recipe.py)")
+    recipe: str = flag(PAPER_DATASET, help="make scale's training recipe (infra/recipe.py)")
     steps: int = flag(20, help="training steps of each run (the recipe's budget is not waited for)")
     out: str | None = flag(None, help="folder for scale_benchmark.json and the datasets' model dirs")
 
@@ -93,7 +94,7 @@ def timed_training(data: str, model_dir: str, flags: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    config = parse_config(ScaleBenchmarkConfig, argv, "python -m model.scale_benchmark", __doc__.split("\n\n")[0])
+    config = parse_config(ScaleBenchmarkConfig, argv, "python -m infra.scale_benchmark", __doc__.split("\n\n")[0])
     from infra.recipe import RECIPES
 
     recipe = RECIPES[config.recipe]

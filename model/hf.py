@@ -1,0 +1,208 @@
+"""A trained transformer encoder as a Hugging Face / sentence-transformers folder.
+
+`model.train` writes it beside `encoder/` (as `<model-dir>/sentence-transformers`) for every
+transformer encoder, and `python -m model.export` from a model dir. The folder holds what both
+libraries read:
+
+- `config.json`, `model.safetensors` (the fine-tuned weights under Hugging Face's BERT names) and
+  the checkpoint's tokenizer files: `transformers.AutoModel`, and keras-hub's
+  `BertBackbone.from_preset(DIR)`;
+- `modules.json` (Transformer, then mean Pooling), `1_Pooling/config.json`,
+  `sentence_bert_config.json` (`max_seq_length`: the Keras export's wordpieces per sentence, so the
+  two truncate alike) and `config_sentence_transformers.json` (`similarity_fn_name`):
+  `sentence_transformers.SentenceTransformer(DIR)`;
+- `README.md`: the model card.
+
+There is no Normalize module: the embeddings are the Keras export's, unscaled, so either can be
+checked against the other; `similarity_fn_name` says how to compare them.
+
+keras-hub reads Hugging Face BERT checkpoints (`keras_hub/src/utils/transformers/convert_bert.py`)
+but writes none, so `hf_bert_weights` below is the inverse of that reader's mapping, written here;
+a test reads the folder back with keras-hub's own loader and compares the embeddings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from model.encoder import SIMILARITY_FN_NAMES
+
+FORMATS = ("sentence-transformers",)   # what `model.export --format` writes
+EXPORT_FOLDER = "sentence-transformers"    # the train-time export's folder in the model dir
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def hf_bert_weights(backbone) -> dict[str, np.ndarray]:
+    """The weights of a keras-hub `BertBackbone` under Hugging Face `BertModel`'s names and shapes
+    (dense kernels transposed; attention kernels [hidden, heads, head_dim] flattened)."""
+    def dense(kernel) -> np.ndarray:   # Keras [in, ..., out] -> torch Linear [out, in]
+        value = np.asarray(kernel.numpy())
+        return value.reshape(value.shape[0], -1).T if value.ndim == 3 else value.T
+
+    def attention_output(kernel) -> np.ndarray:   # [heads, head_dim, hidden] -> [hidden, heads * head_dim]
+        value = np.asarray(kernel.numpy())
+        return value.reshape(-1, value.shape[-1]).T
+
+    def flat(bias) -> np.ndarray:
+        return np.asarray(bias.numpy()).reshape(-1)
+
+    weights = {
+        "embeddings.word_embeddings.weight": backbone.get_layer("token_embedding").embeddings,
+        "embeddings.position_embeddings.weight": backbone.get_layer("position_embedding").position_embeddings,
+        "embeddings.token_type_embeddings.weight": backbone.get_layer("segment_embedding").embeddings,
+        "embeddings.LayerNorm.weight": backbone.get_layer("embeddings_layer_norm").gamma,
+        "embeddings.LayerNorm.bias": backbone.get_layer("embeddings_layer_norm").beta,
+    }
+    arrays = {name: np.asarray(variable.numpy()) for name, variable in weights.items()}
+    for index in range(backbone.num_layers):
+        block = backbone.get_layer(f"transformer_layer_{index}")
+        attention, prefix = block._self_attention_layer, f"encoder.layer.{index}"
+        for part in ("query", "key", "value"):
+            projection = getattr(attention, f"{part}_dense")
+            arrays[f"{prefix}.attention.self.{part}.weight"] = dense(projection.kernel)
+            arrays[f"{prefix}.attention.self.{part}.bias"] = flat(projection.bias)
+        arrays[f"{prefix}.attention.output.dense.weight"] = attention_output(attention.output_dense.kernel)
+        arrays[f"{prefix}.attention.output.dense.bias"] = flat(attention.output_dense.bias)
+        arrays[f"{prefix}.attention.output.LayerNorm.weight"] = flat(block._self_attention_layer_norm.gamma)
+        arrays[f"{prefix}.attention.output.LayerNorm.bias"] = flat(block._self_attention_layer_norm.beta)
+        arrays[f"{prefix}.intermediate.dense.weight"] = dense(block._feedforward_intermediate_dense.kernel)
+        arrays[f"{prefix}.intermediate.dense.bias"] = flat(block._feedforward_intermediate_dense.bias)
+        arrays[f"{prefix}.output.dense.weight"] = dense(block._feedforward_output_dense.kernel)
+        arrays[f"{prefix}.output.dense.bias"] = flat(block._feedforward_output_dense.bias)
+        arrays[f"{prefix}.output.LayerNorm.weight"] = flat(block._feedforward_layer_norm.gamma)
+        arrays[f"{prefix}.output.LayerNorm.bias"] = flat(block._feedforward_layer_norm.beta)
+    pooler = backbone.get_layer("pooled_dense")
+    arrays["pooler.dense.weight"] = dense(pooler.kernel)
+    arrays["pooler.dense.bias"] = flat(pooler.bias)
+    return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in arrays.items()}
+
+
+def backbone_of(encoder):
+    """The keras-hub backbone inside the trainer's transformer sentence encoder."""
+    import keras_hub
+
+    for layer in encoder.layers:
+        if isinstance(layer, keras_hub.models.Backbone):
+            return layer
+    raise ValueError(f"{encoder.name} holds no keras-hub backbone: only transformer encoders export to "
+                     "sentence-transformers")
+
+
+def sentence_transformers_files(dim: int, max_tokens: int, similarity: str) -> dict[str, dict | list]:
+    """The sentence-transformers configuration files of a mean-pooled BERT, by path."""
+    return {
+        "modules.json": [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+        "1_Pooling/config.json": {
+            "word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+            "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False},
+        "sentence_bert_config.json": {"max_seq_length": max_tokens, "do_lower_case": False},
+        "config_sentence_transformers.json": {"similarity_fn_name": SIMILARITY_FN_NAMES[similarity],
+                                              "prompts": {}, "default_prompt_name": None},
+    }
+
+
+def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_tokens: int, similarity: str,
+                                card: str) -> str:
+    """Writes the folder to `<output>.partial`, then renames it into place (a kill leaves the
+    previous export or none). `checkpoint`: the pre-trained checkpoint's folder, whose
+    `config.json` and tokenizer files the fine-tuned model keeps. Returns `output`."""
+    from safetensors.numpy import save_file
+
+    backbone = backbone_of(encoder)
+    partial = f"{output.rstrip('/')}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(f"{partial}/1_Pooling")
+    for name in ("config.json", *TOKENIZER_FILES):
+        shutil.copyfile(os.path.join(checkpoint, name), os.path.join(partial, name))
+    save_file(hf_bert_weights(backbone), f"{partial}/model.safetensors", metadata={"format": "pt"})
+    for path, value in sentence_transformers_files(int(encoder.output_shape[-1]), max_tokens, similarity).items():
+        with open(f"{partial}/{path}", "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=2)
+    with open(f"{partial}/README.md", "w", encoding="utf-8") as handle:
+        handle.write(card)
+    if os.path.exists(output):
+        shutil.rmtree(output)
+    os.replace(partial, output)
+    return output
+
+
+def report_scores(report: str | None, method: str) -> list[str]:
+    """Lines of the model card for `method`'s rows in an eval report folder (`eval.all`'s
+    triplets.json and scb.json), with their 95 % intervals."""
+    if not report:
+        return []
+    lines = []
+    triplets_path, scb_path = os.path.join(report, "triplets.json"), os.path.join(report, "scb.json")
+    if os.path.exists(triplets_path):
+        with open(triplets_path, encoding="utf-8") as handle:
+            result = json.load(handle)
+        for entry in result["methods"]:
+            if entry["method"] == method:
+                for distance in ("cosine", "l1"):
+                    low, high = entry[f"interval_{distance}"]["low"], entry[f"interval_{distance}"]["high"]
+                    lines.append(f"- triplet accuracy ({distance}), {result['dataset']} {result['split']}, "
+                                 f"n = {result['triplets']}: {entry[f'accuracy_{distance}']:.3f} "
+                                 f"(95 % interval {low:.3f}-{high:.3f})")
+    if os.path.exists(scb_path):
+        with open(scb_path, encoding="utf-8") as handle:
+            result = json.load(handle)
+        for row in result.get("methods", []):
+            if row.get("method") == method and "ari_interval" in row:
+                interval = row["ari_interval"]
+                lines.append(f"- SCB {row.get('algorithm', '')} ARI, n = {result.get('articles')} articles: "
+                             f"{row['ari']:.3f} (95 % interval {interval['low']:.3f}-{interval['high']:.3f})")
+    return lines
+
+
+def model_card(summary: dict, name: str, similarity: str, max_tokens: int, report_lines: list[str]) -> str:
+    """The README.md of the export: what it is, what it was trained on, its scores, how to load it."""
+    flags = summary.get("config", {})
+    curve = summary.get("learning_curve") or [{}]
+    scores = report_lines or [f"- triplet accuracy ({similarity}) on the test split of {flags.get('dataset')}: "
+                              f"{summary.get('test_triplet_accuracy', float('nan')):.3f} (model.train's own score; "
+                              "run eval.all for intervals)"]
+    return f"""---
+library_name: sentence-transformers
+pipeline_tag: sentence-similarity
+tags: [sentence-transformers, feature-extraction, sentence-similarity, wikipedia-sections]
+---
+
+# {name}: thematic sentence similarity learned from Wikipedia sections
+
+The `{flags.get('encoder')}` checkpoint fine-tuned as a triplet network (Ein Dor et al., ACL 2018):
+two sentences of one Wikipedia section should be closer than a sentence of another section.
+
+- Trained on: `{flags.get('dataset')}` of the pipeline output `{flags.get('data')}`,
+  {curve[-1].get('triplets_seen', 'unknown')} triplets seen, seed {flags.get('seed')}.
+- Recipe: batch {flags.get('batch_size')}, learning rate {summary.get('learning_rate')},
+  distance {similarity}, frozen layers {flags.get('frozen_layers')}, epochs run {summary.get('epochs_run')}.
+- Embeddings: {summary.get('embedding_dim', 'mean-pooled')} floats, mean pooling over at most {max_tokens}
+  wordpieces; compare them by **{SIMILARITY_FN_NAMES[similarity]}** similarity.
+
+## Scores
+
+{chr(10).join(scores)}
+
+## Intended use and limits
+
+Grouping and retrieving sentences by topic, as sections of an encyclopedia group them. It was
+trained on English Wikipedia prose only; it is not a paraphrase or entailment model, and
+sentences longer than {max_tokens} wordpieces are truncated.
+
+## Loading
+
+```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("THIS_FOLDER")
+embeddings = model.encode(["A sentence.", "Another one."])
+```
+
+keras-hub: `keras_hub.models.BertBackbone.from_preset("THIS_FOLDER")` (mean-pool its
+`sequence_output` over the padding mask). TF Serving: serve the model dir's `encoder/` SavedModel,
+which takes raw strings (`model.encoder.load_encoder` in this project).
+"""
