@@ -17,7 +17,8 @@ COMMANDS = {   # python -m module -> its config class
     "eval.triplets": "TripletsConfig", "eval.sick": "SickConfig", "eval.all": "ReportConfig",
     "eval.benchmark": "ScbBenchmarkConfig", "eval.readme": "ReadmeConfig",
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
-    "infra.recipe": "RecipeConfig", "model.export": "ExportConfig", "infra.scale_benchmark": "ScaleBenchmarkConfig",
+    "infra.recipe": "RecipeConfig", "model.export": "ExportConfig", "model.curves": "CurvesConfig",
+    "infra.scale_benchmark": "ScaleBenchmarkConfig",
 }
 DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}
 
