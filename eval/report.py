@@ -177,14 +177,17 @@ def triplets_figure(result: dict):
     figure, axis = plt.subplots(figsize=(1.8 * len(methods) + 2, 3.6))
     positions = range(len(methods))
     width = 0.38
-    axis.bar([p - width / 2 for p in positions], [e["accuracy_cosine"] for e in result["methods"]], width,
-             label="cosine")
-    axis.bar([p + width / 2 for p in positions], [e["accuracy_l1"] for e in result["methods"]], width, label="L1")
+    for offset, distance, label in ((-width / 2, "cosine", "cosine"), (width / 2, "l1", "L1")):
+        values = [e[f"accuracy_{distance}"] for e in result["methods"]]
+        errors = [[value - e[f"interval_{distance}"]["low"] for value, e in zip(values, result["methods"])],
+                  [e[f"interval_{distance}"]["high"] - value for value, e in zip(values, result["methods"])]]
+        axis.bar([p + offset for p in positions], values, width, yerr=errors, capsize=3, label=label)
     axis.axhline(0.5, color="grey", linestyle="--", linewidth=0.8, label="chance")
     axis.set_xticks(list(positions), methods, rotation=20)
     axis.set_ylim(0, 1)
     axis.set_ylabel("accuracy")
-    axis.set_title(f"Triplet accuracy, {result['dataset']} {result['split']} ({result['triplets']} triplets)")
+    axis.set_title(f"Triplet accuracy, {result['dataset']} {result['split']} ({result['triplets']} triplets; "
+                   "bars: 95 % Wilson intervals)")
     axis.legend()
     return figure
 
@@ -193,6 +196,14 @@ def write_triplets_report(result: dict, output: str) -> None:
     write_json(FileSystems.join(output, "triplets.json"), result)
     write_text(FileSystems.join(output, "triplets.md"), triplets_markdown(result))
     write_figure(FileSystems.join(output, "triplets_accuracy.png"), triplets_figure(result))
+
+
+def validation_n(history: dict) -> int:
+    """The validation triplets each point of a model's learning curve was scored on: its seeded
+    sample, or the whole split (`evaluation_triplets` "all": the split's records)."""
+    sample = history["evaluation_triplets"]
+    whole = history["record_counts"]["validation"]["expected"]
+    return whole if sample == "all" else min(int(sample), whole)
 
 
 def learning_curves_figure(histories: dict[str, dict]):
@@ -205,7 +216,7 @@ def learning_curves_figure(histories: dict[str, dict]):
         color = f"C{index}"
         points = history["learning_curve"]
         accuracy = [point["val_triplet_accuracy"] for point in points]
-        label = f"{name} ({history.get('distance', 'l1')}, {history['evaluation_triplets']} validation triplets)"
+        label = f"{name} ({history.get('distance', 'l1')}, n = {validation_n(history):,} validation triplets)"
         for axis, key, scale in ((axes[0], "triplets_seen", 1000), (axes[1], "cpu_seconds", 60)):
             axis.plot([point[key] / scale for point in points], accuracy, "o-", color=color, markersize=3, label=label)
             axis.axhline(history["untrained_val_triplet_accuracy"], color=color, ls=":",
@@ -233,10 +244,13 @@ def sick_markdown(result: dict) -> str:
 def sick_figure(result: dict):
     methods = [entry["method"] for entry in result["methods"]]
     figure, axis = plt.subplots(figsize=(1.6 * len(methods) + 2, 3.4))
-    axis.bar(methods, [entry["pearson"] for entry in result["methods"]])
+    values = [entry["pearson"] for entry in result["methods"]]
+    errors = [[value - entry["pearson_low"] for value, entry in zip(values, result["methods"])],
+              [entry["pearson_high"] - value for value, entry in zip(values, result["methods"])]]
+    axis.bar(methods, values, yerr=errors, capsize=3)
     axis.set_ylim(0, 1)
     axis.set_ylabel("Pearson r on TEST")
-    axis.set_title("SICK relatedness")
+    axis.set_title(f"SICK relatedness (n = {result['pairs']['TEST']} TEST pairs; bars: 95 % intervals)")
     axis.tick_params(axis="x", rotation=20)
     return figure
 

@@ -118,13 +118,14 @@ class ParseScbFn(beam.DoFn):
 class ScoreArticleFn(beam.DoFn):
     """(article, its embeddings by every method) -> the article's score rows."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, articles: int | None = None):
         self.seed = seed
+        self.articles = articles   # the progress bar's total: the articles the job scores
         self.sentences = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_sentences_scored")
         self.skipped = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_variants_skipped")
 
     def setup(self):
-        self.progress = tqdm(desc="scb articles clustered", unit="article")
+        self.progress = tqdm(desc="scb articles clustered", unit="article", total=self.articles)
 
     def process(self, embedded: tuple[records.ScbRecord, dict[str, Any]]):   # (article, its embeddings by method)
         record, embeddings_by_method = embedded
@@ -206,7 +207,9 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] 
                     | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
                     | f"Add[{method}]" >> beam.Map(lambda keyed, method=method: (
                         keyed[0][0], {**keyed[0][1], method: keyed[1].inference})))
-    rows = embedded | "Score" >> beam.ParDo(ScoreArticleFn(config.seed))
+    listed = Run.open(config.data).output(records.SCB).records
+    scored = min(listed, config.max_articles) if config.max_articles else listed
+    rows = embedded | "Score" >> beam.ParDo(ScoreArticleFn(config.seed, scored))
     (rows
      | "RowsToJson" >> beam.Map(json.dumps)
      | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),

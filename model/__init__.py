@@ -4,7 +4,70 @@ Importing `model` loads nothing heavy (no TensorFlow, no PyTorch): each module i
 uses, and the entry points parse their flags first. What it does set is TensorFlow's C++ log
 level, quiet by default (`TF_CPP_MIN_LOG_LEVEL=3`); set the variable yourself (e.g. to 0)
 to bring TensorFlow's logs back.
+
+No log level reaches the lines TensorFlow's C++ libraries print while they load, before their
+logging is set up (absl's "All log messages before absl::InitializeLog() is called are written to
+STDERR", `cudart_stub` on a machine without CUDA, twice). So while quiet, the first
+`import tensorflow` runs with the process's stderr (file descriptor 2) pointed at /dev/null, and
+put back as soon as it returns: an import error still raises, with its traceback, after. The
+Python loggers of TensorFlow and absl are set to WARNING too: their INFO lines ("Assets written
+to ...", printed twice through two handlers) say nothing a user acts on.
 """
+import contextlib
+import importlib.abc
+import importlib.util
+import logging
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """The real loader of a module, run with stderr silenced; once loaded, the module names its
+    real loader again."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        with _stderr_silenced():
+            self.loader.exec_module(module)
+        module.__loader__ = module.__spec__.loader = self.loader
+
+
+class _QuietTensorFlowLoad(importlib.abc.MetaPathFinder):
+    """On the first `import tensorflow`: the spec the other finders give, its loader wrapped in
+    `_QuietLoader`; then leaves `sys.meta_path`."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+if os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
+    if "tensorflow" not in sys.modules:
+        sys.meta_path.insert(0, _QuietTensorFlowLoad())
+    for name in ("tensorflow", "absl"):   # "Assets written to ...", twice; absl's renamed SavedModel inputs
+        logging.getLogger(name).setLevel(logging.WARNING)

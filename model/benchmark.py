@@ -200,7 +200,7 @@ def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
     timed = variants(config, triplets, word_ids, matrix)
     steps = {name: -(-n_triplets // batch_size) for name, (_, (batch_size, _)) in timed.items()}
     for name, (model, (_, batches)) in timed.items():    # trace and warm every variant on a whole pass
-        model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0)
+        model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0, shuffle=False)
     rates = {name: 0.0 for name in timed}
     for _ in range(rounds):
         for name, (model, (batch_size, batches)) in timed.items():

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+from pipeline.cli import UsageError, flag, parse_config, parse_first, refuse_file_as_folder, run_cli
 from pipeline.records import DEAD_LETTERS, PASSAGES, SCB
 
 SOURCES = (SCB, PASSAGES)
@@ -215,6 +215,7 @@ WRITES = ("embeddings-", f"{DEAD_LETTERS}-", "beam-temp-")
 
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_args(argv)
+    refuse_file_as_folder("--output", args.output)
     with Run.open(args.data).reading() if args.data else contextlib.nullcontext():   # a lease while reading it
         if args.data:
             Run.open(args.data).verify(args.source)     # a published run holding the whole source

@@ -239,9 +239,12 @@ def method_names(specs: list[str]) -> list[str]:
 
 
 def check_encoder_specs(specs: list[str]) -> None:
-    """Before any work: every trained encoder a spec names is there (EncoderSpecError naming it)."""
+    """Before any work: every spec is one (a typo is named, not found after the data is read),
+    their names are unique, and every trained encoder a spec names is there (EncoderSpecError
+    naming it)."""
     from apache_beam.io.filesystems import FileSystems
 
+    method_names(specs)
     for spec in specs:
         if spec.startswith(f"{CACHED_KIND}:") and not FileSystems.exists(_named_value(spec, CACHED_KIND)[1]):
             raise EncoderSpecError(f"encoder spec {spec!r}: no such embedding file")

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from model.hf import FORMATS, model_card, report_scores, write_sentence_transformers
-from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +35,8 @@ def export_model_dir(config: ExportConfig) -> str:
     """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint and
     writes the folder."""
     from model.config import TrainConfig
+
+    refuse_file_as_folder("--output", config.output)
 
     inputs_path, best = os.path.join(config.model_dir, "inputs.json"), os.path.join(
         config.model_dir, "checkpoints", "best.weights.h5")

@@ -10,10 +10,24 @@ imports PyTorch when it is installed (seconds, and PyTorch must not load after T
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+
+class _ResourceWarningFilter(logging.Filter):
+    """Drops Beam 2.77's "Resource module is not available ... memory usage cannot be fetched",
+    logged on every RunInference batch where PyTorch is absent: Beam imports the `resource`
+    module beside a PyTorch-only one and takes the failure of either for a platform without
+    `resource`. The memory figure it would log is not used here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Resource module is not available")
+
+
+logging.getLogger().addFilter(_ResourceWarningFilter())   # Beam logs it through the root logger
 
 
 class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):

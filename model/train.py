@@ -39,7 +39,7 @@ import sys
 import tempfile
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
-from pipeline.cli import parse_first, run_cli
+from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
 
 if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
     parse_first(parse_args)
@@ -369,6 +369,7 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     import keras
 
     started = time.monotonic()   # seconds_to_first_step count from here
+    refuse_file_as_folder("--model-dir", config.runtime.model_dir)
     keras.utils.set_random_seed(config.runtime.seed)
     run = open_run(config.inputs.data)
     strategy = make_strategy(config.runtime.distribution_strategy)
@@ -395,6 +396,15 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
     global_batch = optimizer.batch_size * strategy.num_replicas_in_sync
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
              strategy.num_replicas_in_sync, global_batch)
+    for split in SPLITS:   # every shard there, of the size the run wrote, before the model dir is claimed (seconds)
+        triplet_split(run, inputs.dataset, split)
+        run.check_sizes(f"{inputs.dataset}/{split}")
+    if triplet_split(run, inputs.dataset, "train").order is None and not inputs.shuffle_buffer:
+        LOG.warning("%s/%s was written in page order (an older pipeline.run): streamed without a shuffle buffer, "
+                    "training would drift with the topics; rerun the pipeline, or pass --shuffle-buffer",
+                    inputs.data, inputs.dataset)
+    if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
+        raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
     claim_model_dir(config, model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
         if os.path.isdir(os.path.join(resume_from, entry)):
@@ -409,15 +419,6 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
         word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
     if mirror:
         mirror.push()
-    for split in SPLITS:   # every shard there, of the size the run wrote, before any training (seconds)
-        triplet_split(run, inputs.dataset, split)
-        run.check_sizes(f"{inputs.dataset}/{split}")
-    if triplet_split(run, inputs.dataset, "train").order is None and not inputs.shuffle_buffer:
-        LOG.warning("%s/%s was written in page order (an older pipeline.run): streamed without a shuffle buffer, "
-                    "training would drift with the topics; rerun the pipeline, or pass --shuffle-buffer",
-                    inputs.data, inputs.dataset)
-    if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
-        raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
     validation_batches = evaluation_batches(config, run, "validation", word_ids, strategy.num_replicas_in_sync)
     # The records each split holds are counted beside training (tf.data releases the GIL), not
     # before it, and checked before the export: no extra pass before the first step.
@@ -459,7 +460,8 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
         fit = model.fit(train_batches, validation_data=validation_batches, epochs=optimizer.epochs,
                         initial_epoch=step // optimizer.steps if optimizer.steps else epochs_done,
                         steps_per_epoch=optimizer.steps or pass_steps, callbacks=[*callbacks, first_step],
-                        verbose=1 if runtime.progress else 2)
+                        verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
+                        shuffle=False)   # the stream is in its written order
         fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
                       "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points,
                       "seconds_to_first_step": first_step.seconds}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, get_type_hints
@@ -195,6 +196,13 @@ def config_flags(config: Any) -> dict[str, Any]:
     return values
 
 
+def refuse_file_as_folder(flag_name: str, path: str) -> None:
+    """An output folder flag naming an existing local file: one `error:` line, before any work
+    (rather than a traceback from whatever first writes into it)."""
+    if "://" not in path and os.path.isfile(path):
+        raise UsageError(f"{flag_name} {path} is a file, not a folder")
+
+
 def check_beam_flags(beam_args: list[str], prog: str) -> None:
     """Every flag a command does not define must be one of Beam's pipeline options: Beam itself
     only logs a warning and drops an unknown one, so `--max-triplet 10` (for `--max-triplets`)
@@ -209,6 +217,34 @@ def check_beam_flags(beam_args: list[str], prog: str) -> None:
                       if arg.startswith("-") and arg.lstrip("-").split("=", 1)[0].replace("-", "_") == unknown[0]),
                      f"--{unknown[0]}")
         raise UsageError(f"unknown flag {spelt} (neither a flag of {prog} nor a Beam pipeline option)")
+    runner = given.get("runner")
+    if runner and "." not in runner:   # a dotted path names a runner class of the user's own
+        from apache_beam.options.pipeline_options import StandardOptions
+
+        names = [path.rsplit(".", 1)[-1] for path in StandardOptions.ALL_KNOWN_RUNNERS]
+        if runner.lower() not in {name.lower() for name in names} | {name.lower().removesuffix("runner")
+                                                                      for name in names}:
+            raise UsageError(f"--runner {runner}: not a Beam runner (one of {', '.join(sorted(set(names)))})")
+
+
+def _is_beam_option(name: str) -> bool:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return name.lstrip("-").replace("-", "_") in PipelineOptions([]).get_all_options()
+
+
+def _refuse_misspelt_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A flag that is not the command's but close to one of its own (`--ouput`) is named, with
+    the one meant, before argparse reports the required flag it left missing."""
+    import difflib
+
+    options = [option for action in parser._actions for option in action.option_strings]
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name.startswith("--") and name not in options:
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.75)
+            if close and not _is_beam_option(name):
+                raise UsageError(f"unknown flag {name} (did you mean {close[0]}?)")
 
 
 def parse_config(config_type: type, argv: list[str] | None, prog: str, description: str,
@@ -220,6 +256,7 @@ def parse_config(config_type: type, argv: list[str] | None, prog: str, descripti
     parser = config_parser(config_type, prog, description)
     old_names = {field.name: field.name for field in flag_fields(config_type) if "_" in field.name}
     argv = _current_spelling(argv, {**old_names, **(renamed or {})})
+    _refuse_misspelt_flags(parser, argv)
     if passthrough:
         args, rest = parser.parse_known_args(argv)
         check_beam_flags(rest, prog)

@@ -118,3 +118,45 @@ def test_choosing_minilm_loads_pytorch_before_tensorflow_or_says_why_it_cannot(t
                                 "try:\n    load_encoder('minilm')\n"
                                 "except EncoderSpecError as error:\n    print(error)"])
     assert "needs the optional extra" in without_extra.stdout, without_extra.stderr
+
+
+def _one_error_line(done: subprocess.CompletedProcess, *named: str) -> None:
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("error:"), done.stderr[-3000:]
+    for text in named:
+        assert text in done.stderr
+
+
+def test_an_unknown_runner_is_one_line_before_anything_is_written(tmp_path):
+    out = tmp_path / "out"
+    done = _run(["-m", "pipeline.run", "--input", str(tmp_path / "dump.xml.bz2"), "--output", str(out),
+                 "--runner", "DataFlowRunnr"])
+    _one_error_line(done, "--runner DataFlowRunnr: not a Beam runner", "DataflowRunner")
+    assert not out.exists()
+
+
+def test_a_misspelt_required_flag_names_the_flag_meant(tmp_path):
+    done = _run(["-m", "eval.all", "--data", str(tmp_path), "--ouput", str(tmp_path / "report")])
+    _one_error_line(done, "unknown flag --ouput (did you mean --output?)")
+
+
+def test_an_encoder_typo_is_refused_before_the_data_is_read(tmp_path):
+    done = _run(["-m", "eval.all", "--data", str(tmp_path / "no-run"), "--output", str(tmp_path / "report"),
+                 "--encoder", "mean-vectorz"])
+    _one_error_line(done, "unknown encoder spec 'mean-vectorz'")   # not the missing run: the spec comes first
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("command,flag_name", [("model.train", "--model-dir"), ("eval.all", "--output"),
+                                               ("model.embed", "--output"), ("model.export", "--output")])
+def test_an_output_folder_that_is_a_file_is_one_line(tmp_path, command, flag_name):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    source = tmp_path / "sentences.txt"
+    source.write_text("A sentence.\n")
+    argv = {"model.train": ["--data", str(tmp_path), "--model-dir", str(a_file)],
+            "eval.all": ["--data", str(tmp_path), "--output", str(a_file)],
+            "model.embed": ["--model-dir", str(tmp_path), "--input", str(source), "--output", str(a_file)],
+            "model.export": ["--model-dir", str(tmp_path), "--output", str(a_file)]}[command]
+    _one_error_line(_run(["-m", command, *argv]), f"{flag_name} {a_file} is a file, not a folder")
+    assert a_file.read_text() == "mine"

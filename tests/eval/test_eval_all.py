@@ -2,6 +2,7 @@
 baselines and a tiny trained encoder in one table per evaluation, plus SICK on a fixture."""
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import reference_scoring
@@ -51,6 +52,25 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
               if (row["variant"], row["algorithm"], row["method"]) == ("all", "kmeans", "triplets-sen")]
     assert len(kmeans) == 1 and kmeans[0]["n"] == scb_articles and kmeans[0]["low"] <= kmeans[0]["high"]
     assert f"n = {test_triplets} triplets" in markdown and "95 % paired bootstrap" in markdown
+    # The head says what the numbers rest on and that demo-size ones are noise.
+    assert f"Scale: {test_triplets:,} test triplets, {scb_articles:,} SCB articles, " in markdown
+    assert "**Demo-size data**" in markdown and "SICK relatedness: skipped" not in markdown
+
+    # What the figures draw: every bar with its 95 % interval; each curve labelled with its n.
+    from eval.report import learning_curves_figure, triplets_figure, validation_n
+
+    axis = triplets_figure(report["triplets"]).axes[0]
+    bars = [container for container in axis.containers if hasattr(container, "errorbar")]
+    assert [container.get_label() for container in bars] == ["cosine", "L1"]
+    for container, distance in zip(bars, ("cosine", "l1")):
+        segments = container.errorbar.lines[2][0].get_segments()
+        assert [(round(low, 6), round(high, 6)) for (_, low), (_, high) in segments] == [
+            (round(e[f"interval_{distance}"]["low"], 6), round(e[f"interval_{distance}"]["high"], 6))
+            for e in report["triplets"]["methods"]]
+    history = json.loads((Path(tiny_model) / "history.json").read_text())
+    labels = [line.get_label() for line in learning_curves_figure({"triplets-sen": history}).axes[0].lines]
+    assert f"triplets-sen ({history['distance']}, n = {validation_n(history):,} validation triplets)" in labels
+    assert validation_n(history) == history["record_counts"]["validation"]["expected"]   # "all" -> the split's n
 
     # The README's results block is regenerated from the report, between its markers only.
     readme = tmp_path / "README.md"
@@ -107,3 +127,9 @@ def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipe
                         record.title, encoder.name, variant, algorithm)
                     expected += 1
     assert expected == len(rows) > 0
+
+
+def test_the_report_head_says_when_sick_was_skipped_and_where_to_get_it():
+    head = eval_all.scale_lines(50_000, 800, None)
+    assert head.startswith("Scale: 50,000 test triplets, 800 SCB articles.\n") and "Demo-size" not in head
+    assert "SICK relatedness: skipped: pass SICK=path" in head and "SemEval 2014 task 1" in head

@@ -407,3 +407,14 @@ def test_short_real_training_beats_the_untrained_model(request, tmp_path):
                     "--batch-size", "32", "--lstm-units", "32", "--attention-size", "16", "--progress", "false",
                     "--vocabulary", "train"])
     assert summary["best_val_triplet_accuracy"] > summary["untrained_val_triplet_accuracy"]
+
+
+def test_a_run_refused_for_a_missing_dataset_leaves_nothing_behind(embedded_pipeline_output, tmp_path):
+    from model.train import train
+    from pipeline.cli import UsageError
+
+    model_dir = tmp_path / "ablation"
+    with pytest.raises(UsageError, match="lists no triplets-sen-same_article/train"):
+        train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
+                                     dataset="triplets-sen-same_article", epochs=1, steps=1, progress=False))
+    assert not model_dir.exists() or list(model_dir.iterdir()) == []   # no inputs.json, no vocabulary
