@@ -6,7 +6,9 @@
 
 The network is rebuilt from the flags the model dir records (`inputs.json`) and its best
 checkpoint loaded; `--report` adds an `eval.all` report's scores, with their intervals, to the
-model card.
+model card. `--check-data RUN` then loads the folder with sentence-transformers itself (where it
+is installed) and prints the cosines between its embeddings and the Keras export's on the run's
+SCB sentences.
 """
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ class ExportConfig:
     output: str = flag(help="the folder to write")
     format: str = flag("sentence-transformers", help=f"one of {', '.join(FORMATS)}")
     report: str | None = flag(None, help="an eval.all report folder whose scores go into the model card")
+    check_data: str | None = flag(None, help="a pipeline run: after writing, encode its SCB sentences with "
+                                             "sentence-transformers and with the Keras export, print their cosines "
+                                             "(needs sentence-transformers installed)")
+    check_sentences: int = flag(3000, help="--check-data: how many distinct SCB sentences")
 
     def __post_init__(self):
         if self.format not in FORMATS:
@@ -72,10 +78,49 @@ def export_model_dir(config: ExportConfig) -> str:
                                        max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
 
 
+def scb_sentences(data: str, limit: int) -> list[str]:
+    """The first `limit` distinct sentences of a run's SCB articles, as the pipeline wrote them."""
+    from pipeline.published import Run, read_bytes
+    from pipeline.records import SCB, ScbRecord
+
+    sentences: dict[str, None] = {}
+    for path in Run.open(data).paths(SCB):
+        for line in read_bytes(path).decode("utf-8").splitlines():
+            sentences.update(dict.fromkeys(ScbRecord.from_json(line).sentences))
+            if len(sentences) >= limit:
+                return list(sentences)[:limit]
+    return list(sentences)
+
+
+def check_against_sentence_transformers(config: ExportConfig, sentence_transformer) -> dict:
+    """Cosines between the export loaded by sentence-transformers and the Keras export, row by row."""
+    import numpy as np
+
+    from model.encoder import load_encoder
+
+    sentences = scb_sentences(config.check_data, config.check_sentences)
+    theirs = sentence_transformer(config.output, device="cpu").encode(sentences, batch_size=64)
+    ours = load_encoder(config.model_dir).encode(sentences)
+    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
+    result = {"sentences": len(sentences), "min": float(cosines.min()), "median": float(np.median(cosines)),
+              "below_0.9999": int((cosines < 0.9999).sum())}
+    print(f"sentence-transformers vs the Keras export on {result['sentences']} SCB sentences: cosine min "
+          f"{result['min']:.6f}, median {result['median']:.6f}, {result['below_0.9999']} below 0.9999")
+    return result
+
+
 def main(argv: list[str] | None = None) -> str:
     config = parse_config(ExportConfig, argv, prog="python -m model.export", description=__doc__)
+    sentence_transformer = None
+    if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoders)
+        try:
+            from sentence_transformers import SentenceTransformer as sentence_transformer
+        except ImportError:
+            raise UsageError("--check-data needs sentence-transformers: pip install sentence-transformers") from None
     path = export_model_dir(config)
     print(f"sentence-transformers folder at {path}")
+    if sentence_transformer is not None:
+        check_against_sentence_transformers(config, sentence_transformer)
     return path
 
 
