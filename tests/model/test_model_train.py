@@ -410,11 +410,21 @@ def test_short_real_training_beats_the_untrained_model(request, tmp_path):
 
 
 def test_a_run_refused_for_a_missing_dataset_leaves_nothing_behind(embedded_pipeline_output, tmp_path):
+    import dataclasses
+    import shutil
+
     from model.train import train
     from pipeline.cli import UsageError
+    from pipeline.published import MANIFEST, Manifest, Run
 
+    data = tmp_path / "run-without-ablation"   # the run as pipeline.run writes it without --negatives same_article
+    shutil.copytree(embedded_pipeline_output, data)
+    manifest = Run.open(str(data)).manifest
+    kept = {folder: output for folder, output in manifest.outputs.items()
+            if not folder.startswith("triplets-sen-same_article/")}
+    (data / MANIFEST).write_text(json.dumps(Manifest.to_json(dataclasses.replace(manifest, outputs=kept))))
     model_dir = tmp_path / "ablation"
     with pytest.raises(UsageError, match="lists no triplets-sen-same_article/train"):
-        train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
-                                     dataset="triplets-sen-same_article", epochs=1, steps=1, progress=False))
+        train(TrainConfig.from_flags(data=str(data), model_dir=str(model_dir), dataset="triplets-sen-same_article",
+                                     epochs=1, steps=1, progress=False))
     assert not model_dir.exists() or list(model_dir.iterdir()) == []   # no inputs.json, no vocabulary
