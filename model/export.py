@@ -73,7 +73,7 @@ def export_model_dir(config: ExportConfig) -> str:
     similarity = train_config.resolved("distance")
     name = os.path.basename(config.model_dir.rstrip("/"))
     card = model_card(summary, name, similarity, train_config.inputs.max_tokens,
-                      report_scores(config.report, name))
+                      report_scores(config.report, name), int(encoder.output_shape[-1]))
     return write_sentence_transformers(encoder, checkpoint_dir(flags["encoder"]), config.output,
                                        max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
 

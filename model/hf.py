@@ -151,21 +151,23 @@ def report_scores(report: str | None, method: str) -> list[str]:
     if os.path.exists(scb_path):
         with open(scb_path, encoding="utf-8") as handle:
             result = json.load(handle)
-        for row in result.get("methods", []):
-            if row.get("method") == method and "ari_interval" in row:
-                interval = row["ari_interval"]
-                lines.append(f"- SCB {row.get('algorithm', '')} ARI, n = {result.get('articles')} articles: "
-                             f"{row['ari']:.3f} (95 % interval {interval['low']:.3f}-{interval['high']:.3f})")
+        for entry in result["summary"]:
+            if entry["method"] == method and entry["variant"] == "all":
+                interval = entry["ARI_interval"]
+                lines.append(f"- SCB {entry['algorithm']} ARI, all sentences, n = {entry['articles']} articles: "
+                             f"{entry['ARI']:.3f} (95 % interval {interval['low']:.3f}-{interval['high']:.3f})")
     return lines
 
 
-def model_card(summary: dict, name: str, similarity: str, max_tokens: int, report_lines: list[str]) -> str:
+def model_card(summary: dict, name: str, similarity: str, max_tokens: int, report_lines: list[str],
+               dim: int) -> str:
     """The README.md of the export: what it is, what it was trained on, its scores, how to load it."""
     flags = summary.get("config", {})
     curve = summary.get("learning_curve") or [{}]
-    scores = report_lines or [f"- triplet accuracy ({similarity}) on the test split of {flags.get('dataset')}: "
+    scores = report_lines or [f"- triplet accuracy ({similarity}) on the test split of {flags.get('dataset')} "
+                              f"({summary.get('evaluation_triplets', 'all')} triplets): "
                               f"{summary.get('test_triplet_accuracy', float('nan')):.3f} (model.train's own score; "
-                              "run eval.all for intervals)"]
+                              "`python -m model.export --report` adds eval.all's, with 95 % intervals)"]
     return f"""---
 library_name: sentence-transformers
 pipeline_tag: sentence-similarity
@@ -181,7 +183,7 @@ two sentences of one Wikipedia section should be closer than a sentence of anoth
   {curve[-1].get('triplets_seen', 'unknown')} triplets seen, seed {flags.get('seed')}.
 - Recipe: batch {flags.get('batch_size')}, learning rate {summary.get('learning_rate')},
   distance {similarity}, frozen layers {flags.get('frozen_layers')}, epochs run {summary.get('epochs_run')}.
-- Embeddings: {summary.get('embedding_dim', 'mean-pooled')} floats, mean pooling over at most {max_tokens}
+- Embeddings: {dim} floats, mean pooling over at most {max_tokens}
   wordpieces; compare them by **{SIMILARITY_FN_NAMES[similarity]}** similarity.
 
 ## Scores

@@ -533,7 +533,8 @@ def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, mo
     from model.transformer import checkpoint_dir
 
     similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
-    card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [])
+    card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [],
+                      int(encoder.output_shape[-1]))
     write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder), f"{model_dir}/{EXPORT_FOLDER}",
                                 max_tokens=max_tokens, similarity=similarity, card=card)
 

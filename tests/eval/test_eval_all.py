@@ -72,6 +72,15 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
     assert f"triplets-sen ({history['distance']}, n = {validation_n(history):,} validation triplets)" in labels
     assert validation_n(history) == history["record_counts"]["validation"]["expected"]   # "all" -> the split's n
 
+    # The model card of a sentence-transformers export quotes this report, intervals included.
+    from model.hf import report_scores
+
+    card_lines = report_scores(str(out), "triplets-sen")
+    accuracy = by_method["triplets-sen"]["accuracy_cosine"]
+    assert card_lines[0].startswith(f"- triplet accuracy (cosine), triplets-sen test, n = {test_triplets}: "
+                                    f"{accuracy:.3f} (95 % interval ")
+    assert [line.split(" ARI")[0] for line in card_lines[2:]] == [f"- SCB {a}" for a in ALGORITHMS]
+
     # The README's results block is regenerated from the report, between its markers only.
     readme = tmp_path / "README.md"
     readme.write_text("# Title\n<!-- results:begin -->\nstale\n<!-- results:end -->\nafter\n")
