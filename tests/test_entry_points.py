@@ -147,8 +147,9 @@ def test_an_encoder_typo_is_refused_before_the_data_is_read(tmp_path):
     assert not (tmp_path / "report").exists()
 
 
-@pytest.mark.parametrize("command,flag_name", [("model.train", "--model-dir"), ("eval.all", "--output"),
-                                               ("model.embed", "--output"), ("model.export", "--output")])
+@pytest.mark.parametrize("command,flag_name", [   # the two that load TensorFlow or Beam first: the full tier
+    pytest.param("model.train", "--model-dir", marks=pytest.mark.slow), ("eval.all", "--output"),
+    pytest.param("model.embed", "--output", marks=pytest.mark.slow), ("model.export", "--output")])
 def test_an_output_folder_that_is_a_file_is_one_line(tmp_path, command, flag_name):
     a_file = tmp_path / "a-file"
     a_file.write_text("mine")

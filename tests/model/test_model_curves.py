@@ -4,6 +4,8 @@ import json
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.slow   # TensorFlow loads (the fast tier stays under 3 minutes)
+
 
 def _killed_run(model_dir, accuracies):
     """A model dir as a run killed after len(accuracies) epochs leaves it: Keras' TensorBoard
