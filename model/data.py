@@ -140,7 +140,10 @@ def shard_stream(shards: list[tuple[str, int]], seed: int, pipeline: int = 0, pi
             if start >= count:
                 start -= count
                 continue
-            LOG.info("input pipeline %d of %d, pass %d: %s from record %d", pipeline, pipelines, passes, path, start)
+            # Logged where it tells something: which shards each worker of a multi-worker job opens,
+            # and where a resumed run starts; a single pipeline's every shard is noise in a log.
+            LOG.log(logging.INFO if pipelines > 1 or start else logging.DEBUG,
+                    "input pipeline %d of %d, pass %d: %s from record %d", pipeline, pipelines, passes, path, start)
             yield path, start
             start = 0
 
