@@ -71,9 +71,10 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(if $(FRESH),rm -rf $(OUT))
 	@$(MAKE) --no-print-directory demo-build
-	@cat $(REPORT)/report.md
 	@echo
-	@echo "report:   $(REPORT)/report.md (+ PNG plots beside it)"
+	@cat $(REPORT)/summary.md
+	@echo
+	@echo "report:   $(REPORT)/report.md (every table, + PNG plots beside it)"
 	@echo "encoders: $(dir $(SEN_ENCODER)) $(dir $(TITLES_ENCODER))"
 	@echo "data:     $(DATA) (counters in $(DATA)/stats.json, shards in $(DATA)/manifest.json)"
 

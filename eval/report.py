@@ -109,6 +109,17 @@ def scb_markdown(result: dict) -> str:
     return "".join(parts)
 
 
+def scb_ari_summary(result: dict) -> str:
+    """The SCB's headline only: mean ARI per method and algorithm with its 95 % interval, all
+    sentences (the whole tables are `scb_markdown`'s)."""
+    entries = [entry for entry in result["summary"] if entry["variant"] == "all"]
+    by_key = {(entry["method"], entry["algorithm"]): entry for entry in entries}
+    rows = [[method] + [value_text(by_key[(method, algorithm)]["ARI_interval"]) if (method, algorithm) in by_key
+                        else "-" for algorithm in ALGORITHMS] for method in _methods_in_order(result, entries)]
+    return (f"## SCB: mean ARI, all sentences, 95 % bootstrap interval over n = {result['articles']} articles\n\n"
+            + markdown_table(["method", *ALGORITHMS], rows))
+
+
 def scb_ari_figure(result: dict):
     """Box plots of per-article ARI per method; one panel per variant x algorithm."""
     variants = [v for v in ("all", "openers") if any(row["variant"] == v for row in result["rows"])] or ["all"]
@@ -144,14 +155,19 @@ def write_scb_report(result: dict, output: str) -> None:
     write_figure(FileSystems.join(output, "scb_ari.png"), scb_ari_figure(result))
 
 
-def triplets_markdown(result: dict) -> str:
+def triplets_table(result: dict) -> str:
     """Accuracy with cosine and with L1 distance per method, the paper's Table 3 beside it."""
     header = ["method", "accuracy (cosine) [95 % interval]", "accuracy (L1) [95 % interval]", PAPER_LABEL]
     rows = [[entry["method"], *(value_text(entry[f"interval_{distance}"]) for distance in ("cosine", "l1")),
              PAPER_TRIPLET_ACCURACY.get(entry["method"], "-")] for entry in result["methods"]]
     return (f"## Triplet accuracy ({result['dataset']}, split {result['split']}, "
-            f"n = {result['triplets']} triplets; intervals: Wilson)\n\n" + markdown_table(header, rows)
-            + differences_markdown(result.get("differences", []), "accuracy", "triplets", ("cosine", "l1")))
+            f"n = {result['triplets']} triplets; intervals: Wilson)\n\n" + markdown_table(header, rows))
+
+
+def triplets_markdown(result: dict) -> str:
+    """`triplets_table` and each method's difference from the references, paired."""
+    return triplets_table(result) + differences_markdown(result.get("differences", []), "accuracy", "triplets",
+                                                         ("cosine", "l1"))
 
 
 def differences_markdown(differences: list[dict], metric: str, items: str, columns: tuple[str, ...],

@@ -69,5 +69,7 @@ class _QuietTensorFlowLoad(importlib.abc.MetaPathFinder):
 if os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
     if "tensorflow" not in sys.modules:
         sys.meta_path.insert(0, _QuietTensorFlowLoad())
-    for name in ("tensorflow", "absl"):   # "Assets written to ...", twice; absl's renamed SavedModel inputs
-        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)   # "Assets written to ...", twice
+    # absl's INFO lines (renamed SavedModel inputs) are filtered, not raised past: absl reads its
+    # logger's level as its verbosity, which its handler applies to every logger's records.
+    logging.getLogger("absl").addFilter(lambda record: record.levelno >= logging.WARNING)

@@ -52,6 +52,10 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
               if (row["variant"], row["algorithm"], row["method"]) == ("all", "kmeans", "triplets-sen")]
     assert len(kmeans) == 1 and kmeans[0]["n"] == scb_articles and kmeans[0]["low"] <= kmeans[0]["high"]
     assert f"n = {test_triplets} triplets" in markdown and "95 % paired bootstrap" in markdown
+    # make demo prints the summary: the head and each benchmark's main table, short
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith(markdown.split("\n## ")[0].rstrip()) and "## Triplet accuracy" in summary
+    assert "## SCB: mean ARI" in summary and "## SICK relatedness" in summary and len(summary.splitlines()) < 45
     # The head says what the numbers rest on and that demo-size ones are noise.
     assert f"Scale: {test_triplets:,} test triplets, {scb_articles:,} SCB articles, " in markdown
     assert "**Demo-size data**" in markdown and "SICK relatedness: skipped" not in markdown

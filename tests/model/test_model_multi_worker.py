@@ -34,7 +34,8 @@ COMMON = dict(batch_size=4, epochs=2, steps=3, checkpoint_every=2, dropout=0.0, 
               evaluation_triplets=8, article_chunk=2)
 
 WORKER_SCRIPT = textwrap.dedent("""
-    import json, os, sys
+    import json, logging, os, sys
+    logging.basicConfig(level=logging.INFO)   # as `python -m model.train` logs: the shards each worker opens
     import numpy as np
     import keras
     from model.config import TrainConfig
