@@ -160,7 +160,7 @@ def test_two_workers_read_their_own_shards_and_keep_equal_weights(small_shards, 
 def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_shards, tmp_path):
     model_dir = tmp_path / "model"
     config = {**COMMON, **ENCODER_CONFIGS["bilstm"], "data": small_shards, "model_dir": str(model_dir),
-              "distribution_strategy": "multi_worker"}
+              "distribution_strategy": "multi_worker", "epochs": COMMON["epochs"], "steps": COMMON["steps"]}
     killed = _cluster(config, tmp_path / "killed", kill_at=4)   # 3 steps per epoch, a backup every 2
     chief, worker = killed
     assert _wait([worker]) == [17], (tmp_path / "killed" / "worker1" / "stderr").read_text()[-4000:]
