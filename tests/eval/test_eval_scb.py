@@ -69,6 +69,7 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     assert markdown.index("| tfidf |") < markdown.index("| mean-vectors |")
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_scb_job_rerun_ignores_a_previous_runs_shards(tmp_path):
     articles = write_scb(tmp_path / "data")
     scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
@@ -113,6 +114,7 @@ def test_scb_job_scores_a_seeded_sample_of_articles(tmp_path):
     assert len(set(sampled)) > 1                    # the seed chooses them
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_a_missing_model_dir_is_one_error_line_before_any_work(tmp_path):
     import subprocess
     import sys
@@ -142,6 +144,7 @@ def test_a_truncated_scb_file_fails_the_job_instead_of_scoring_part_of_it(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_a_misspelt_flag_is_exit_2_before_any_work(tmp_path):
     import subprocess
     import sys

@@ -90,6 +90,7 @@ def test_paper_loss_and_accuracy_on_hand_made_distances():
     np.testing.assert_array_equal(triplet_accuracy(labels, distances).numpy(), [1, 0, 0, 1])
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_export_load_encode_equals_in_memory(tmp_path):
     word_ids = WordIds(["the", "cat", "sat", "on", "mat"], num_oov_buckets=1, max_tokens=8)
     encoder = build_sentence_encoder(_matrix(word_ids.num_ids), lstm_units=5, attention_size=3)

@@ -128,6 +128,7 @@ def test_split_pages_does_not_depend_on_chunk_boundaries(chunk_size):
     assert b"".join(s.data for s in whole) == data  # nothing lost between segments
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_reading_holds_one_page_not_the_dump(tmp_path):
     """Python-heap peak while streaming a plain dump 8x the excerpt stays near the 1x peak."""
     import tracemalloc

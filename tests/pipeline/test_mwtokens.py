@@ -3,6 +3,7 @@ library's own parse uses it: this test fails when an upgrade changes it."""
 import itertools
 
 import mwparserfromhell
+import pytest
 from mwparserfromhell.parser.builder import Builder
 
 from pipeline.dumps import Page, decode_pages, embedded_dump_path
@@ -19,6 +20,7 @@ def test_it_is_the_tokenizer_the_library_parses_with():
     assert same_tokenizer_as_the_library()
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_its_tokens_build_the_tree_the_library_parses_on_real_pages():
     texts = _real_pages(12)
     assert len(texts) == 12

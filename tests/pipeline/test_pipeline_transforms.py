@@ -148,6 +148,7 @@ def articles(real_pages, splitter):
 
 # --- BuildArticles ---------------------------------------------------------------------------------
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_build_articles_gives_the_rules_articles_and_counts_every_page_once(real_pages, splitter):
     article_page = next(page for page in real_pages if page.namespace == 0 and not page.redirect
                         and reference_articles([page], splitter)[0])
@@ -362,6 +363,7 @@ def test_write_triplet_splits_writes_each_split_in_its_key_order_and_an_empty_sp
     assert not list((tmp_path / "some-dataset").glob("*/beam-temp-*"))
 
 
+@pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_the_write_order_depends_on_the_seed_and_the_data_not_on_the_input_order(articles, tmp_path):
     batches = {split: [(article.article_id, records.triplet_examples(triplets.title_triplets(article)))
                        for article in articles if article.split == split] for split in SPLITS}
