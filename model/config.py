@@ -31,6 +31,8 @@ VOCABULARIES = ("embeddings", "train")
 # Net: the paper's BiLSTM over word vectors, or a pre-trained transformer checkpoint fine-tuned.
 ENCODERS = ("bilstm", "minilm")
 DISTANCES = ("l1", "cosine")
+# `--loss`: the paper's triplet loss, the in-batch loss, or their sum (`model.network.LOSSES`).
+LOSS_NAMES = ("triplet", "in-batch", "sum")
 # Per-encoder defaults of the flags left at `none`: the paper's recipe for the BiLSTM; for the
 # transformer, a fine-tuning learning rate, the cosine distance its checkpoint was trained with
 # (docs/transformer.md compares the two distances) and its checkpoint's own dropout (None).
@@ -122,6 +124,9 @@ class OptimizerConfig:
     learning_rate_half_life: int | None = flag(None, help="training triplets over which the learning rate "
                                                          "halves (exponential decay); none = constant")
     weight_decay: float = flag(0.01, help="--encoder minilm: AdamW weight decay (not on biases and layer norms)")
+    loss: str = flag("triplet", help="triplet (the paper's), in-batch (each anchor against every distinct sentence "
+                                     "of its batch but its own section's: InfoNCE with the triplet's negative "
+                                     "among them) or sum (both)")
     epochs: int = flag(4, help="epochs; after each: validation, best checkpoint, a learning-curve point")
     steps: int | None = flag(50, help="steps per epoch over the repeated training stream; none = one pass per "
                                       "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
@@ -130,6 +135,8 @@ class OptimizerConfig:
     def __post_init__(self):
         _check_at_least_one(self, ("epochs", "batch_size"))
         _check_at_least_one_or_none(self, ("steps", "learning_rate_half_life"))
+        if self.loss not in LOSS_NAMES:
+            raise ValueError(f"--loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
         if self.warmup_triplets < 0 or self.weight_decay < 0:
             raise ValueError("--warmup-triplets and --weight-decay must be >= 0")
         if self.learning_rate is not None and self.learning_rate <= 0:

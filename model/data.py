@@ -32,9 +32,19 @@ def triplet_feature_spec() -> dict:
     return {name: tf.io.FixedLenFeature([], TF_DTYPES[kind]) for name, kind in records.TRIPLET_FEATURES.items()}
 
 
-# What training reads of a triplet: its three sentences, and its article (batches mix articles).
+# What training reads of a triplet: its three sentences, its article (batches mix articles), and
+# the sections its sentences come from (the in-batch loss must not take a sentence of the anchor's
+# own section for a negative): the anchor's and the positive's is the anchor's section, the
+# negative's its own.
 ARTICLE_ID = "article_id"
-FEATURES = {key: spec for key, spec in triplet_feature_spec().items() if key in (*ROLES, ARTICLE_ID)}
+SECTION_OF_ROLE = {"anchor": (ARTICLE_ID, "anchor_section_index"), "positive": (ARTICLE_ID, "anchor_section_index"),
+                   "negative": ("negative_article_id", "negative_section_index")}
+FEATURES = {key: spec for key, spec in triplet_feature_spec().items()
+            if key in (*ROLES, ARTICLE_ID, *(name for pair in SECTION_OF_ROLE.values() for name in pair))}
+# A section's key: its article id times this, plus its index in the article (`section_keys`).
+SECTIONS_PER_ARTICLE = 1 << 20
+# The section key of the padding rows of a batch's sentences: never a candidate.
+NO_SECTION = -1
 
 
 class TripletDataError(UsageError):
@@ -165,7 +175,8 @@ def streamed_triplets(run: Run, dataset: str, split: str, seed: int, pipeline: i
 
 
 def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
-    """Serialized Examples -> {anchor, positive, negative} strings and the int64 article_id. An undecodable record is
+    """Serialized Examples -> {anchor, positive, negative} strings and the int64 article and
+    section fields (`FEATURES`). An undecodable record is
     skipped with a logged warning (tf.data's ignore_errors), never fatal; `count_records`
     counts them for the trainer's summary."""
     return (records.map(lambda record: tf.io.parse_single_example(record, FEATURES),
@@ -217,16 +228,25 @@ def count_words(triplets: tf.data.Dataset, batch_size: int = 1024) -> collection
 LENGTH_BOUNDARIES = (12, 16, 20, 24, 28, 33, 40, 50)
 
 
-def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor]:
+def section_keys(triplets: dict) -> tf.Tensor:
+    """int64 [3n]: the section of each role's sentence (anchors, then positives, then negatives),
+    one key per (article, section index)."""
+    return tf.concat([tf.cast(triplets[article], tf.int64) * SECTIONS_PER_ARTICLE + tf.cast(triplets[index], tf.int64)
+                      for article, index in (SECTION_OF_ROLE[key] for key in ROLES)], axis=0)
+
+
+def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """(int ids [s, t] of the distinct sentences, shortest first; rows [n, 3] of each triplet's
-    anchor, positive and negative among them)."""
+    anchor, positive and negative among them; the section key [s] of each distinct sentence)."""
     stacked = tf.concat([triplets[key] for key in ROLES], axis=0)
     distinct, row_of_sentence = tf.unique(stacked)
     ids = word_ids.ragged(distinct)
     order = tf.argsort(ids.row_lengths(), stable=True)
     sentences = pad_ids(tf.gather(ids, order).to_tensor(0))
     rank = tf.math.invert_permutation(order)                 # distinct sentence -> its sorted row
-    return sentences, tf.transpose(tf.reshape(tf.gather(rank, row_of_sentence), [3, -1]))
+    sections = tf.math.unsorted_segment_max(section_keys(triplets), row_of_sentence, tf.size(distinct))
+    return (sentences, tf.transpose(tf.reshape(tf.gather(rank, row_of_sentence), [3, -1])),
+            tf.gather(sections, order))
 
 
 def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple[dict, tf.Tensor, tf.Tensor]:
@@ -234,28 +254,35 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
 
     The batch is cut into `replicas` blocks (the first ones full, like `tf.distribute`'s own
     split); each block holds its distinct sentences once (`sentences` [s, t], sorted by length)
-    and each triplet's rows in them (`roles` [n, 3]). Blocks are padded to a common shape and
+    and each triplet's rows in them (`roles` [n, 3]), with each sentence's section key
+    (`sections` [s], `NO_SECTION` on padding rows). Blocks are padded to a common shape and
     stacked on a leading replica axis, so a strategy splits the global batch into whole blocks.
     Labels and sample weights are flat ([replicas * n], one per triplet, split alike), so Keras
     averages metrics over triplets, not over batches; padded triplets have sample weight 0. The
     label is the constant 0 = "the positive is distances[..., 0]"."""
     count = tf.shape(batch[ROLES[0]])[0]
     per_replica = -(-count // replicas)
-    blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in ROLES},
+    blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in FEATURES},
                                   word_ids) for r in range(replicas)]
-    rows = tf.reduce_max([tf.shape(sentences)[0] for sentences, _ in blocks])
-    width = tf.reduce_max([tf.shape(sentences)[1] for sentences, _ in blocks])
-    triplets = tf.reduce_max([tf.shape(roles)[0] for _, roles in blocks])
+    rows = tf.reduce_max([tf.shape(sentences)[0] for sentences, _, _ in blocks])
+    width = tf.reduce_max([tf.shape(sentences)[1] for sentences, _, _ in blocks])
+    triplets = tf.reduce_max([tf.shape(roles)[0] for _, roles, _ in blocks])
 
-    inputs = {"sentences": tf.stack([_pad_sentences(pad_ids(sentences, width), rows) for sentences, _ in blocks]),
-              "roles": tf.stack([_pad_rows(roles, triplets) for _, roles in blocks])}
-    weights = tf.concat([_pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles in blocks], axis=0)
+    inputs = {"sentences": tf.stack([_pad_sentences(pad_ids(sentences, width), rows) for sentences, _, _ in blocks]),
+              "roles": tf.stack([_pad_rows(roles, triplets) for _, roles, _ in blocks]),
+              "sections": tf.stack([_pad_sections(sections, rows) for _, _, sections in blocks])}
+    weights = tf.concat([_pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles, _ in blocks], axis=0)
     return inputs, tf.zeros([replicas * triplets], tf.int32), weights
 
 
 def _pad_rows(tensor: tf.Tensor, size) -> tf.Tensor:
     """`tensor` with zero rows appended up to `size` rows."""
     return tf.pad(tensor, [[0, size - tf.shape(tensor)[0]]] + [[0, 0]] * (len(tensor.shape) - 1))
+
+
+def _pad_sections(sections: tf.Tensor, size) -> tf.Tensor:
+    """Section keys [s] padded to `size` with `NO_SECTION` (the rows `_pad_sentences` adds)."""
+    return tf.pad(sections, [[0, size - tf.shape(sections)[0]]], constant_values=NO_SECTION)
 
 
 def _pad_sentences(sentences: tf.Tensor, size) -> tf.Tensor:
@@ -279,7 +306,7 @@ def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size
     `batch_size` (at most 3 x: three per triplet), the token axis to the next of `STATIC_WIDTHS`
     or `max_tokens`. The same triplets, distances and (with full batches) loss as the dynamic
     batch; what a padded triplet adds is zero."""
-    sentences, roles = inputs["sentences"], inputs["roles"]
+    sentences, roles, sections = inputs["sentences"], inputs["roles"], inputs["sections"]
     replicas = roles.shape[0]
     widths = tf.constant(sorted({width for width in STATIC_WIDTHS if width < max_tokens} | {max_tokens}))
     width = tf.reduce_min(tf.boolean_mask(widths, widths >= tf.shape(sentences)[2]))
@@ -293,7 +320,9 @@ def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size
     def flat(per_triplet):           # labels and weights: [replicas * n] -> [replicas * batch_size]
         return tf.reshape(pad_triplets(tf.reshape(per_triplet, [replicas, -1])), [-1])
 
-    return {"sentences": padded, "roles": pad_triplets(roles)}, flat(labels), flat(weights)
+    return ({"sentences": padded, "roles": pad_triplets(roles),
+             "sections": tf.stack([_pad_sections(block, rows) for block in tf.unstack(sections, replicas)])},
+            flat(labels), flat(weights))
 
 
 def distributed_by_blocks(batches: tf.data.Dataset) -> tf.data.Dataset:

@@ -6,6 +6,10 @@ Triplet head: d+ = |Net(x) - Net(x+)|_1, d- = |Net(x) - Net(x-)|_1, softmax over
 loss = |p(d+)| + |1 - p(d-)|, trained with Adam (learning rate 0.001).
 Net may instead be a pre-trained transformer (`model.transformer`, fine-tuned with AdamW), and
 the distances cosine instead of L1: the head, the loss and the batching stay the same.
+Beside the paper's loss (`--loss triplet`), `in_batch_loss` scores each anchor against every
+distinct sentence of its batch (InfoNCE, sentence-transformers' MultipleNegativesRankingLoss with
+the triplet's negative as a hard negative), leaving out the sentences of the anchor's own section;
+`--loss sum` adds the two.
 
 The triplet model takes a batch as its *distinct* sentences plus, per triplet, the rows of its
 anchor, positive and negative (`model.data.shared_sentences`): Net runs once on every distinct
@@ -22,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from model.config import LOSS_NAMES
 from model.encoder import SIMILARITY_FN_NAMES
 
 # Cosine distances lie in [0, 2]: scaled so that the softmax over (d+, d-) is not stuck near
@@ -74,19 +79,22 @@ class SharedSentenceDistances(keras.layers.Layer):
     Inputs carry a leading replica axis of size 1 (`model.data.shared_sentences` stacks one
     self-contained block per replica, so `tf.distribute` can split a global batch on axis 0):
     `sentences` [1, s, t] int ids of the batch's distinct sentences, shortest first, and
-    `roles` [1, n, 3] the rows of each triplet's anchor, positive and negative. Net runs on
-    `slices` length slices of the sentences, each cut to its longest sentence. Output: [n, 2]
-    (labels and sample weights are flat, [replicas * n], so Keras weighs every triplet alike).
+    `roles` [1, n, 3] the rows of each triplet's anchor, positive and negative, and `sections`
+    [1, s] each sentence's section key. Net runs on `slices` length slices of the sentences,
+    each cut to its longest sentence. Output: [n, 2] (labels and sample weights are flat,
+    [replicas * n], so Keras weighs every triplet alike); with `in_batch`, [n, 2 + 1 + s]: the
+    distances, then `in_batch_scores`.
     With `static_shapes`, Net runs once on the sentences as given (`model.data.static_batch`
     padded them to fixed shapes): no shape depends on the data, as XLA on a TPU requires."""
 
     def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, distance: str = "l1",
-                 static_shapes: bool = False, **kwargs):
+                 static_shapes: bool = False, in_batch: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.sentence_encoder = sentence_encoder
         self.slices = slices
         self.distance = distance
         self.static_shapes = static_shapes
+        self.in_batch = in_batch
 
     def call(self, inputs):
         sentences, roles = inputs["sentences"][0], inputs["roles"][0]
@@ -103,15 +111,15 @@ class SharedSentenceDistances(keras.layers.Layer):
         if self.distance == "cosine":
             embeddings = tf.math.l2_normalize(embeddings, axis=-1)
         anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
-        if self.distance == "cosine":
-            return COSINE_SCALE * (1.0 - tf.stack([tf.reduce_sum(anchor * positive, axis=-1),
-                                                   tf.reduce_sum(anchor * negative, axis=-1)], axis=-1))
-        return tf.stack([tf.reduce_sum(tf.abs(anchor - positive), axis=-1),
-                         tf.reduce_sum(tf.abs(anchor - negative), axis=-1)], axis=-1)
+        distances = tf.stack([pair_distances(anchor, positive, self.distance),
+                              pair_distances(anchor, negative, self.distance)], axis=-1)
+        if not self.in_batch:
+            return distances
+        return tf.concat([distances, in_batch_scores(embeddings, roles, inputs["sections"][0], self.distance)], axis=-1)
 
     def get_config(self):
         return {**super().get_config(), "slices": self.slices, "distance": self.distance,
-                "static_shapes": self.static_shapes,
+                "static_shapes": self.static_shapes, "in_batch": self.in_batch,
                 "sentence_encoder": keras.saving.serialize_keras_object(self.sentence_encoder)}
 
     @classmethod
@@ -120,20 +128,73 @@ class SharedSentenceDistances(keras.layers.Layer):
         return cls(encoder, **config)
 
 
+def pair_distances(left: tf.Tensor, right: tf.Tensor, distance: str) -> tf.Tensor:
+    """[n]: the distance of each row of `left` to the same row of `right`: L1, or
+    `COSINE_SCALE` x (1 - cosine) of rows already of unit length."""
+    if distance == "cosine":
+        return COSINE_SCALE * (1.0 - tf.reduce_sum(left * right, axis=-1))
+    return tf.reduce_sum(tf.abs(left - right), axis=-1)
+
+
+# The score of a left-out candidate: exp() of it is 0 next to any real score.
+MASKED_SCORE = -1e9
+
+
+def in_batch_scores(embeddings: tf.Tensor, roles: tf.Tensor, sections: tf.Tensor, distance: str) -> tf.Tensor:
+    """[n, 1 + s]: per triplet, minus the anchor's distance to its positive, then to each of the
+    block's `s` distinct sentences (`embeddings` [s, d], rows of unit length for cosine), where a
+    sentence of the anchor's own section (its positive and itself among them) or a padding row
+    (a negative section key) gets `MASKED_SCORE`. Other sections' sentences, of the anchor's
+    article (the triplet's negative) or of the batch's other articles, are its negatives."""
+    anchors = tf.gather(embeddings, roles[:, 0])
+    positives = tf.gather(embeddings, roles[:, 1])
+    if distance == "cosine":
+        candidates = COSINE_SCALE * (1.0 - tf.matmul(anchors, embeddings, transpose_b=True))
+    else:
+        candidates = tf.reduce_sum(tf.abs(anchors[:, None, :] - embeddings[None, :, :]), axis=-1)
+    own_section = tf.gather(sections, roles[:, 0])[:, None]
+    masked = (sections[None, :] == own_section) | (sections[None, :] < 0)
+    scores = tf.where(masked, tf.cast(MASKED_SCORE, candidates.dtype), -candidates)
+    return tf.concat([-pair_distances(anchors, positives, distance)[:, None], scores], axis=-1)
+
+
 # ------------------------------------------------------------------------------------ loss
-def triplet_loss(positive_is_first, distances):
+@keras.saving.register_keras_serializable(package="wikisim")
+def triplet_loss(positive_is_first, outputs):
     """The paper's loss, hand-written (no library has it): with (p+, p-) = softmax(d+, d-),
     loss = |p+| + |1 - p-| (0 when p+ = 0, 2 when p+ = 1). The label is the constant
-    index 0 of the positive in `distances` and carries no information."""
+    index 0 of the positive in `outputs` (its first two columns are d+, d-) and carries no
+    information."""
     del positive_is_first
-    probabilities = ops.softmax(distances, axis=-1)
+    probabilities = ops.softmax(outputs[..., :2], axis=-1)
     return ops.abs(probabilities[..., 0]) + ops.abs(1.0 - probabilities[..., 1])
 
 
-def triplet_accuracy(positive_is_first, distances):
+@keras.saving.register_keras_serializable(package="wikisim")
+def in_batch_loss(positive_is_first, outputs):
+    """InfoNCE over `in_batch_scores` (outputs[..., 2:], the positive's score first): minus the
+    log of the positive's softmax probability among the anchor's candidates. Written here
+    because the masking needs the batch's section keys, which sentence-transformers'
+    MultipleNegativesRankingLoss (the same loss, without a mask) has no place for."""
+    del positive_is_first
+    scores = outputs[..., 2:]
+    return ops.logsumexp(scores, axis=-1) - scores[..., 0]
+
+
+@keras.saving.register_keras_serializable(package="wikisim")
+def triplet_and_in_batch_loss(positive_is_first, outputs):
+    """`--loss sum`: the paper's loss plus the in-batch loss."""
+    return triplet_loss(positive_is_first, outputs) + in_batch_loss(positive_is_first, outputs)
+
+
+# `--loss`: the training loss by name.
+LOSSES = dict(zip(LOSS_NAMES, (triplet_loss, in_batch_loss, triplet_and_in_batch_loss)))
+
+
+def triplet_accuracy(positive_is_first, outputs):
     """Share of triplets whose positive is nearer to the anchor than the negative (d+ < d-)."""
     del positive_is_first
-    return ops.cast(distances[..., 0] < distances[..., 1], "float32")
+    return ops.cast(outputs[..., 0] < outputs[..., 1], "float32")
 
 
 # ----------------------------------------------------------------------------------- model
@@ -159,12 +220,15 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
 
 
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,
-                        distance: str = "l1", static_shapes: bool = False) -> keras.Model:
+                        distance: str = "l1", static_shapes: bool = False, loss: str = "triplet") -> keras.Model:
     """The same Net on (x, x+, x-) -> distances [n, 2] = (d+, d-), from a batch given as its
-    distinct sentences and each triplet's rows in them (see `SharedSentenceDistances`)."""
+    distinct sentences, each triplet's rows in them and each sentence's section (see
+    `SharedSentenceDistances`); followed by the in-batch scores when `loss` needs them."""
     inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
-              "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles")}
-    distances = SharedSentenceDistances(sentence_encoder, slices, distance, static_shapes, name="distances")(inputs)
+              "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles"),
+              "sections": keras.Input(shape=(None,), dtype="int64", name="sections")}
+    distances = SharedSentenceDistances(sentence_encoder, slices, distance, static_shapes,
+                                        in_batch=LOSSES[loss] is not triplet_loss, name="distances")(inputs)
     return keras.Model(inputs, distances, name="triplet_network")
 
 
@@ -198,11 +262,12 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
 
 def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_compile: bool = False,
                           half_life_steps: float | None = None, warmup_steps: float = 0,
-                          weight_decay: float | None = None) -> None:
+                          weight_decay: float | None = None, loss: str = "triplet") -> None:
     """Adam at `learning_rate` (AdamW when `weight_decay` is given, as transformers are
     fine-tuned, without decay on biases and layer norms), halved every `half_life_steps`
     optimizer steps when given, after a linear warmup over `warmup_steps`: functions of the step
-    alone, so a run resumed from its backup continues the same schedule."""
+    alone, so a run resumed from its backup continues the same schedule. It minimises
+    `LOSSES[loss]` (the model must be built with the same `loss`)."""
     if half_life_steps:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(learning_rate, half_life_steps, 0.5)
     if warmup_steps:
@@ -212,7 +277,7 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
     else:
         optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
-    model.compile(optimizer=optimizer, loss=triplet_loss, metrics=[triplet_accuracy], jit_compile=jit_compile)
+    model.compile(optimizer=optimizer, loss=LOSSES[loss], metrics=[triplet_accuracy], jit_compile=jit_compile)
 
 
 class ExportableEncoder(tf.Module):

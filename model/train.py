@@ -314,9 +314,10 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
 
         encoder = build_transformer_encoder(network.encoder, frozen_layers=network.frozen_layers,
                                             dropout=config.resolved("dropout"))
-    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=static_shapes)
+    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=static_shapes,
+                                loss=optimizer.loss)
     half_life = optimizer.learning_rate_half_life
-    compile_triplet_model(model, config.resolved("learning_rate"),
+    compile_triplet_model(model, config.resolved("learning_rate"), loss=optimizer.loss,
                           jit_compile=config.runtime.jit_compile or static_shapes,
                           half_life_steps=half_life / global_batch if half_life else None,
                           warmup_steps=optimizer.warmup_triplets / global_batch,

@@ -34,7 +34,12 @@ def _example(rng: random.Random, article_id: int) -> bytes:
     }
     features = {key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
                 for key, value in feature.items()}
-    features["article_id"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[article_id]))
+    sections = sorted(TOPICS)   # an article's sections: one per topic
+    numbers = {"article_id": article_id, "negative_article_id": article_id,
+               "anchor_section_index": sections.index(topic), "negative_section_index": sections.index(other),
+               "anchor_paragraph": 0, "positive_paragraph": 1, "negative_paragraph": 0}
+    features.update({key: tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+                     for key, value in numbers.items()})
     return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
 
 

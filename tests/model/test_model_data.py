@@ -15,8 +15,9 @@ WORDS = [f"w{i}" for i in range(40)]
 
 
 def _triplets(n: int, seed: int = 0, articles: int = 7) -> list[dict]:
-    """Triplet k's sentences start with the marker word `k{k}` and differ in length (2..60 tokens);
-    its negative is one of a few sentences of its article, shared with the article's other triplets."""
+    """Triplet k's sentences start with the marker word `k{k}` and differ in length (2..60 tokens),
+    from section k % 3 of its article; its negative is one of a few sentences of its article
+    (sections 10, 11, 12), shared with the article's other triplets."""
     rng = random.Random(seed)
     shared = {a: [f"shared{a} " + " ".join(rng.choices(WORDS, k=rng.randint(1, 40))) for _ in range(3)]
               for a in range(articles)}
@@ -25,13 +26,15 @@ def _triplets(n: int, seed: int = 0, articles: int = 7) -> list[dict]:
         article = k % articles
         triplet = {key: " ".join([f"k{k}"] + rng.choices(WORDS, k=rng.randint(1, 59)))
                    for key in ("anchor", "positive")}
-        triplets.append({**triplet, "negative": rng.choice(shared[article]), "article_id": article})
+        negative = rng.randrange(3)
+        triplets.append({**triplet, "negative": shared[article][negative], "article_id": article,
+                         "anchor_section_index": k % 3, "negative_article_id": article,
+                         "negative_section_index": 10 + negative})
     return triplets
 
 
 def _dataset(triplets):
-    keys = (*ROLES, "article_id")
-    return tf.data.Dataset.from_tensor_slices({key: [t[key] for t in triplets] for key in keys})
+    return tf.data.Dataset.from_tensor_slices({key: [t[key] for t in triplets] for key in triplets[0]})
 
 
 def _word_ids(n):
@@ -119,13 +122,42 @@ def test_workers_stream_disjoint_shards_and_every_record_once_per_pass():
 
 def test_shared_sentences_are_encoded_once_and_sorted_by_length():
     triplets = [t for t in _triplets(60) if t["article_id"] == 0]
-    batch = {key: tf.constant([t[key] for t in triplets]) for key in ROLES}
+    batch = {key: tf.constant([t[key] for t in triplets]) for key in triplets[0]}
     inputs, _, weights = shared_sentences(batch, _word_ids(60))
     sentences = inputs["sentences"].numpy()[0]
     assert len(sentences) == len({t[key] for t in triplets for key in ROLES}) < 3 * len(triplets)
     lengths = (sentences > 0).sum(axis=1)
     assert (np.diff(lengths) >= 0).all()                    # shortest first: slices cut padding
     assert weights.numpy().sum() == len(triplets)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_each_sentence_carries_its_section_and_padding_none(replicas):
+    """What the in-batch loss masks by: the anchor's and positive's section is the anchor's, the
+    negative's its own; the rows padding a block to the batch's size have no section."""
+    from model.data import NO_SECTION, SECTIONS_PER_ARTICLE
+
+    triplets = _triplets(40, articles=3)
+    vocabulary = ["<pad>"] + [f"k{k}" for k in range(40)] + [f"shared{a}" for a in range(10)] + WORDS
+    section_of = {}
+    for t in triplets:
+        section_of[t["anchor"]] = section_of[t["positive"]] = t["article_id"] * SECTIONS_PER_ARTICLE + \
+            t["anchor_section_index"]
+        section_of[t["negative"]] = t["negative_article_id"] * SECTIONS_PER_ARTICLE + t["negative_section_index"]
+    batch = {key: tf.constant([t[key] for t in triplets[:39]]) for key in triplets[0]}
+    inputs, _, _ = shared_sentences(batch, _word_ids(40), replicas)
+    distinct = 0
+    for sentences, sections in zip(inputs["sentences"].numpy(), inputs["sections"].numpy()):
+        for row, section in zip(sentences, sections):
+            text = " ".join(vocabulary[i] for i in row if i)
+            if section == NO_SECTION:
+                continue
+            assert section == section_of[text]
+            distinct += 1
+    per_block = [len({t[key] for t in block for key in ROLES})
+                 for block in ([triplets[:39]] if replicas == 1 else [triplets[:20], triplets[20:39]])]
+    assert distinct == sum(per_block)
+    assert (inputs["sections"].numpy() == NO_SECTION).sum() == replicas * max(per_block) - sum(per_block)
 
 
 def test_article_chunks_keep_an_article_together():

@@ -15,12 +15,19 @@ from model.network import (
     ExportableEncoder,
     build_sentence_encoder,
     build_triplet_model,
+    in_batch_loss,
+    in_batch_scores,
     triplet_accuracy,
+    triplet_and_in_batch_loss,
     triplet_loss,
 )
 from model.text import WordIds
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+# The sections of the four hand-made sentences of the triplet-model tests below.
+SECTIONS = np.array([7, 7, 8, 9], np.int64)
 
 
 def _matrix(rows, dim=6, seed=0):
@@ -57,7 +64,7 @@ def test_triplet_model_outputs_l1_distances_from_shared_sentences(slices):
     model = build_triplet_model(encoder, slices=slices)
     sentences = np.array([[3, 0, 0], [1, 2, 0], [4, 5, 0], [6, 7, 9]], np.int32)   # distinct, shortest first
     roles = np.array([[1, 1, 3], [0, 2, 0]], np.int32)                           # rows of (x, x+, x-)
-    distances = model({"sentences": sentences[None], "roles": roles[None]}).numpy()
+    distances = model({"sentences": sentences[None], "roles": roles[None], "sections": SECTIONS[None]}).numpy()
     assert distances.shape == (2, 2)
     embedded = encoder(sentences).numpy()
     for triplet, (anchor, positive, negative) in enumerate(roles):
@@ -72,7 +79,7 @@ def test_cosine_head_gives_scaled_cosine_distances():
     model = build_triplet_model(encoder, slices=2, distance="cosine")
     sentences = np.array([[3, 0, 0], [1, 2, 0], [4, 5, 0], [6, 7, 9]], np.int32)
     roles = np.array([[1, 1, 3], [0, 2, 0]], np.int32)
-    distances = model({"sentences": sentences[None], "roles": roles[None]}).numpy()
+    distances = model({"sentences": sentences[None], "roles": roles[None], "sections": SECTIONS[None]}).numpy()
     unit = encoder(sentences).numpy()
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
     for triplet, (anchor, positive, negative) in enumerate(roles):
@@ -88,6 +95,63 @@ def test_paper_loss_and_accuracy_on_hand_made_distances():
     np.testing.assert_allclose(loss[:3], [0.0, 2.0, 1.0], atol=1e-6)    # p(d+)=0 -> 0, p(d+)=1 -> 2
     np.testing.assert_allclose(loss[3], 2 * np.exp(1) / (np.exp(1) + np.exp(2)), rtol=1e-5)
     np.testing.assert_array_equal(triplet_accuracy(labels, distances).numpy(), [1, 0, 0, 1])
+
+
+# Five distinct sentences as 2-d unit vectors, their sections (-1: a padding row), and two
+# triplets (anchor, positive, negative rows) of section 7.
+EMBEDDINGS = np.array([[1, 0], [0.6, 0.8], [0, 1], [-1, 0], [0.8, 0.6]], np.float32)
+BATCH_SECTIONS = np.array([7, 7, 8, 7, -1], np.int64)
+BATCH_ROLES = np.array([[0, 1, 2], [3, 1, 2]], np.int32)
+
+
+def test_the_in_batch_mask_leaves_out_exactly_the_anchors_section_and_padding():
+    scores = in_batch_scores(tf.constant(EMBEDDINGS), tf.constant(BATCH_ROLES), tf.constant(BATCH_SECTIONS),
+                             "cosine").numpy()
+    assert scores.shape == (2, 1 + 5)
+    candidates = scores[:, 1:] > -1e8
+    # Rows 0, 1 and 3 are section 7 (the anchors', the positive and the other anchor); row 4 pads.
+    np.testing.assert_array_equal(candidates, [[False, False, True, False, False]] * 2)
+    other_sections = np.array([7, 8, 9, 8, -1], np.int64)      # row 3 now of section 9, row 1 of 8
+    scores = in_batch_scores(tf.constant(EMBEDDINGS), tf.constant([[0, 1, 2]]), tf.constant(other_sections),
+                             "l1").numpy()
+    np.testing.assert_array_equal(scores[0, 1:] > -1e8, [False, True, True, True, False])
+    np.testing.assert_allclose(scores[0, 0], -np.abs(EMBEDDINGS[0] - EMBEDDINGS[1]).sum(), rtol=1e-6)
+
+
+def test_in_batch_loss_by_hand():
+    """InfoNCE over the positive and the unmasked candidates, with cosine scaled as the head's:
+    score = -COSINE_SCALE x (1 - cos). Triplet 0: anchor (1, 0), positive (.6, .8), one
+    candidate, the negative (0, 1); triplet 1: anchor (-1, 0), the same positive and negative."""
+    scores = in_batch_scores(tf.constant(EMBEDDINGS), tf.constant(BATCH_ROLES), tf.constant(BATCH_SECTIONS),
+                             "cosine")
+    distances = tf.constant([[COSINE_SCALE * 0.4, COSINE_SCALE * 1.0], [COSINE_SCALE * 1.6, COSINE_SCALE * 1.0]])
+    outputs = tf.concat([distances, scores], axis=-1)
+    labels = tf.zeros([2], tf.int32)
+
+    def by_hand(cos_positive, cos_negative):   # -log(e^{s+} / (e^{s+} + e^{s-})), s = 20 (cos - 1)
+        positive, negative = COSINE_SCALE * (cos_positive - 1), COSINE_SCALE * (cos_negative - 1)
+        return -positive + np.log(np.exp(positive) + np.exp(negative))
+
+    expected = [by_hand(0.6, 0.0), by_hand(-0.6, 0.0)]
+    np.testing.assert_allclose(in_batch_loss(labels, outputs).numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(triplet_and_in_batch_loss(labels, outputs).numpy(),
+                               np.array(expected) + triplet_loss(labels, distances).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(triplet_accuracy(labels, outputs).numpy(), [1, 0])   # reads d+, d- alone
+
+
+@pytest.mark.parametrize("loss", ["in-batch", "sum"])
+def test_triplet_model_with_an_in_batch_loss_outputs_distances_then_scores(loss):
+    encoder = build_sentence_encoder(_matrix(10), lstm_units=4, attention_size=3)
+    model = build_triplet_model(encoder, slices=2, distance="cosine", loss=loss)
+    sentences = np.array([[3, 0, 0], [1, 2, 0], [4, 5, 0], [6, 7, 9]], np.int32)
+    roles = np.array([[1, 1, 3], [0, 2, 0]], np.int32)
+    outputs = model({"sentences": sentences[None], "roles": roles[None], "sections": SECTIONS[None]}).numpy()
+    assert outputs.shape == (2, 2 + 1 + 4)
+    np.testing.assert_allclose(outputs[:, 2], -outputs[:, 0], rtol=1e-5, atol=1e-5)   # the positive's score is -d+
+    unit = encoder(sentences).numpy()
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    np.testing.assert_allclose(outputs[1, 5], -COSINE_SCALE * (1 - unit[0] @ unit[2]), rtol=1e-4, atol=1e-4)
+    assert (outputs[0, 3:5] < -1e8).all() and (outputs[1, 3:5] < -1e8).all()   # rows 0, 1: section 7
 
 
 @pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)

@@ -276,9 +276,10 @@ def _summary(result) -> dict:
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("SUMMARY"))[7:])
 
 
-def test_mirrored_over_two_logical_cpus(shards, tmp_path):
+@pytest.mark.parametrize("loss", ["triplet", "sum"])
+def test_mirrored_over_two_logical_cpus(shards, tmp_path, loss):
     config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "distribution_strategy": "mirrored",
-              "epochs": 1}
+              "epochs": 1, "loss": loss}
     summary = _summary(_train_in_subprocess(config, tmp_path / "probe.json", logical_cpus=2))
     assert summary["replicas"] == 2 and summary["global_batch_size"] == 2 * TINY["batch_size"]
     assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
@@ -398,14 +399,13 @@ def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp
     assert not (tmp_path / "m" / "vocabulary.txt.partial").exists()
 
 
-def test_short_real_training_beats_the_untrained_model(request, tmp_path):
-    pytest.importorskip("pipeline.run", reason="the pipeline has not landed yet")
-    data = request.getfixturevalue("embedded_pipeline_output")
+@pytest.mark.parametrize("loss", ["triplet", "in-batch"])
+def test_short_real_training_beats_the_untrained_model(embedded_pipeline_output, tmp_path, loss):
     from model.train import main
 
-    summary = main(["--data", str(data), "--model-dir", str(tmp_path / "m"), "--epochs", "3", "--steps", "15",
-                    "--batch-size", "32", "--lstm-units", "32", "--attention-size", "16", "--progress", "false",
-                    "--vocabulary", "train"])
+    summary = main(["--data", str(embedded_pipeline_output), "--model-dir", str(tmp_path / "m"), "--epochs", "3",
+                    "--steps", "15", "--batch-size", "32", "--lstm-units", "32", "--attention-size", "16",
+                    "--progress", "false", "--vocabulary", "train", "--loss", loss])
     assert summary["best_val_triplet_accuracy"] > summary["untrained_val_triplet_accuracy"]
 
 
