@@ -127,6 +127,9 @@ class OptimizerConfig:
     loss: str = flag("triplet", help="triplet (the paper's), in-batch (each anchor against every distinct sentence "
                                      "of its batch but its own section's: InfoNCE with the triplet's negative "
                                      "among them) or sum (both)")
+    teacher: str | None = flag(None, help="a trained model dir (or any strings-in encoder export): train the "
+                                          "--encoder to reproduce its embeddings of the batches' sentences (cosine "
+                                          "distance) instead of the --loss; the head's distance is then cosine")
     epochs: int = flag(4, help="epochs; after each: validation, best checkpoint, a learning-curve point")
     steps: int | None = flag(50, help="steps per epoch over the repeated training stream; none = one pass per "
                                       "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
@@ -194,9 +197,19 @@ class TrainConfig:
         """A copy with the given flags (by field name) changed."""
         return config_from_flags(TrainConfig, {**self.flags(), **changes})
 
+    def __post_init__(self):
+        if self.optimizer.teacher and self.optimizer.loss != LOSS_NAMES[0]:
+            raise ValueError(f"--teacher trains on the teacher's embeddings: --loss {self.optimizer.loss} does not "
+                             "apply")
+        if self.optimizer.teacher and self.runtime.static_shapes:
+            raise ValueError("--teacher does not run with --static-shapes true")
+
     def resolved(self, name: str):
-        """A flag's value, or the encoder's default where it is left at none."""
+        """A flag's value, or the encoder's default where it is left at none (with a teacher, the
+        distance is cosine, the similarity distillation fits)."""
         value = self.flags()[name]
+        if value is None and name == "distance" and self.optimizer.teacher:
+            return "cosine"
         return ENCODER_DEFAULTS[self.network.encoder][name] if value is None else value
 
 

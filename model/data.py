@@ -235,9 +235,10 @@ def section_keys(triplets: dict) -> tf.Tensor:
                       for article, index in (SECTION_OF_ROLE[key] for key in ROLES)], axis=0)
 
 
-def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """(int ids [s, t] of the distinct sentences, shortest first; rows [n, 3] of each triplet's
-    anchor, positive and negative among them; the section key [s] of each distinct sentence)."""
+    anchor, positive and negative among them; the section key [s] of each distinct sentence; the
+    sentences [s] themselves, in the same order)."""
     stacked = tf.concat([triplets[key] for key in ROLES], axis=0)
     distinct, row_of_sentence = tf.unique(stacked)
     ids = word_ids.ragged(distinct)
@@ -246,10 +247,11 @@ def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, t
     rank = tf.math.invert_permutation(order)                 # distinct sentence -> its sorted row
     sections = tf.math.unsorted_segment_max(section_keys(triplets), row_of_sentence, tf.size(distinct))
     return (sentences, tf.transpose(tf.reshape(tf.gather(rank, row_of_sentence), [3, -1])),
-            tf.gather(sections, order))
+            tf.gather(sections, order), tf.gather(distinct, order))
 
 
-def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple[dict, tf.Tensor, tf.Tensor]:
+def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1,
+                     teacher=None) -> tuple[dict, tf.Tensor, tf.Tensor]:
     """A batch of triplet strings -> the triplet model's (inputs, labels, sample weights).
 
     The batch is cut into `replicas` blocks (the first ones full, like `tf.distribute`'s own
@@ -257,6 +259,8 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
     and each triplet's rows in them (`roles` [n, 3]), with each sentence's section key
     (`sections` [s], `NO_SECTION` on padding rows). Blocks are padded to a common shape and
     stacked on a leading replica axis, so a strategy splits the global batch into whole blocks.
+    With a `teacher` (1-D tf.string -> float32 [s, d], `model.train --teacher`), `teacher` [s, d]
+    holds its embedding of each sentence (zeros on padding rows).
     Labels and sample weights are flat ([replicas * n], one per triplet, split alike), so Keras
     averages metrics over triplets, not over batches; padded triplets have sample weight 0. The
     label is the constant 0 = "the positive is distances[..., 0]"."""
@@ -264,14 +268,16 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1) -> tuple
     per_replica = -(-count // replicas)
     blocks = [_distinct_sentences({key: batch[key][r * per_replica:(r + 1) * per_replica] for key in FEATURES},
                                   word_ids) for r in range(replicas)]
-    rows = tf.reduce_max([tf.shape(sentences)[0] for sentences, _, _ in blocks])
-    width = tf.reduce_max([tf.shape(sentences)[1] for sentences, _, _ in blocks])
-    triplets = tf.reduce_max([tf.shape(roles)[0] for _, roles, _ in blocks])
+    rows = tf.reduce_max([tf.shape(sentences)[0] for sentences, *_ in blocks])
+    width = tf.reduce_max([tf.shape(sentences)[1] for sentences, *_ in blocks])
+    triplets = tf.reduce_max([tf.shape(roles)[0] for _, roles, *_ in blocks])
 
-    inputs = {"sentences": tf.stack([_pad_sentences(pad_ids(sentences, width), rows) for sentences, _, _ in blocks]),
-              "roles": tf.stack([_pad_rows(roles, triplets) for _, roles, _ in blocks]),
-              "sections": tf.stack([_pad_sections(sections, rows) for _, _, sections in blocks])}
-    weights = tf.concat([_pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles, _ in blocks], axis=0)
+    inputs = {"sentences": tf.stack([_pad_sentences(pad_ids(sentences, width), rows) for sentences, *_ in blocks]),
+              "roles": tf.stack([_pad_rows(roles, triplets) for _, roles, *_ in blocks]),
+              "sections": tf.stack([_pad_sections(sections, rows) for _, _, sections, _ in blocks])}
+    if teacher is not None:
+        inputs["teacher"] = tf.stack([_pad_rows(teacher(strings), rows) for *_, strings in blocks])
+    weights = tf.concat([_pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles, *_ in blocks], axis=0)
     return inputs, tf.zeros([replicas * triplets], tf.int32), weights
 
 
@@ -357,7 +363,7 @@ def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
 
 def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int, *,
                      shuffle_buffer: int = 0, seed: int = 0, article_chunk: int = 16, group_by_length: bool = True,
-                     replicas: int = 1, static_shapes: bool = False) -> tf.data.Dataset:
+                     replicas: int = 1, static_shapes: bool = False, teacher=None) -> tf.data.Dataset:
     """(inputs, labels, weights) batches for Keras (`shared_sentences`), `batch_size` triplets
     per replica (`replicas` blocks per batch); every triplet of `triplets` appears once, its
     three roles together.
@@ -373,7 +379,8 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
     buffer to be shuffled; one keeps the batches of a second pass from repeating the first's.
 
     With `static_shapes`, batches are padded to a few fixed shapes (`static_batch`): string work
-    stays here, in the input pipeline, and the device gets ints."""
+    stays here, in the input pipeline, and the device gets ints. A `teacher` adds its embeddings
+    of the sentences (`shared_sentences`), computed here, beside the training step."""
     global_batch = batch_size * replicas
     if article_chunk:
         blocks = triplets.batch(article_chunk)
@@ -394,7 +401,7 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
                 bucket_batch_sizes=[global_batch] * (len(LENGTH_BOUNDARIES) + 1), no_padding=True)
         else:
             batches = triplets.batch(global_batch)
-    batches = batches.map(lambda batch: shared_sentences(batch, word_ids, replicas),
+    batches = batches.map(lambda batch: shared_sentences(batch, word_ids, replicas, teacher),
                                              num_parallel_calls=tf.data.AUTOTUNE)
     if static_shapes:
         batches = batches.map(lambda *batch: static_batch(*batch, batch_size, word_ids.max_tokens),

@@ -103,6 +103,11 @@ class SavedModelEncoder:
     def get_sentence_embedding_dimension(self) -> int:
         return self.dim
 
+    def embed_tensor(self, sentences):
+        """float32 [n, d] of a 1-D tf.string tensor, in TensorFlow: the export's signature, for a
+        graph (a tf.data map: `model.train --teacher` embeds each batch's sentences so)."""
+        return self._serve(**{INPUT_KEY: sentences})[OUTPUT_KEY]
+
     def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
                show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
                precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
@@ -144,7 +149,7 @@ class SavedModelEncoder:
         for start in tqdm(range(0, len(sentences), batch_size), desc="Batches", unit="batch",
                           disable=not show_progress_bar):
             batch = tf.constant([sentences[i] for i in order[start:start + batch_size]], dtype=tf.string)
-            chunks.append(self._serve(**{INPUT_KEY: batch})[OUTPUT_KEY].numpy())
+            chunks.append(self.embed_tensor(batch).numpy())
         embeddings = np.empty((len(sentences), self.dim), np.float32)
         embeddings[order] = np.concatenate(chunks)
         return embeddings

@@ -9,7 +9,8 @@ the distances cosine instead of L1: the head, the loss and the batching stay the
 Beside the paper's loss (`--loss triplet`), `in_batch_loss` scores each anchor against every
 distinct sentence of its batch (InfoNCE, sentence-transformers' MultipleNegativesRankingLoss with
 the triplet's negative as a hard negative), leaving out the sentences of the anchor's own section;
-`--loss sum` adds the two.
+`--loss sum` adds the two. With a teacher (`model.train --teacher`), `distillation_loss` trains Net
+to reproduce another encoder's embeddings of the batch's sentences instead.
 
 The triplet model takes a batch as its *distinct* sentences plus, per triplet, the rows of its
 anchor, positive and negative (`model.data.shared_sentences`): Net runs once on every distinct
@@ -83,18 +84,20 @@ class SharedSentenceDistances(keras.layers.Layer):
     [1, s] each sentence's section key. Net runs on `slices` length slices of the sentences,
     each cut to its longest sentence. Output: [n, 2] (labels and sample weights are flat,
     [replicas * n], so Keras weighs every triplet alike); with `in_batch`, [n, 2 + 1 + s]: the
-    distances, then `in_batch_scores`.
+    distances, then `in_batch_scores`; with `distill`, [n, 3]: the distances, then the block's
+    `distillation_distance` to `teacher` [1, s, d], the teacher's embeddings of the sentences.
     With `static_shapes`, Net runs once on the sentences as given (`model.data.static_batch`
     padded them to fixed shapes): no shape depends on the data, as XLA on a TPU requires."""
 
     def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, distance: str = "l1",
-                 static_shapes: bool = False, in_batch: bool = False, **kwargs):
+                 static_shapes: bool = False, in_batch: bool = False, distill: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.sentence_encoder = sentence_encoder
         self.slices = slices
         self.distance = distance
         self.static_shapes = static_shapes
         self.in_batch = in_batch
+        self.distill = distill
 
     def call(self, inputs):
         sentences, roles = inputs["sentences"][0], inputs["roles"][0]
@@ -108,18 +111,22 @@ class SharedSentenceDistances(keras.layers.Layer):
                 width = tf.maximum(1, tf.reduce_max(tf.math.count_nonzero(rows, axis=1, dtype=tf.int32)))
                 pieces.append(self.sentence_encoder(rows[:, :width]))
             embeddings = tf.concat(pieces, axis=0)
+        if self.distill:
+            taught = distillation_distance(embeddings, inputs["teacher"][0], inputs["sections"][0])
         if self.distance == "cosine":
             embeddings = tf.math.l2_normalize(embeddings, axis=-1)
         anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
         distances = tf.stack([pair_distances(anchor, positive, self.distance),
                               pair_distances(anchor, negative, self.distance)], axis=-1)
+        if self.distill:
+            return tf.concat([distances, tf.fill([tf.shape(roles)[0], 1], taught)], axis=-1)
         if not self.in_batch:
             return distances
         return tf.concat([distances, in_batch_scores(embeddings, roles, inputs["sections"][0], self.distance)], axis=-1)
 
     def get_config(self):
         return {**super().get_config(), "slices": self.slices, "distance": self.distance,
-                "static_shapes": self.static_shapes, "in_batch": self.in_batch,
+                "static_shapes": self.static_shapes, "in_batch": self.in_batch, "distill": self.distill,
                 "sentence_encoder": keras.saving.serialize_keras_object(self.sentence_encoder)}
 
     @classmethod
@@ -158,6 +165,15 @@ def in_batch_scores(embeddings: tf.Tensor, roles: tf.Tensor, sections: tf.Tensor
     return tf.concat([-pair_distances(anchors, positives, distance)[:, None], scores], axis=-1)
 
 
+def distillation_distance(embeddings: tf.Tensor, teacher: tf.Tensor, sections: tf.Tensor) -> tf.Tensor:
+    """The mean cosine distance (1 - cosine) of each sentence's embedding [s, d] to the teacher's
+    [s, d], over the block's real sentences (padding rows, of a negative section key, left out):
+    each distinct sentence counts once, however many triplets share it."""
+    cosines = tf.reduce_sum(tf.math.l2_normalize(embeddings, axis=-1) * tf.math.l2_normalize(teacher, axis=-1), axis=-1)
+    real = tf.cast(sections >= 0, cosines.dtype)
+    return tf.reduce_sum((1.0 - cosines) * real) / tf.maximum(tf.reduce_sum(real), 1.0)
+
+
 # ------------------------------------------------------------------------------------ loss
 @keras.saving.register_keras_serializable(package="wikisim")
 def triplet_loss(positive_is_first, outputs):
@@ -185,6 +201,15 @@ def in_batch_loss(positive_is_first, outputs):
 def triplet_and_in_batch_loss(positive_is_first, outputs):
     """`--loss sum`: the paper's loss plus the in-batch loss."""
     return triplet_loss(positive_is_first, outputs) + in_batch_loss(positive_is_first, outputs)
+
+
+@keras.saving.register_keras_serializable(package="wikisim")
+def distillation_loss(positive_is_first, outputs):
+    """`--teacher`: the block's `distillation_distance` (outputs[..., 2]), as sentence-transformers'
+    distillation examples fit a student to a teacher's embeddings (with cosine, so the student's
+    norms are free, as cosine similarity ignores them)."""
+    del positive_is_first
+    return outputs[..., 2]
 
 
 # `--loss`: the training loss by name.
@@ -220,15 +245,20 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
 
 
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,
-                        distance: str = "l1", static_shapes: bool = False, loss: str = "triplet") -> keras.Model:
+                        distance: str = "l1", static_shapes: bool = False, loss: str = "triplet",
+                        teacher_dim: int | None = None) -> keras.Model:
     """The same Net on (x, x+, x-) -> distances [n, 2] = (d+, d-), from a batch given as its
     distinct sentences, each triplet's rows in them and each sentence's section (see
-    `SharedSentenceDistances`); followed by the in-batch scores when `loss` needs them."""
+    `SharedSentenceDistances`); followed by the in-batch scores when `loss` needs them, or, with
+    `teacher_dim`, by the distance to a teacher's embeddings (of that size) given with the batch."""
     inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
               "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles"),
               "sections": keras.Input(shape=(None,), dtype="int64", name="sections")}
+    if teacher_dim:
+        inputs["teacher"] = keras.Input(shape=(None, teacher_dim), dtype="float32", name="teacher")
     distances = SharedSentenceDistances(sentence_encoder, slices, distance, static_shapes,
-                                        in_batch=LOSSES[loss] is not triplet_loss, name="distances")(inputs)
+                                        in_batch=not teacher_dim and LOSSES[loss] is not triplet_loss,
+                                        distill=bool(teacher_dim), name="distances")(inputs)
     return keras.Model(inputs, distances, name="triplet_network")
 
 
@@ -262,12 +292,12 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
 
 def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_compile: bool = False,
                           half_life_steps: float | None = None, warmup_steps: float = 0,
-                          weight_decay: float | None = None, loss: str = "triplet") -> None:
+                          weight_decay: float | None = None, loss: str = "triplet", distill: bool = False) -> None:
     """Adam at `learning_rate` (AdamW when `weight_decay` is given, as transformers are
     fine-tuned, without decay on biases and layer norms), halved every `half_life_steps`
     optimizer steps when given, after a linear warmup over `warmup_steps`: functions of the step
     alone, so a run resumed from its backup continues the same schedule. It minimises
-    `LOSSES[loss]` (the model must be built with the same `loss`)."""
+    `LOSSES[loss]`, or with `distill` the `distillation_loss` (the model must be built alike)."""
     if half_life_steps:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(learning_rate, half_life_steps, 0.5)
     if warmup_steps:
@@ -277,7 +307,8 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
     else:
         optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
-    model.compile(optimizer=optimizer, loss=LOSSES[loss], metrics=[triplet_accuracy], jit_compile=jit_compile)
+    model.compile(optimizer=optimizer, loss=distillation_loss if distill else LOSSES[loss], metrics=[triplet_accuracy],
+                  jit_compile=jit_compile)
 
 
 class ExportableEncoder(tf.Module):

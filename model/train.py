@@ -61,6 +61,7 @@ from model.data import (  # noqa: E402
     triplet_strings,
     with_known_length,
 )
+from model.encoder import load_encoder  # noqa: E402
 from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
@@ -263,7 +264,8 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
     return matrix
 
 
-def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: WordIds, replicas: int) -> tf.data.Dataset:
+def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: WordIds, replicas: int,
+                       teacher=None) -> tf.data.Dataset:
     """Validation or test batches: a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`,
     the same at every epoch and in every run) or the whole split, counted once so Keras knows
     where it ends. Every worker of a multi-worker job reads them whole, and scores its block of
@@ -273,12 +275,12 @@ def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: Word
                 if inputs.evaluation_triplets else triplet_strings(run, inputs.dataset, split))
     batches = training_batches(triplets, word_ids, config.optimizer.batch_size, replicas=replicas,
                                article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
-                               static_shapes=config.runtime.static_shapes)
+                               static_shapes=config.runtime.static_shapes, teacher=teacher)
     return distributed_by_blocks(with_known_length(batches))
 
 
 def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: tf.distribute.Strategy,
-                    resume_at_step: int = 0):
+                    resume_at_step: int = 0, teacher=None):
     """The training batches: each input pipeline (one per worker) streams its own shards of the
     train split (`model.data.streamed_triplets`), one replica's batch per element
     (`distribute_datasets_from_function`: no worker reads, parses or tokenises another's data).
@@ -292,16 +294,21 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
                                      start=resume_at_step * optimizer.batch_size * replicas_here)
         return training_batches(triplets, word_ids, optimizer.batch_size, shuffle_buffer=inputs.shuffle_buffer,
                                 seed=config.runtime.seed, article_chunk=inputs.article_chunk,
-                                group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_shapes)
+                                group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_shapes,
+                                teacher=teacher)
 
     if strategy.num_replicas_in_sync == 1 and getattr(strategy, "cluster_resolver", None) is None:
         return pipeline_batches(tf.distribute.InputContext())
     return strategy.distribute_datasets_from_function(pipeline_batches)
 
 
-def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int):
+def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None):
     """(sentence encoder, compiled triplet model); call inside the strategy's scope. `matrix`:
-    the word vectors of the BiLSTM (None for a transformer checkpoint)."""
+    the word vectors of the BiLSTM (None for a transformer checkpoint). With `teacher_dim` (a
+    distillation), Net ends in a linear projection to the teacher's size, as
+    sentence-transformers' distillation adds a Dense layer where the sizes differ."""
+    import keras
+
     from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
 
     network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_shapes
@@ -314,10 +321,13 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
 
         encoder = build_transformer_encoder(network.encoder, frozen_layers=network.frozen_layers,
                                             dropout=config.resolved("dropout"))
+    if teacher_dim:
+        encoder = keras.Model(encoder.inputs, keras.layers.Dense(teacher_dim, name="projection")(encoder.outputs[0]),
+                              name="student")
     model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=static_shapes,
-                                loss=optimizer.loss)
+                                loss=optimizer.loss, teacher_dim=teacher_dim)
     half_life = optimizer.learning_rate_half_life
-    compile_triplet_model(model, config.resolved("learning_rate"), loss=optimizer.loss,
+    compile_triplet_model(model, config.resolved("learning_rate"), loss=optimizer.loss, distill=bool(teacher_dim),
                           jit_compile=config.runtime.jit_compile or static_shapes,
                           half_life_steps=half_life / global_batch if half_life else None,
                           warmup_steps=optimizer.warmup_triplets / global_batch,
@@ -406,6 +416,8 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
                     inputs.data, inputs.dataset)
     if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
         raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
+    teacher = load_encoder(optimizer.teacher) if optimizer.teacher else None   # a bad path is refused before the claim
+    embed_by_teacher = teacher.embed_tensor if teacher else None
     claim_model_dir(config, model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
         if os.path.isdir(os.path.join(resume_from, entry)):
@@ -420,17 +432,18 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
         word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
     if mirror:
         mirror.push()
-    validation_batches = evaluation_batches(config, run, "validation", word_ids, strategy.num_replicas_in_sync)
+    validation_batches = evaluation_batches(config, run, "validation", word_ids, strategy.num_replicas_in_sync,
+                                            embed_by_teacher)
     # The records each split holds are counted beside training (tf.data releases the GIL), not
     # before it, and checked before the export: no extra pass before the first step.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     record_counts = {split: counting.submit(count_records, run, inputs.dataset, split) for split in SPLITS}
     with strategy.scope():
-        encoder, model = build_models(config, matrix, global_batch)
+        encoder, model = build_models(config, matrix, global_batch, teacher.dim if teacher else None)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
     backup = f"{model_dir}/{BACKUP}"
     step, epochs_done = restored_state(model, backup)
-    train_batches = training_stream(config, run, word_ids, strategy, resume_at_step=step)
+    train_batches = training_stream(config, run, word_ids, strategy, resume_at_step=step, teacher=embed_by_teacher)
     # `--steps none`: an epoch is one pass over the train split, by the manifest's count.
     pass_steps = max(1, -(-triplet_split(run, inputs.dataset, "train").records // global_batch))
     first_step = FirstStep(started)
@@ -474,8 +487,8 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
 
     # silent otherwise: the test pass takes a while
     LOG.info("training done; scoring the best epoch on the test split")
-    test = model.evaluate(evaluation_batches(config, run, "test", word_ids, strategy.num_replicas_in_sync),
-                          verbose=0, return_dict=True)
+    test = model.evaluate(evaluation_batches(config, run, "test", word_ids, strategy.num_replicas_in_sync,
+                                             embed_by_teacher), verbose=0, return_dict=True)
     LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
     counts = {split: future.result() for split, future in record_counts.items()}
     counting.shutdown()

@@ -428,3 +428,29 @@ def test_a_run_refused_for_a_missing_dataset_leaves_nothing_behind(embedded_pipe
         train(TrainConfig.from_flags(data=str(data), model_dir=str(model_dir), dataset="triplets-sen-same_article",
                                      epochs=1, steps=1, progress=False))
     assert not model_dir.exists() or list(model_dir.iterdir()) == []   # no inputs.json, no vocabulary
+
+
+def test_a_student_learns_the_teachers_embeddings_and_exports_them(shards, tmp_path):
+    """`--teacher`: the student (a BiLSTM ending in a projection to the teacher's size) moves
+    towards the teacher's embeddings of the validation sentences (the validation loss is the
+    mean cosine distance to them), and exports strings -> vectors of the teacher's size."""
+    from model.train import train
+
+    teacher = tmp_path / "teacher"
+    train(TrainConfig.from_flags(data=shards, model_dir=str(teacher), **{**TINY, "lstm_units": 5}))
+    student = tmp_path / "student"
+    summary = train(TrainConfig.from_flags(data=shards, model_dir=str(student), teacher=str(teacher),
+                                           **{**TINY, "epochs": 3, "steps": 8, "learning_rate": 1e-2}))
+    assert min(summary["val_loss"]) < summary["untrained_val_loss"]
+    assert summary["distance"] == "cosine"
+    sentences = ["The striker scored a goal.", "Bake the flour."]
+    assert SavedModelEncoder(str(student)).encode(sentences).shape == (2, 10)        # the teacher's 2 x 5
+
+
+def test_a_missing_teacher_is_one_error_line_and_claims_nothing(shards, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "model.train", "--data", shards, "--model-dir",
+                             str(tmp_path / "m"), "--teacher", str(tmp_path / "none")],
+                            capture_output=True, text=True, cwd=REPO)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "none" in errors[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "m").exists()
