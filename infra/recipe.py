@@ -1,6 +1,6 @@
 """`make scale`'s training recipes, defined once: the Makefile and the Vertex AI specs read them.
 
-    python -m infra.recipe NAME [--machine cpu] [--budget-minutes M]   # `python -m model.train` flags, one line
+    python -m infra.recipe NAME [--machine cpu] [--budget-minutes M] [--models DIR]   # `python -m model.train` flags
 
 A recipe is one training setup (dataset, network, schedule) with what each machine runs of it:
 its batch, epoch length, epochs and budget. The Makefile's scale variables are
@@ -56,12 +56,17 @@ class Recipe:
     dataset: str
     flags: tuple[str, ...]                 # on every machine
     machines: Mapping[str, Machine]        # by MACHINES
+    teacher: str | None = None             # a distillation: the recipe whose model it learns from
 
-    def arguments(self, machine: str = "cpu", budget_minutes: float | None = None) -> list[str]:
-        """The flags of `python -m model.train` on `machine`, with the budget (the machine's unless given)."""
+    def arguments(self, machine: str = "cpu", budget_minutes: float | None = None,
+                  models: str = "models") -> list[str]:
+        """The flags of `python -m model.train` on `machine`, with the budget (the machine's unless
+        given); a distillation's `--teacher` is the teacher recipe's folder under `models` (each
+        recipe's model dir is `models/NAME`: make scale's and a Vertex AI run's alike)."""
         entry = self.machines[machine]
         minutes = entry.budget_minutes if budget_minutes is None else budget_minutes
-        return [*self.flags, *entry.flags, "--budget-minutes", f"{minutes:g}"]
+        teacher = ["--teacher", f"{models}/{self.teacher}"] if self.teacher else []
+        return [*self.flags, *teacher, *entry.flags, "--budget-minutes", f"{minutes:g}"]
 
 
 def _cpu(steps: int, budget_minutes: float, *flags: str) -> Machine:
@@ -89,6 +94,11 @@ RECIPES = {
                          {"cpu": _cpu(250, 85, "--batch-size", "64"),
                           **{name: Machine(_TRANSFORMER_PASSES, machine.budget_minutes)
                              for name, machine in _ACCELERATED.items()}}),
+    # The distilled fast encoder: the paper's BiLSTM (its learning rate and half-life) trained to
+    # reproduce minilm-sen's embeddings of the training sentences, for users who embed all of
+    # Wikipedia on CPU workers. The teacher runs in the input pipeline, beside the student's step.
+    "minilm-student": Recipe(PAPER_DATASET, (*_SCALE, "--evaluation-triplets", "5000", "--learning-rate-half-life",
+                                             "200000"), {"cpu": _cpu(300, 45), **_ACCELERATED}, teacher="minilm-sen"),
 }
 
 
@@ -108,6 +118,7 @@ class RecipeConfig:
     name: str = flag(help=f"the recipe: one of {', '.join(RECIPES)}")
     machine: str = flag("cpu", help=f"where it runs: one of {', '.join(MACHINES)} (cpu: make scale's 2 cores)")
     budget_minutes: float | None = flag(None, help="wall-clock training budget; none = the recipe's")
+    models: str = flag("models", help="the folder of the run's model dirs (a distillation's teacher is one)")
 
     def __post_init__(self):
         if self.name not in RECIPES:
@@ -121,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv and not argv[0].startswith("-"):   # `python -m infra.recipe NAME ...`, the Makefile's spelling
         argv = ["--name", *argv]
     config = parse_config(RecipeConfig, argv, "python -m infra.recipe", __doc__.split("\n\n")[0])
-    print(shlex.join(RECIPES[config.name].arguments(config.machine, config.budget_minutes)))
+    print(shlex.join(RECIPES[config.name].arguments(config.machine, config.budget_minutes, config.models)))
 
 
 if __name__ == "__main__":

@@ -280,7 +280,8 @@ def vertex_spec(cfg: CloudConfig) -> dict:
     spec = fill_placeholders(yaml.safe_load(path.read_text()), values, path.name)
     for pool in spec["workerPoolSpecs"]:
         pool["containerSpec"]["args"] = [*pool["containerSpec"]["args"],
-                                         *RECIPES[cfg.recipe_name].arguments(cfg.accelerator)]
+                                         *RECIPES[cfg.recipe_name].arguments(cfg.accelerator,
+                                                                             models=layout.model_dir.rsplit("/", 1)[0])]
     errors = custom_job_spec_errors(spec)
     if errors:
         raise ValueError(f"{path.relative_to(REPO_ROOT)} filled for this run: " + "; ".join(errors))

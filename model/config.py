@@ -201,8 +201,6 @@ class TrainConfig:
         if self.optimizer.teacher and self.optimizer.loss != LOSS_NAMES[0]:
             raise ValueError(f"--teacher trains on the teacher's embeddings: --loss {self.optimizer.loss} does not "
                              "apply")
-        if self.optimizer.teacher and self.runtime.static_shapes:
-            raise ValueError("--teacher does not run with --static-shapes true")
 
     def resolved(self, name: str):
         """A flag's value, or the encoder's default where it is left at none (with a teacher, the

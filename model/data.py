@@ -310,8 +310,8 @@ def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size
     """A `shared_sentences` batch padded to one of a few fixed shapes (`--static-shapes`): each
     block's triplets to `batch_size` (weight 0), its distinct sentences to the next multiple of
     `batch_size` (at most 3 x: three per triplet), the token axis to the next of `STATIC_WIDTHS`
-    or `max_tokens`. The same triplets, distances and (with full batches) loss as the dynamic
-    batch; what a padded triplet adds is zero."""
+    or `max_tokens`; a teacher's embeddings padded with the rows. The same triplets, distances
+    and (with full batches) loss as the dynamic batch; what a padded triplet adds is zero."""
     sentences, roles, sections = inputs["sentences"], inputs["roles"], inputs["sections"]
     replicas = roles.shape[0]
     widths = tf.constant(sorted({width for width in STATIC_WIDTHS if width < max_tokens} | {max_tokens}))
@@ -326,9 +326,12 @@ def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size
     def flat(per_triplet):           # labels and weights: [replicas * n] -> [replicas * batch_size]
         return tf.reshape(pad_triplets(tf.reshape(per_triplet, [replicas, -1])), [-1])
 
-    return ({"sentences": padded, "roles": pad_triplets(roles),
-             "sections": tf.stack([_pad_sections(block, rows) for block in tf.unstack(sections, replicas)])},
-            flat(labels), flat(weights))
+    padded_inputs = {"sentences": padded, "roles": pad_triplets(roles),
+                     "sections": tf.stack([_pad_sections(block, rows) for block in tf.unstack(sections, replicas)])}
+    if "teacher" in inputs:
+        padded_inputs["teacher"] = tf.stack([_pad_rows(block, rows)
+                                             for block in tf.unstack(inputs["teacher"], replicas)])
+    return padded_inputs, flat(labels), flat(weights)
 
 
 def distributed_by_blocks(batches: tf.data.Dataset) -> tf.data.Dataset:

@@ -189,7 +189,7 @@ def test_every_vertex_spec_renders_with_its_machines_recipe(capsys, tmp_path, mo
     assert [pool.replica_count for pool in message.worker_pool_specs] == replicas
     assert message.base_output_directory.output_uri_prefix == model_dir      # -> AIP_MODEL_DIR etc.
     monkeypatch.setenv("AIP_MODEL_DIR", f"{model_dir}/model/")
-    recipe_args = RECIPES[recipe].arguments(accelerator)
+    recipe_args = RECIPES[recipe].arguments(accelerator, models="gs://wikisim-data/wikisim/r1/models")
     assert recipe_args != RECIPES[recipe].arguments("cpu")                   # not make scale's 2-core recipe
     for pool in message.worker_pool_specs:
         assert pool.container_spec.image_uri == f"europe-west4-docker.pkg.dev/wikisim-demo/wikisim/{image}:latest"
@@ -201,8 +201,10 @@ def test_every_vertex_spec_renders_with_its_machines_recipe(capsys, tmp_path, mo
         assert (flags["model_dir"], flags["dataset"], flags["distribution_strategy"]) == (model_dir, dataset, strategy)
         recipe_flags = train_args(["--data", "d", "--model-dir", "m", *recipe_args]).flags()
         for name in ("shuffle_buffer", "epochs", "steps", "budget_minutes", "learning_rate_half_life",
-                     "encoder", "batch_size", "evaluation_triplets"):
+                     "encoder", "batch_size", "evaluation_triplets", "teacher"):
             assert flags[name] == recipe_flags[name], name
+        if RECIPES[recipe].teacher:                                           # the teacher recipe's folder of this run
+            assert flags["teacher"] == f"gs://wikisim-data/wikisim/r1/models/{RECIPES[recipe].teacher}"
         assert flags["steps"] is None and flags["budget_minutes"]             # whole passes, capped
         for name, value in spec_flags.items():
             assert flags[name] == value
