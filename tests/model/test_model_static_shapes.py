@@ -20,8 +20,12 @@ def triplets(tmp_path_factory):
     return triplet_strings(open_run(data), "triplets-sen", "train")
 
 
-def test_the_static_xla_step_trains_like_the_dynamic_one(triplets):
+@pytest.mark.parametrize("loss", ["triplet", "in-batch", "teacher"])
+def test_the_static_xla_step_trains_like_the_dynamic_one(triplets, loss):
+    """With each loss: the paper's, the in-batch one (padding rows are no candidates) and a
+    distillation (padding rows are not taught)."""
     import keras
+    import tensorflow as tf
 
     from model.data import count_words, training_batches
     from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
@@ -31,16 +35,21 @@ def test_the_static_xla_step_trains_like_the_dynamic_one(triplets):
     word_ids = WordIds(vocabulary, num_oov_buckets=1, max_tokens=40)
     matrix = np.random.default_rng(0).normal(0, 0.3, (word_ids.num_ids, 8)).astype(np.float32)
 
+    def teacher(sentences):   # a fixed 12-d embedding per sentence: the size of the BiLSTM's (2 x 6)
+        return tf.one_hot(tf.strings.to_hash_bucket_fast(sentences, 12), 12) + 0.1
+
     def model(static_shapes: bool):
         keras.utils.set_random_seed(0)   # the same initial weights for both
         network = build_triplet_model(build_sentence_encoder(matrix, lstm_units=6, attention_size=4),
-                                      static_shapes=static_shapes)
-        compile_triplet_model(network, 1e-2, jit_compile=static_shapes)
+                                      static_shapes=static_shapes, loss="triplet" if loss == "teacher" else loss,
+                                      teacher_dim=12 if loss == "teacher" else None)
+        compile_triplet_model(network, 1e-2, jit_compile=static_shapes, loss="triplet" if loss == "teacher" else loss,
+                              distill=loss == "teacher")
         return network
 
     def batches(static_shapes: bool):   # the same triplets in the same order; full batches
         return list(training_batches(triplets, word_ids, BATCH, article_chunk=0, group_by_length=False,
-                                     static_shapes=static_shapes))
+                                     static_shapes=static_shapes, teacher=teacher if loss == "teacher" else None))
 
     dynamic, static = model(False), model(True)
     assert static.jit_compile is True and dynamic.jit_compile is False   # Keras kept XLA on
