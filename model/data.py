@@ -21,7 +21,7 @@ from model.text import WordIds, pad_ids, tokenize_graph
 from pipeline import records
 from pipeline.cli import DataLossError, UsageError
 from pipeline.published import MANIFEST, ManifestError, Output, Run
-from pipeline.records import ROLES, FeatureType
+from pipeline.records import ROLES, SECTION_OF_ROLE, FeatureType
 
 LOG = logging.getLogger(__name__)
 TF_DTYPES = {FeatureType.BYTES: tf.string, FeatureType.INT64: tf.int64}
@@ -33,12 +33,9 @@ def triplet_feature_spec() -> dict:
 
 
 # What training reads of a triplet: its three sentences, its article (batches mix articles), and
-# the sections its sentences come from (the in-batch loss must not take a sentence of the anchor's
-# own section for a negative): the anchor's and the positive's is the anchor's section, the
-# negative's its own.
+# the sections its sentences come from (`records.SECTION_OF_ROLE`: the in-batch loss must not take
+# a sentence of the anchor's own section for a negative).
 ARTICLE_ID = "article_id"
-SECTION_OF_ROLE = {"anchor": (ARTICLE_ID, "anchor_section_index"), "positive": (ARTICLE_ID, "anchor_section_index"),
-                   "negative": ("negative_article_id", "negative_section_index")}
 FEATURES = {key: spec for key, spec in triplet_feature_spec().items()
             if key in (*ROLES, ARTICLE_ID, *(name for pair in SECTION_OF_ROLE.values() for name in pair))}
 # A section's key: its article id times this, plus its index in the article (`section_keys`).

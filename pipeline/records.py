@@ -67,6 +67,10 @@ TRIPLET_FEATURES: dict[str, FeatureType] = {
     **dict.fromkeys(("anchor_section_index", "negative_section_index", "negative_article_id", "anchor_paragraph",
                      "positive_paragraph", "negative_paragraph"), FeatureType.INT64),
 }
+# The section each role's sentence comes from, as its (article, section index) features: the anchor
+# and the positive are of the anchor's section (the paper's rule), the negative of its own.
+SECTION_OF_ROLE = {"anchor": ("article_id", "anchor_section_index"), "positive": ("article_id", "anchor_section_index"),
+                   "negative": ("negative_article_id", "negative_section_index")}
 BYTES_FEATURES = tuple(name for name, kind in TRIPLET_FEATURES.items() if kind is FeatureType.BYTES)
 INT64_FEATURES = tuple(name for name, kind in TRIPLET_FEATURES.items() if kind is FeatureType.INT64)
 
