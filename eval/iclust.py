@@ -68,7 +68,7 @@ def _cluster_similarities(similarity: np.ndarray, assignment: np.ndarray) -> tup
     return mass / assignment.shape[0], item_to_cluster, within_cluster
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _block_sum(values: np.ndarray, start: int, stop: int) -> float:
     """sum(values[start:stop]) of at most 128 items, added in numpy's order (one by one up to 7,
     else 8 partial sums)."""
@@ -97,7 +97,7 @@ def _block_sum(values: np.ndarray, start: int, stop: int) -> float:
     return total
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _pairwise_sum(values: np.ndarray) -> float:
     """sum(values) added in numpy's order, so the normalisation rounds exactly as numpy's
     `sum(axis=-1)`: blocks of at most 128 items (`_block_sum`), longer rows halved at a multiple
