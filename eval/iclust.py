@@ -26,7 +26,9 @@ off-diagonal similarities, so the schedule means the same for cosine, dot-produc
 """
 from dataclasses import dataclass, replace
 
+import numba
 import numpy as np
+import scipy.linalg.cython_blas  # noqa: F401 (the BLAS of numba's np.dot, loaded before threadpool_limits sees the BLAS)
 from threadpoolctl import threadpool_limits
 
 
@@ -59,73 +61,168 @@ class IclustConfig:
 
 def _cluster_similarities(similarity: np.ndarray, assignment: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """P(c), s(c; i) and s(c) of soft assignments P(c|i) [N, k] (P(c) [k], s(c; i) [N, k], s(c) [k])."""
-    p_cluster, item_to_cluster, within_cluster = _run_similarities([similarity], assignment[None], np.zeros(1, int))
-    return p_cluster[0], item_to_cluster[0], within_cluster[0]
+    mass = assignment.sum(axis=0)
+    p_item_given_cluster = assignment / np.where(mass > 0, mass, 1.0)
+    item_to_cluster = similarity @ p_item_given_cluster
+    within_cluster = np.einsum("ic,ic->c", p_item_given_cluster, item_to_cluster)
+    return mass / assignment.shape[0], item_to_cluster, within_cluster
 
 
-def _run_similarities(similarities: list[np.ndarray], assignment: np.ndarray, matrix_of_run: np.ndarray):
-    """P(c) [R, k], s(c; i) [R, N, k] and s(c) [R, k] of R annealing runs' soft assignments P(c|i)
-    [R, N, k]; run r clusters the items of `similarities[matrix_of_run[r]]`.
+@numba.njit(cache=True, inline="always")
+def _block_sum(values: np.ndarray, start: int, stop: int) -> float:
+    """sum(values[start:stop]) of at most 128 items, added in numpy's order (one by one up to 7,
+    else 8 partial sums)."""
+    n = stop - start
+    if n < 8:
+        total = 0.0
+        for i in range(start, stop):
+            total += values[i]
+        return total
+    r0, r1, r2, r3 = values[start], values[start + 1], values[start + 2], values[start + 3]
+    r4, r5, r6, r7 = values[start + 4], values[start + 5], values[start + 6], values[start + 7]
+    i = start + 8
+    while i < stop - n % 8:
+        r0 += values[i]
+        r1 += values[i + 1]
+        r2 += values[i + 2]
+        r3 += values[i + 3]
+        r4 += values[i + 4]
+        r5 += values[i + 5]
+        r6 += values[i + 6]
+        r7 += values[i + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for j in range(i, stop):
+        total += values[j]
+    return total
 
-    Every run on the same matrix meets it in one product, S @ [P(i|c) of run 1 | ... | run R]:
-    S is read once for all of them. That, and doing each step's element-wise work for all runs
-    in one call, is what makes the restarts (and several methods' matrices) cheap."""
+
+@numba.njit(cache=True, inline="always")
+def _pairwise_sum(values: np.ndarray) -> float:
+    """sum(values) added in numpy's order, so the normalisation rounds exactly as numpy's
+    `sum(axis=-1)`: blocks of at most 128 items (`_block_sum`), longer rows halved at a multiple
+    of 8 and the halves' sums added. The halving walks an explicit stack: numba cannot cache a
+    recursive function."""
+    if len(values) <= 128:
+        return _block_sum(values, 0, len(values))
+    starts, stops = np.empty(192, np.int64), np.empty(192, np.int64)   # stop -1: add the last two sums
+    sums = np.empty(64)
+    starts[0], stops[0], pending, done = 0, len(values), 1, 0
+    while pending:
+        pending -= 1
+        start, stop = starts[pending], stops[pending]
+        if stop < 0:
+            done -= 1
+            sums[done - 1] += sums[done]
+        elif stop - start <= 128:
+            sums[done] = _block_sum(values, start, stop)
+            done += 1
+        else:
+            half = (stop - start) // 2
+            half -= half % 8
+            starts[pending], stops[pending] = 0, -1
+            starts[pending + 1], stops[pending + 1] = start + half, stop
+            starts[pending + 2], stops[pending + 2] = start, start + half
+            pending += 3
+    return sums[0]
+
+
+@numba.njit(cache=True, nogil=True)
+def _settle(similarities: np.ndarray, assignment: np.ndarray, matrix_of_run: np.ndarray, beta: np.ndarray,
+            tol: float, max_iter: int) -> np.ndarray:
+    """Iterates P(c|i) ∝ P(c) exp{beta [2 s(c;i) - s(c)]} on each run's assignments [R, N, k] (in
+    place; run r on `similarities[matrix_of_run[r]]`, [M, N, N], at its beta) until the run's
+    largest change is below `tol`, or `max_iter` times. Returns each run's number of updates.
+
+    Compiled because at these sizes (N ~ 20-800 items, k ~ 5-12) numpy's element-wise steps cost
+    more than the product: each is a pass over the [R, N, k] arrays plus a call, a dozen per
+    update, thousands of updates per article. Here an update is the product and one pass over each
+    run. Every run on the same matrix still meets it in one product, S @ [P(i|c) of run 1 | ... |
+    run R], and every sum adds in numpy's order, so the result is the numpy formulation's to the
+    last bit (where numpy's exp is the C library's, as on x86 without AVX-512)."""
     n_runs, n_items, n_clusters = assignment.shape
-    mass = assignment.sum(axis=1)
-    p_cluster = mass / n_items
-    p_item_given_cluster = assignment / np.where(mass > 0, mass, 1.0)[:, None, :]
-    item_to_cluster = np.empty_like(assignment)
-    for matrix in np.unique(matrix_of_run):
-        runs = np.flatnonzero(matrix_of_run == matrix)
-        side_by_side = p_item_given_cluster[runs].transpose(1, 0, 2).reshape(n_items, len(runs) * n_clusters)
-        product = similarities[matrix] @ side_by_side
-        item_to_cluster[runs] = product.reshape(n_items, len(runs), n_clusters).transpose(1, 0, 2)
-    within_cluster = np.einsum("ric,ric->rc", p_item_given_cluster, item_to_cluster)
-    return p_cluster, item_to_cluster, within_cluster
+    active = np.ones(n_runs, dtype=np.bool_)
+    updates = np.zeros(n_runs, dtype=np.int64)
+    mass = np.empty(n_clusters)
+    within_cluster = np.empty(n_clusters)
+    unnormalised = np.empty(n_clusters)
+    for _ in range(max_iter):
+        for matrix in range(similarities.shape[0]):
+            runs = np.flatnonzero(active & (matrix_of_run == matrix))
+            if len(runs) == 0:
+                continue
+            width = len(runs) * n_clusters
+            side_by_side = np.empty((n_items, width))   # P(i|c) of each run
+            log_prior = np.empty((len(runs), n_clusters))
+            for slot, run in enumerate(runs):
+                first = slot * n_clusters
+                mass[:] = 0.0
+                for i in range(n_items):
+                    for c in range(n_clusters):
+                        mass[c] += assignment[run, i, c]
+                for c in range(n_clusters):
+                    log_prior[slot, c] = np.log(mass[c] / n_items)
+                    if not mass[c] > 0:
+                        mass[c] = 1.0
+                for i in range(n_items):
+                    for c in range(n_clusters):
+                        side_by_side[i, first + c] = assignment[run, i, c] / mass[c]
+            product = np.dot(similarities[matrix], side_by_side)   # s(c; i) of each run
+            for slot, run in enumerate(runs):
+                first = slot * n_clusters
+                within_cluster[:] = 0.0
+                for i in range(n_items):
+                    for c in range(n_clusters):
+                        within_cluster[c] += side_by_side[i, first + c] * product[i, first + c]
+                change = 0.0
+                for i in range(n_items):
+                    largest = -np.inf
+                    for c in range(n_clusters):
+                        logit = log_prior[slot, c] + beta[run] * (2.0 * product[i, first + c] - within_cluster[c])
+                        unnormalised[c] = logit
+                        largest = max(largest, logit)
+                    for c in range(n_clusters):
+                        unnormalised[c] = np.exp(unnormalised[c] - largest)
+                    norm = _pairwise_sum(unnormalised)
+                    for c in range(n_clusters):
+                        updated = unnormalised[c] / norm
+                        change = max(change, abs(updated - assignment[run, i, c]))
+                        assignment[run, i, c] = updated
+                updates[run] += 1
+                if not change >= tol:
+                    active[run] = False
+        if not active.any():
+            break
+    return updates
 
 
-def _self_consistent_update(similarities: list[np.ndarray], assignment: np.ndarray, matrix_of_run: np.ndarray,
-                            beta: np.ndarray) -> np.ndarray:
-    """One application of P(c|i) ∝ P(c) exp{beta [2 s(c;i) - s(c)]} (beta = 1/T, one per run) to
-    each run's assignments [R, N, k]."""
-    p_cluster, item_to_cluster, within_cluster = _run_similarities(similarities, assignment, matrix_of_run)
-    with np.errstate(divide="ignore"):
-        log_prior = np.log(p_cluster)
-    logits = log_prior[:, None, :] + beta[:, None, None] * (2.0 * item_to_cluster - within_cluster[:, None, :])
-    unnormalised = np.exp(logits - logits.max(axis=2, keepdims=True))
-    return unnormalised / unnormalised.sum(axis=2, keepdims=True)
-
-
-def _anneal(similarities: list[np.ndarray], n_clusters: int, config: IclustConfig, seeds: list[int]) -> np.ndarray:
+def _anneal(similarities: list[np.ndarray], n_clusters: int, config: IclustConfig,
+            seeds: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Soft assignments P(c|i) [M, R, N, k] after cooling from config.t_start to config.t_end: R
     annealing runs (one per seed) on each of M similarity matrices of the same N items, all
-    cooled together. Each run draws its seed's noise and stops iterating at its own fixed point,
-    exactly as if it ran alone; only the steps' array operations are shared."""
+    cooled together; and each run's number of updates at each temperature [T, M, R]. Each run
+    draws its seed's noise and stops iterating at its own fixed point, exactly as if it ran
+    alone; only the products are shared."""
     n_items = similarities[0].shape[0]
     off_diagonal = ~np.eye(n_items, dtype=bool)
     spreads = np.array([float(similarity[off_diagonal].std()) if n_items > 1 else 0.0 for similarity in similarities])
     spreads[spreads == 0] = 1.0
     matrix_of_run = np.repeat(np.arange(len(similarities)), len(seeds))
     spread_of_run = spreads[matrix_of_run]
+    stacked = np.stack(similarities)
     generators = [np.random.default_rng(seed) for seed in seeds]
     assignment = np.full((len(matrix_of_run), n_items, n_clusters), 1.0 / n_clusters)
+    updates = []
     temperature = config.t_start
     while temperature >= config.t_end:
         beta = 1.0 / (temperature * spread_of_run)
         noise = np.stack([generator.random((n_items, n_clusters)) for generator in generators])
         assignment = assignment + config.perturbation * np.tile(noise, (len(similarities), 1, 1)) / n_clusters
         assignment /= assignment.sum(axis=2, keepdims=True)
-        iterating = np.arange(len(matrix_of_run))
-        for _ in range(config.max_iter):
-            updated = _self_consistent_update(similarities, assignment[iterating], matrix_of_run[iterating],
-                                              beta[iterating])
-            change = np.abs(updated - assignment[iterating]).max(axis=(1, 2))
-            assignment[iterating] = updated
-            iterating = iterating[change >= config.tol]
-            if not len(iterating):
-                break
+        updates.append(_settle(stacked, assignment, matrix_of_run, beta, config.tol, config.max_iter))
         temperature *= config.cooling
-    return assignment.reshape(len(similarities), len(seeds), n_items, n_clusters)
+    return (assignment.reshape(len(similarities), len(seeds), n_items, n_clusters),
+            np.reshape(updates, (len(updates), len(similarities), len(seeds))))
 
 
 def _fill_empty_clusters(
@@ -142,7 +239,7 @@ def _fill_empty_clusters(
         splittable = np.flatnonzero(sizes > 1)
         target = splittable[np.argmin(within_cluster[splittable])]
         members = np.flatnonzero(labels == target)
-        halves = _anneal([similarity[np.ix_(members, members)]], 2, config, [config.seed])[0, 0].argmax(axis=1)
+        halves = _anneal([similarity[np.ix_(members, members)]], 2, config, [config.seed])[0][0, 0].argmax(axis=1)
         if halves.min() == halves.max():
             fit = 2.0 * item_to_cluster[members, target] - within_cluster[target]
             halves = (np.arange(len(members)) == np.argmin(fit)).astype(np.int64)
@@ -173,6 +270,14 @@ def iclust_many(similarities: list[np.ndarray], n_clusters: int,
     """`iclust` of each of several [N, N] similarity matrices of the same N items (one article's
     sentences by several methods), with the same labels as one call each, in a fraction of the time:
     all their restarts anneal together."""
+    return iclust_with_updates(similarities, n_clusters, config)[0]
+
+
+def iclust_with_updates(similarities: list[np.ndarray], n_clusters: int,
+                        config: IclustConfig = IclustConfig()) -> tuple[list[np.ndarray], np.ndarray]:
+    """`iclust_many`'s labels, and how many self-consistent updates each annealing run made at each
+    temperature [T, M, R] (R = config.n_init; none when n_clusters is 1): the measure of its work,
+    one [N, N] x [N, k] product per update (eval.benchmark). A bisection's updates are not counted."""
     similarities = [np.asarray(similarity, dtype=np.float64) for similarity in similarities]
     for similarity in similarities:
         if similarity.ndim != 2 or similarity.shape[0] != similarity.shape[1]:
@@ -184,13 +289,14 @@ def iclust_many(similarities: list[np.ndarray], n_clusters: int,
     if not 1 <= n_clusters <= n_items:
         raise ValueError(f"iclust needs 1 <= n_clusters <= number of items ({n_items}), got {n_clusters}")
     if n_clusters == 1:
-        return [np.zeros(n_items, dtype=np.int64) for _ in similarities]
+        return ([np.zeros(n_items, dtype=np.int64) for _ in similarities],
+                np.zeros((0, len(similarities), config.n_init), dtype=np.int64))
     seeds = [config.seed + restart for restart in range(config.n_init)]
     labelled = []
     # One BLAS thread: on these small matrices threads cost more than they give (and Beam runs
     # several articles side by side).
     with threadpool_limits(limits=1, user_api="blas"):
-        annealed = _anneal(similarities, n_clusters, config, seeds)
+        annealed, updates = _anneal(similarities, n_clusters, config, seeds)
         for similarity, runs in zip(similarities, annealed):
             best_labels, best_objective = None, -np.inf
             for seed, assignment in zip(seeds, runs):   # the restart with the best objective wins
@@ -199,7 +305,7 @@ def iclust_many(similarities: list[np.ndarray], n_clusters: int,
                 if objective > best_objective:
                     best_labels, best_objective = labels, objective
             labelled.append(np.unique(best_labels, return_inverse=True)[1].astype(np.int64))
-    return labelled
+    return labelled, updates
 
 
 def hard_objective(similarity: np.ndarray, labels: np.ndarray, n_clusters: int) -> float:

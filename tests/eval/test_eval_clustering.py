@@ -134,3 +134,65 @@ def test_batched_iclust_gives_the_labels_of_one_restart_at_a_time(embedded_pipel
             np.testing.assert_array_equal(batched, reference_scoring.iclust(similarity, k), err_msg=record.title)
             compared += 1
     assert compared == 8
+
+
+def test_pairwise_sum_adds_in_numpys_order():
+    """The compiled normalisation sums each row as numpy's `sum(axis=-1)` does (8 partial sums,
+    halves past 128 items), so it rounds the same: equal to the last bit at every length."""
+    from eval.iclust import _pairwise_sum
+
+    rng = np.random.default_rng(0)
+    for n in [*range(1, 140), 255, 256, 300, 1031]:
+        row = rng.standard_normal(n) * 10.0 ** rng.uniform(-8, 8, n)
+        assert _pairwise_sum(row) == np.stack([row, row]).sum(axis=-1)[0], n
+
+
+def test_compiled_fixed_point_iteration_is_the_numpy_update_per_run():
+    """`_settle` (all runs of two matrices side by side, compiled) against the numpy update of
+    `reference_scoring` applied to each run alone: the same number of updates before each run's
+    largest change falls below tol, and the same assignments (to the last bit where numpy's exp is
+    the C library's; numpy's own AVX-512 exp may differ in the last bit)."""
+    from eval.iclust import _settle
+
+    rng = np.random.default_rng(4)
+    similarities = [planted([6, 9, 5], within=0.6, between=0.3, noise=0.2, seed=seed)[1] for seed in (1, 2)]
+    start = rng.random((6, 20, 3))
+    start /= start.sum(axis=2, keepdims=True)
+    matrix_of_run = np.repeat([0, 1], 3)
+    beta = np.array([2.0, 5.0, 20.0, 2.0, 5.0, 20.0]) / 0.2
+    settled = start.copy()
+    updates = _settle(np.stack(similarities), settled, matrix_of_run, beta, 1e-5, 200)
+    for run in range(6):
+        assignment, count = start[run], 0
+        while count < 200:
+            updated = reference_scoring._self_consistent_update(similarities[matrix_of_run[run]], assignment, beta[run])
+            change, assignment, count = np.abs(updated - assignment).max(), updated, count + 1
+            if change < 1e-5:
+                break
+        assert updates[run] == count
+        np.testing.assert_allclose(settled[run], assignment, rtol=1e-12, atol=1e-300)
+
+
+def test_iclust_gives_the_reference_labels_on_edge_cases():
+    """Labels equal the numpy implementation's (`reference_scoring.iclust`, one restart at a time)
+    on small and degenerate inputs: k = N, two items, identical items (empty slots after annealing,
+    so the bisection fills them), low-rank similarities, and two matrices clustered together."""
+    from eval.iclust import _anneal
+
+    rng = np.random.default_rng(5)
+    unit = rng.standard_normal((24, 3))
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    cases = [
+        ([planted([4, 6, 5, 7], within=0.55, between=0.3, noise=0.25, seed=2)[1]], 4),
+        ([planted([1, 1, 1], within=0.6, between=0.3, noise=0.2, seed=3)[1]], 3),   # k = N
+        ([np.array([[1.0, 0.2], [0.2, 1.0]])], 2),
+        ([np.ones((9, 9))], 4),
+        ([unit @ unit.T], 7),
+        ([planted([5, 8, 6], within=0.6, between=0.3, noise=0.3, seed=seed)[1] for seed in (6, 7)], 3),
+    ]
+    config = IclustConfig(n_init=3)
+    for similarities, k in cases:
+        for labels, similarity in zip(iclust_many(similarities, k, config), similarities):
+            np.testing.assert_array_equal(labels, reference_scoring.iclust(similarity, k, config), err_msg=str(k))
+    annealed = _anneal([np.ones((9, 9))], 4, config, [0, 1, 2])[0][0]
+    assert any(len(np.unique(run.argmax(axis=1))) < 4 for run in annealed)   # the bisection path ran
