@@ -1,12 +1,17 @@
 """Throughput of the SCB scoring job: sentences per second, per method, on this machine.
 
     python -m eval.benchmark --data OUT [--encoder SPEC ...] [--model-dir DIR ...] [--output DIR]
+        [--max-articles N] [--encode-only true]
 
 For each method separately it times (1) encoding alone: `encode` over every SCB article, as the
 job calls it, and (2) the whole Beam job (DirectRunner: read, encode, three clusterings x two
 variants, metrics, write; encoding each distinct sentence once into the job's embedding cache),
 and prints sentences/s for both and the share of the job spent
 encoding. Sentences are counted by the job's own `scb_eval_sentences_scored` counter.
+
+`--max-articles N` times a seeded sample of N articles (the SCB job's own sample); `--encode-only
+true` times encoding alone, each method's sentences/s also as a multiple of the first method's
+(the encoding cost of a distilled student beside its teacher, of a BiLSTM beside a transformer).
 
 A second table gives each clustering's milliseconds per article (both variants, the calls of
 `eval.clustering` on one method's embeddings), and Iclust's rate on its products (2 N^2 k FLOPs
@@ -72,7 +77,20 @@ def clustering_seconds(record, embeddings, seed: int = 0) -> Counter:
     return spent
 
 
-def benchmark_method(spec: str, data: str, articles: list, output: str, peak_gflops: float) -> dict:
+def encoding_speed(spec: str, articles: list) -> dict:
+    """Sentences/s of `encode` over the articles' sentences, one call per article as the job makes
+    (after one warm-up article: the first call loads and traces the graph)."""
+    encoder = load_encoder(spec)
+    encoder.encode(list(articles[0].sentences))
+    start = time.perf_counter()
+    sentences = sum(len(encoder.encode(list(article.sentences))) for article in articles)
+    seconds = time.perf_counter() - start
+    return {"method": encoder.name, "articles": len(articles), "sentences": sentences, "encode_seconds": seconds,
+            "encode_sentences_per_s": sentences / seconds}
+
+
+def benchmark_method(spec: str, data: str, articles: list, output: str, peak_gflops: float,
+                     max_articles: int | None = None) -> dict:
     from apache_beam.io.filesystems import FileSystems
 
     from eval import scb
@@ -86,7 +104,7 @@ def benchmark_method(spec: str, data: str, articles: list, output: str, peak_gfl
         spent.update(clustering_seconds(article, embeddings))
     start = time.perf_counter()
     result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name),
-                                   methods=Methods(encoders=(spec,))),
+                                   methods=Methods(encoders=(spec,)), max_articles=max_articles),
                      ["--runner", "DirectRunner"])
     job_seconds = time.perf_counter() - start
     sentences = result["counters"]["scb_eval_sentences_scored"]
@@ -120,6 +138,9 @@ class ScbBenchmarkConfig:
     data: str = flag(help="the pipeline's --output (its manifest lists scb/)")
     methods: Methods = Methods()
     output: str | None = flag(None, help="where to keep the job outputs and benchmark.md; none = a temp dir")
+    max_articles: int | None = flag(None, help="time a seeded sample of this many SCB articles; none = all")
+    encode_only: bool = flag(False, help="time encoding alone (no clustering, no job), as multiples of the first "
+                                         "method's sentences/s too")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -131,10 +152,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     scb.check_scb_input(args.data)
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
-    articles = scb.read_articles(args.data)
+    articles = scb.read_articles(args.data, args.max_articles)
     specs = args.methods.specs()
+    if args.encode_only:
+        rows = [encoding_speed(spec, articles) for spec in specs]
+        table = markdown_table(
+            ["method", "articles", "sentences", "encode s", "encode sentences/s", "x the first method"],
+            [[r["method"], r["articles"], r["sentences"], r["encode_seconds"], r["encode_sentences_per_s"],
+              r["encode_sentences_per_s"] / rows[0]["encode_sentences_per_s"]] for r in rows])
+        write_text(FileSystems.join(output, "encoding.md"), "## Encoding speed\n\n" + table)
+        print(table)
+        return rows
     peak_gflops = matmul_peak_gflops()
-    rows = [benchmark_method(spec, args.data, articles, output, peak_gflops) for spec in specs]
+    rows = [benchmark_method(spec, args.data, articles, output, peak_gflops, args.max_articles) for spec in specs]
     table = markdown_table(
         ["method", "articles", "sentences", "encode s", "encode sentences/s", "job s", "job sentences/s",
          "encode share of job"],

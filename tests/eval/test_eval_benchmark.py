@@ -1,5 +1,6 @@
 """eval.benchmark's clustering measurement on a small article: what it times and how it reports it."""
 import numpy as np
+import pytest
 
 from eval.benchmark import clustering_markdown, clustering_seconds, matmul_peak_gflops
 from eval.iclust import IclustConfig, iclust_with_updates
@@ -36,3 +37,16 @@ def test_clustering_table_gives_each_methods_milliseconds_and_iclusts_share_of_t
 
 def test_the_matmul_peak_is_a_rate():
     assert matmul_peak_gflops(size=64, repeats=2) > 0
+
+
+@pytest.mark.slow   # the session's pipeline run
+def test_encode_only_times_each_method_on_the_sampled_articles(embedded_pipeline_output, tmp_path, capsys):
+    from eval.benchmark import main
+
+    rows = main(["--data", str(embedded_pipeline_output), "--encoder", "mean-vectors", "--encoder", "tfidf",
+                 "--max-articles", "2", "--encode-only", "true", "--output", str(tmp_path)])
+    assert [row["method"] for row in rows] == ["mean-vectors", "tfidf"]
+    assert {row["articles"] for row in rows} == {2} and rows[0]["sentences"] == rows[1]["sentences"] > 0
+    printed = capsys.readouterr().out
+    assert "| x the first method |" in printed and "| 1.000 |" in printed        # the first method against itself
+    assert (tmp_path / "encoding.md").read_text().startswith("## Encoding speed")
