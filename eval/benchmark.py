@@ -83,7 +83,9 @@ def encoding_speed(spec: str, articles: list) -> dict:
     encoder = load_encoder(spec)
     encoder.encode(list(articles[0].sentences))
     start = time.perf_counter()
-    sentences = sum(len(encoder.encode(list(article.sentences))) for article in articles)
+    for article in articles:
+        encoder.encode(list(article.sentences))
+    sentences = sum(len(article.sentences) for article in articles)
     seconds = time.perf_counter() - start
     return {"method": encoder.name, "articles": len(articles), "sentences": sentences, "encode_seconds": seconds,
             "encode_sentences_per_s": sentences / seconds}
