@@ -4,6 +4,8 @@ against triplets seen and CPU time). matplotlib (and TensorFlow, whose file API 
 load when a curve is drawn, not at import."""
 from __future__ import annotations
 
+import os
+
 
 def _pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display on a training machine)."""
@@ -65,6 +67,8 @@ def plot_learning_curve(summary: dict, path: str) -> None:
     axes[0].set_ylabel(f"validation triplet accuracy ({summary['distance']})")
     axes[0].legend()
     network = f"BiLSTM {config['lstm_units']}" if config["encoder"] == "bilstm" else f"{config['encoder']} fine-tuned"
+    if config.get("teacher"):
+        network += f" distilled from {os.path.basename(config['teacher'].rstrip('/'))}"
     figure.suptitle(f"{config['dataset']}: learning curve ({network}, batch "
                     f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
     figure.tight_layout()
