@@ -271,21 +271,17 @@ def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1,
 
     inputs = {"sentences": tf.stack([_pad_sentences(pad_ids(sentences, width), rows) for sentences, *_ in blocks]),
               "roles": tf.stack([_pad_rows(roles, triplets) for _, roles, *_ in blocks]),
-              "sections": tf.stack([_pad_sections(sections, rows) for _, _, sections, _ in blocks])}
+              "sections": tf.stack([_pad_rows(sections, rows, NO_SECTION) for _, _, sections, _ in blocks])}
     if teacher is not None:
         inputs["teacher"] = tf.stack([_pad_rows(teacher(strings), rows) for *_, strings in blocks])
     weights = tf.concat([_pad_rows(tf.ones(tf.shape(roles)[:1]), triplets) for _, roles, *_ in blocks], axis=0)
     return inputs, tf.zeros([replicas * triplets], tf.int32), weights
 
 
-def _pad_rows(tensor: tf.Tensor, size) -> tf.Tensor:
-    """`tensor` with zero rows appended up to `size` rows."""
-    return tf.pad(tensor, [[0, size - tf.shape(tensor)[0]]] + [[0, 0]] * (len(tensor.shape) - 1))
-
-
-def _pad_sections(sections: tf.Tensor, size) -> tf.Tensor:
-    """Section keys [s] padded to `size` with `NO_SECTION` (the rows `_pad_sentences` adds)."""
-    return tf.pad(sections, [[0, size - tf.shape(sections)[0]]], constant_values=NO_SECTION)
+def _pad_rows(tensor: tf.Tensor, size, value=0) -> tf.Tensor:
+    """`tensor` with rows of `value` appended up to `size` rows (section keys: `NO_SECTION`)."""
+    return tf.pad(tensor, [[0, size - tf.shape(tensor)[0]]] + [[0, 0]] * (len(tensor.shape) - 1),
+                  constant_values=value)
 
 
 def _pad_sentences(sentences: tf.Tensor, size) -> tf.Tensor:
@@ -324,7 +320,8 @@ def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size
         return tf.reshape(pad_triplets(tf.reshape(per_triplet, [replicas, -1])), [-1])
 
     padded_inputs = {"sentences": padded, "roles": pad_triplets(roles),
-                     "sections": tf.stack([_pad_sections(block, rows) for block in tf.unstack(sections, replicas)])}
+                     "sections": tf.stack([_pad_rows(block, rows, NO_SECTION)
+                                           for block in tf.unstack(sections, replicas)])}
     if "teacher" in inputs:
         padded_inputs["teacher"] = tf.stack([_pad_rows(block, rows)
                                              for block in tf.unstack(inputs["teacher"], replicas)])

@@ -276,6 +276,8 @@ def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: Word
     batches = training_batches(triplets, word_ids, config.optimizer.batch_size, replicas=replicas,
                                article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
                                static_shapes=config.runtime.static_shapes, teacher=teacher)
+    if teacher is not None:   # the teacher embeds these sentences once, not at every count and epoch
+        batches = batches.cache()
     return distributed_by_blocks(with_known_length(batches))
 
 
