@@ -30,6 +30,7 @@ DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tp
 VOCABULARIES = ("embeddings", "train")
 # Net: the paper's BiLSTM over word vectors, or a pre-trained transformer checkpoint fine-tuned.
 ENCODERS = ("bilstm", "minilm")
+MINILM_LAYERS = 6   # all-MiniLM-L6-v2's transformer layers (its config.json num_hidden_layers)
 DISTANCES = ("l1", "cosine")
 # `--loss`: the paper's triplet loss, the in-batch loss, or their sum (`model.network.LOSSES`).
 LOSS_NAMES = ("triplet", "in-batch", "sum")
@@ -102,6 +103,9 @@ class NetworkConfig:
     fine_tune_embeddings: bool = flag(False, help="train the word vectors too (the paper keeps them frozen)")
     frozen_layers: int = flag(0, help="--encoder minilm: the embeddings and this many lowest transformer layers "
                                       "are not trained (0 = all are)")
+    transformer_layers: int | None = flag(None, help="--encoder minilm: keep only the checkpoint's lowest N of its "
+                                                     "6 transformer layers, a smaller and faster Net (a distilled "
+                                                     "student's); none = all")
 
     def __post_init__(self):
         if self.encoder not in ENCODERS:
@@ -113,6 +117,9 @@ class NetworkConfig:
             raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
         if self.frozen_layers < 0:
             raise ValueError(f"--frozen-layers must be >= 0, got {self.frozen_layers}")
+        if self.transformer_layers is not None and not 1 <= self.transformer_layers <= MINILM_LAYERS:
+            raise ValueError(f"--transformer-layers must be in 1..{MINILM_LAYERS} or none, "
+                             f"got {self.transformer_layers}")
 
 
 @dataclass(frozen=True, kw_only=True)

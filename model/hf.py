@@ -110,15 +110,21 @@ def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_to
                                 card: str) -> str:
     """Writes the folder to `<output>.partial`, then renames it into place (a kill leaves the
     previous export or none). `checkpoint`: the pre-trained checkpoint's folder, whose
-    `config.json` and tokenizer files the fine-tuned model keeps. Returns `output`."""
+    `config.json` (with the backbone's layer count) and tokenizer files the fine-tuned model keeps.
+    Returns `output`."""
     from safetensors.numpy import save_file
 
     backbone = backbone_of(encoder)
     partial = f"{output.rstrip('/')}.partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(f"{partial}/1_Pooling")
-    for name in ("config.json", *TOKENIZER_FILES):
+    for name in TOKENIZER_FILES:
         shutil.copyfile(os.path.join(checkpoint, name), os.path.join(partial, name))
+    with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["num_hidden_layers"] = backbone.num_layers   # fewer than the checkpoint's for a layer-reduced student
+    with open(f"{partial}/config.json", "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2)
     save_file(hf_bert_weights(backbone), f"{partial}/model.safetensors", metadata={"format": "pt"})
     for path, value in sentence_transformers_files(int(encoder.output_shape[-1]), max_tokens, similarity).items():
         with open(f"{partial}/{path}", "w", encoding="utf-8") as handle:

@@ -307,8 +307,8 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None):
     """(sentence encoder, compiled triplet model); call inside the strategy's scope. `matrix`:
     the word vectors of the BiLSTM (None for a transformer checkpoint). With `teacher_dim` (a
-    distillation), Net ends in a linear projection to the teacher's size, as
-    sentence-transformers' distillation adds a Dense layer where the sizes differ."""
+    distillation), Net ends in a linear projection to the teacher's size where the sizes differ,
+    as sentence-transformers' distillation adds a Dense layer."""
     import keras
 
     from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
@@ -322,8 +322,8 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
         from model.transformer import build_transformer_encoder
 
         encoder = build_transformer_encoder(network.encoder, frozen_layers=network.frozen_layers,
-                                            dropout=config.resolved("dropout"))
-    if teacher_dim:
+                                            dropout=config.resolved("dropout"), layers=network.transformer_layers)
+    if teacher_dim and teacher_dim != encoder.output_shape[-1]:
         encoder = keras.Model(encoder.inputs, keras.layers.Dense(teacher_dim, name="projection")(encoder.outputs[0]),
                               name="student")
     model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=static_shapes,

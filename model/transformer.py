@@ -85,16 +85,21 @@ def token_ids(max_tokens: int = 64, name: str = "minilm") -> BertIds:
     return BertIds(os.path.join(checkpoint_dir(name), "vocab.txt"), max_tokens)
 
 
-def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0,
-                              dropout: float | None = None) -> keras.Model:
+def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0, dropout: float | None = None,
+                              layers: int | None = None) -> keras.Model:
     """Net: int wordpiece ids [n, t] (0 = padding) -> float32 [n, hidden]: the pre-trained
     backbone's token states averaged over the non-padding tokens (Keras' masked
     GlobalAveragePooling1D), as sentence-transformers pools this checkpoint. `frozen_layers`:
-    the embeddings and that many lowest transformer layers are not trained (0 = all are)."""
+    the embeddings and that many lowest transformer layers are not trained (0 = all are).
+    `layers`: keep only the checkpoint's lowest that many transformer layers (None = all), the
+    layer-reduced student of sentence-transformers' distillation examples: keras-hub's reader
+    loads layers 0..layers-1 and ignores the rest."""
     import keras_hub
 
-    backbone = keras_hub.models.BertBackbone.from_preset(checkpoint_dir(name), load_weights=True,
-                                                        **({"dropout": dropout} if dropout is not None else {}))
+    overrides = {"dropout": dropout} if dropout is not None else {}
+    if layers is not None:
+        overrides["num_layers"] = layers
+    backbone = keras_hub.models.BertBackbone.from_preset(checkpoint_dir(name), load_weights=True, **overrides)
     if frozen_layers:
         for layer in backbone.layers:
             if layer.name.startswith(("token_embedding", "position_embedding", "segment_embedding",
