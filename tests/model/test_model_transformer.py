@@ -162,6 +162,27 @@ def test_model_export_rewrites_the_same_folder_from_the_model_dir(fine_tuned, tm
         np.testing.assert_array_equal(written[name], at_train[name])
 
 
+def test_a_layer_reduced_net_keeps_the_checkpoints_lowest_layers_and_exports_them(tmp_path, reference_tokenizer):
+    from model.hf import write_sentence_transformers
+
+    with pytest.raises(ValueError, match="--transformer-layers must be in 1..6"):
+        TrainConfig.from_flags(data="d", model_dir="m", encoder="minilm", transformer_layers=7)
+    reduced = build_transformer_encoder(layers=2).get_layer(index=1)
+    full = build_transformer_encoder().get_layer(index=1)
+    assert (reduced.num_layers, full.num_layers) == (2, 6)
+    for name in ("token_embedding", "transformer_layer_0", "transformer_layer_1"):
+        for kept, checkpoint in zip(reduced.get_layer(name).weights, full.get_layer(name).weights):
+            np.testing.assert_array_equal(kept.numpy(), checkpoint.numpy())
+
+    encoder = build_transformer_encoder(layers=2)
+    folder = write_sentence_transformers(encoder, checkpoint_dir(), str(tmp_path / "st"), max_tokens=32,
+                                         similarity="cosine", card="")
+    assert json.loads((tmp_path / "st" / "config.json").read_text())["num_hidden_layers"] == 2
+    sentences = HARD_SENTENCES[:3]
+    by_keras_hub = _keras_hub_embeddings(folder, sentences, reference_tokenizer, max_tokens=32)
+    np.testing.assert_allclose(by_keras_hub, encoder(token_ids(32)(tf.constant(sentences))).numpy(), atol=1e-5)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None,
                     reason="sentence-transformers (PyTorch) not installed: docs/export.md runs this check")
 def test_sentence_transformers_loads_the_export(fine_tuned, embedded_pipeline_output):
