@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from model.encoders import Methods, check_encoder_specs
+from model.encoders import Methods, check_encoder_specs, named_model_dir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
 
 
@@ -40,13 +40,11 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
     from apache_beam.io.filesystems import FileSystems
 
     histories = {}
-    for entry in model_dirs:
-        name, separator, path = entry.partition("=")
-        path = path if separator else entry
+    for name, path in map(named_model_dir, model_dirs):
         history = f"{path.rstrip('/')}/history.json"
         if FileSystems.exists(history):
             with FileSystems.open(history) as handle:
-                histories[name if separator else path.rstrip("/").rsplit("/", 1)[-1]] = json.load(handle)
+                histories[name] = json.load(handle)
     return histories
 
 
@@ -137,7 +135,7 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
     if histories:
         write_figure(FileSystems.join(args.output, "learning_curves.png"), learning_curves_figure(histories))
         sections.append("## Learning curves\n\n![learning curves](learning_curves.png)\n")
-    methods = args.methods.specs()
+    methods = [str(spec) for spec in args.methods.specs()]   # as flag text, in the report and report.json
     header = (f"# Evaluation report\n\nData: `{args.data}`. Methods: {', '.join(f'`{m}`' for m in methods)}.\n"
               + scale_lines(triplet_result["triplets"], scb_result["articles"], sick_result)
               + f"Wall time: {', '.join(f'{step} {value:.1f} s' for step, value in seconds.items())} "

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from model.encoders import Methods, load_encoder
+from model.encoders import EncoderSpec, Methods, load_encoder
 from pipeline.cli import flag, parse_config, run_cli
 
 
@@ -77,7 +77,7 @@ def clustering_seconds(record, embeddings, seed: int = 0) -> Counter:
     return spent
 
 
-def encoding_speed(spec: str, articles: list) -> dict:
+def encoding_speed(spec: EncoderSpec, articles: list) -> dict:
     """Sentences/s of `encode` over the articles' sentences, one call per article as the job makes
     (after one warm-up article: the first call loads and traces the graph)."""
     encoder = load_encoder(spec)
@@ -91,7 +91,7 @@ def encoding_speed(spec: str, articles: list) -> dict:
             "encode_sentences_per_s": sentences / seconds}
 
 
-def benchmark_method(spec: str, data: str, articles: list, output: str, peak_gflops: float,
+def benchmark_method(spec: EncoderSpec, data: str, articles: list, output: str, peak_gflops: float,
                      max_articles: int | None = None) -> dict:
     from apache_beam.io.filesystems import FileSystems
 
@@ -106,7 +106,7 @@ def benchmark_method(spec: str, data: str, articles: list, output: str, peak_gfl
         spent.update(clustering_seconds(article, embeddings))
     start = time.perf_counter()
     result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name),
-                                   methods=Methods(encoders=(spec,)), max_articles=max_articles),
+                                   methods=Methods(encoders=(str(spec),)), max_articles=max_articles),
                      ["--runner", "DirectRunner"])
     job_seconds = time.perf_counter() - start
     sentences = result["counters"]["scb_eval_sentences_scored"]

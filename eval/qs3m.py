@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from model.encoder import SentenceEncoder
-from model.encoders import load_encoders
+from model.encoders import EncoderSpec, load_encoders
 from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     spec = config.encoder
     if spec == "from-model":
         spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
-    (encoder,) = load_encoders([spec])
+    (encoder,) = load_encoders([EncoderSpec.parse(spec)])
     from eval.report import claim_report_folder
     from pipeline.published import reading_if_run
 

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from model.encoders import Methods, check_encoder_specs, method_names
+from model.encoders import EncoderSpec, Methods, check_encoder_specs, method_names
 from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
@@ -173,7 +173,7 @@ def scb_files(data: str) -> list[str]:
         raise FileNotFoundError(str(error)) from None
 
 
-def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[str] | None = None) -> None:
+def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[EncoderSpec] | None = None) -> None:
     """read SCB -> parse (dead letters aside) -> [seeded sample] -> embed by each method -> score
     per article -> rows as JSON lines. `specs`: the methods' encoders (default: the config's).
 
@@ -272,7 +272,7 @@ def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
     return differences
 
 
-def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[str] | None = None) -> dict:
+def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[EncoderSpec] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result.
     `specs`: the methods' encoders, e.g. eval.all's cached embeddings; by default each method
     embeds the scored articles' distinct sentences once (`model.embedding_cache`)."""

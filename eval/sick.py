@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from model.encoders import Methods, load_encoders
+from model.encoders import EncoderSpec, Methods, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 CLASSES = np.arange(1, 6)
@@ -224,7 +224,7 @@ def sick_sentences(splits: dict) -> list[str]:
     return list(dict.fromkeys(s for split in SICK_SPLITS for key in ("a", "b") for s in splits[split][key]))
 
 
-def run(config: SickConfig, specs: list[str] | None = None) -> dict:
+def run(config: SickConfig, specs: list[EncoderSpec] | None = None) -> dict:
     """Scores every method (`specs`: eval.all's cached embeddings; default: the config's
     encoders) and writes `<output>/sick.{json,md}` and the plot."""
     from eval.report import write_sick_report

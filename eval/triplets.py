@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from eval.intervals import comparisons, proportion_interval
-from model.encoders import Methods, check_encoder_specs, load_encoders
+from model.encoders import EncoderSpec, Methods, check_encoder_specs, load_encoders
 from pipeline import records
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.published import Run, check_record_count
@@ -139,7 +139,7 @@ def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
 
 
 def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
-        specs: list[str] | None = None) -> dict:
+        specs: list[EncoderSpec] | None = None) -> dict:
     """Scores every method and writes `<output>/triplets.{json,md}` and the plot; returns the result.
     eval.all passes the triplets it read and specs of the embeddings it cached for all its steps."""
     from apache_beam.io.filesystems import FileSystems  # Beam, pyarrow, matplotlib: after the flags parse

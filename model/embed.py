@@ -184,9 +184,11 @@ class ToRowsFn(beam.DoFn):
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
+    from model.encoders import EncoderSpec, SpecKind
     from model.inference import EncoderModelHandler
 
-    handler = KeyedModelHandler(EncoderModelHandler(f"saved:embed={args.model_dir}", args.min_batch, args.max_batch))
+    spec = EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,))
+    handler = KeyedModelHandler(EncoderModelHandler(spec, args.min_batch, args.max_batch))
     sentences, dead_letters = read_inputs(pipeline, args)
     (sentences
      | "Embed" >> RunInference(handler)

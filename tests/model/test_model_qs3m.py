@@ -9,7 +9,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from eval import qs3m as qs3m_eval
-from model.encoders import load_encoders
+from model.encoders import EncoderSpec, load_encoders
 from model.qs3m import data as qs3m_data
 from model.qs3m import network as qs3m_network
 from model.qs3m import train as qs3m
@@ -54,7 +54,7 @@ def write_passages(path, records, extra_lines=()):
 
 @pytest.fixture(scope="module")
 def mean_vectors():
-    (encoder,) = load_encoders(["mean-vectors"])
+    (encoder,) = load_encoders([EncoderSpec.parse("mean-vectors")])
     return encoder
 
 
