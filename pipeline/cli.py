@@ -24,8 +24,8 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
-from typing import Any, get_type_hints
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn, cast, get_type_hints
 
 
 class UsageError(ValueError):
@@ -73,7 +73,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse whose refusals are a `UsageError` (one `error:` line from `run_cli`, exit 2)
     rather than a usage block."""
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 
@@ -91,6 +91,12 @@ def _value_type(annotation: str) -> Callable[[str], Any]:
     return parse
 
 
+def _list_type(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    """A comma-separated list of `item`s (blank items dropped); a lambda, as argparse names it in
+    its `invalid <lambda> value` refusal."""
+    return lambda text: tuple(item(v) for v in text.split(",") if v.strip())
+
+
 def _nested_configs(config_type: type) -> dict[str, type]:
     """The fields of `config_type` whose type is a config (a dataclass): field name -> that type."""
     types = get_type_hints(config_type)
@@ -98,10 +104,10 @@ def _nested_configs(config_type: type) -> dict[str, type]:
             if dataclasses.is_dataclass(types[field.name])}
 
 
-def flag_fields(config_type: type) -> list[dataclasses.Field]:
+def flag_fields(config_type: type) -> list[dataclasses.Field[Any]]:
     """The fields that are flags, with those of nested configs in their place."""
     nested = _nested_configs(config_type)
-    fields = []
+    fields: list[dataclasses.Field[Any]] = []
     for field in dataclasses.fields(config_type):
         if field.name in nested:
             fields += flag_fields(nested[field.name])
@@ -125,7 +131,7 @@ def config_parser(config_type: type, prog: str, description: str) -> ArgumentPar
         elif isinstance(field.default, tuple):   # a comma-separated list of its default's item type
             item_type = type(field.default[0]) if field.default else str
             parser.add_argument(name, dest=field.name, default=field.default, metavar="A,B,...", help=help_text,
-                                type=lambda text, item=item_type: tuple(item(v) for v in text.split(",") if v.strip()))
+                                type=_list_type(item_type))
         elif str(field.type) == "bool":   # `--overwrite` or `--overwrite true|false`
             parser.add_argument(name, dest=field.name, type=_parse_bool, nargs="?", const=True,
                                 default=field.default, metavar="true|false", help=help_text)
@@ -147,7 +153,7 @@ def _current_spelling(argv: list[str], old_names: dict[str, str]) -> list[str]:
     return out
 
 
-def _built(config_type: type, values: dict) -> Any:
+def _built(config_type: type, values: dict[str, Any]) -> Any:
     """`config_type` from flag values by field name, each nested config built from its own."""
     nested = _nested_configs(config_type)
     kwargs = {}
@@ -155,13 +161,14 @@ def _built(config_type: type, values: dict) -> Any:
         if field.name in nested:
             kwargs[field.name] = _built(nested[field.name], values)
         elif field.metadata.get("repeatable"):
-            kwargs[field.name] = tuple(values.get(field.name) or field.default)
+            # a repeatable flag's field defaults to a tuple (`flag((), repeatable=True, ...)`)
+            kwargs[field.name] = tuple(values.get(field.name) or cast(Iterable[Any], field.default))
         elif field.name in values:
             kwargs[field.name] = values[field.name]
     return config_type(**kwargs)
 
 
-def build_config(config_type: type, values: dict) -> Any:
+def build_config(config_type: type, values: dict[str, Any]) -> Any:
     """`config_type` from the parsed flags' values (other keys ignored), nested configs built from
     their own fields; a value its `__post_init__` refuses (ValueError) is a UsageError."""
     try:
@@ -172,7 +179,7 @@ def build_config(config_type: type, values: dict) -> Any:
         raise UsageError(str(error)) from error
 
 
-def config_from_flags(config_type: type, values: dict) -> Any:
+def config_from_flags(config_type: type, values: dict[str, Any]) -> Any:
     """`config_type` as code writes it: flag values by field name, whichever nested config holds
     the field (`{"data": ..., "epochs": 1}`), the rest at their defaults. A name that is no flag
     of it is a TypeError; `__post_init__`'s refusals stay ValueErrors."""

@@ -55,7 +55,7 @@ def dump_parts(source_path: str) -> tuple[bytes, Iterator[bytes]]:
     return header, pages()
 
 
-_ID = re.compile(rb"<id>\s*\d+\s*</id>")
+_ID = re.compile(rb"<id>\s*(\d+)\s*</id>")
 _TITLE = re.compile(rb"<title>([^<]*)</title>")
 
 
@@ -67,7 +67,9 @@ def renumber_page(page_xml: bytes, copy: int, id_stride: int) -> bytes:
     if copy == 0:
         return page_xml
     match = _ID.search(page_xml)
-    page_id = int(re.search(rb"\d+", match.group(0)).group(0))
+    if match is None:
+        raise ValueError("a page without an <id> cannot be renumbered")
+    page_id = int(match.group(1))
     page_xml = page_xml[:match.start()] + b"<id>%d</id>" % (page_id + copy * id_stride) + page_xml[match.end():]
     return _TITLE.sub(lambda m: b"<title>%s (copy %d)</title>" % (m.group(1), copy), page_xml, count=1)
 
@@ -97,7 +99,7 @@ def write_multistream_dump(header: bytes, pages: Iterable[bytes], dump_path: str
             nonlocal streams
             for page_xml in batch:
                 page_id, title = page_id_and_title(page_xml)
-                index_lines.append(f"{offset}:{page_id}:{xml_unescape(title, _ENTITIES)}\n")
+                index_lines.append(f"{offset}:{page_id}:{xml_unescape(title or '', _ENTITIES)}\n")
             streams += 1
             return write_stream(b"".join(b"  " + page_xml + b"\n" for page_xml in batch))
 

@@ -124,7 +124,7 @@ def raw_chunks(path: str, start: int = 0, end: int | None = None) -> Iterator[by
             yield chunk
 
 
-def bz2_chunks(compressed_chunks: Iterable[bytes]) -> Iterator[bytes]:
+def bz2_chunks(compressed_chunks: Iterable[bytes]) -> Generator[bytes, None, None]:
     """Decompresses one or more concatenated bz2 streams, at most READ_CHUNK_BYTES at a time.
 
     Hand-written over `bz2.BZ2Decompressor` because the file readers fail quietly: Beam's

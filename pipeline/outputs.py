@@ -251,7 +251,7 @@ def write_manifest(out: str, counts: dict[str, int], orders: dict[str, dict] | N
             if broken:
                 raise ShardError(f"{meta.path}: {broken} after {count:,} records, as written by this run")
             shards.append(Shard(meta.path[len(out) + 1:], meta.size_in_bytes, count))
-        check_record_count(f"{out}/{folder}", sum(shard.records for shard in shards), n_records)
+        check_record_count(f"{out}/{folder}", sum(shard.records or 0 for shard in shards), n_records)
         outputs[folder] = Output(folder, n_records, tuple(shards), (orders or {}).get(folder))
     files = tuple(name for name in RUN_FILES if FileSystems.exists(f"{out}/{name}"))
     manifest = Manifest(MANIFEST_VERSION, outputs, dict(TRIPLET_FEATURES), STATS, files)

@@ -142,7 +142,7 @@ class Manifest:
                 _require(path.startswith(folder + "/"), where, f"{field}.shards[{i}]",
                          f"is {path}, outside its folder {folder}/")
                 seen.add(path)
-            per_shard = {}
+            per_shard: dict[str, list[int | None]] = {}
             for key in ("shard_bytes", "shard_records"):
                 if version == 1:
                     per_shard[key] = [None] * len(paths)
@@ -409,12 +409,12 @@ def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
             handle.write(data)
         return
     temporary = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
-    handle = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     try:
-        os.write(handle, data)
-        os.fsync(handle)
+        os.write(fd, data)
+        os.fsync(fd)
     finally:
-        os.close(handle)
+        os.close(fd)
     try:
         os.link(temporary, path) if exclusive else os.replace(temporary, path)
     finally:

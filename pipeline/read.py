@@ -113,8 +113,8 @@ class ReadDumpPages(beam.PTransform):
 
     def indexes(self) -> list[str]:
         """The multistream index of every input file, or [] when one has none (no known total)."""
-        found = [index for _, index in self.files]
-        return found if all(found) else []
+        found = [index for _, index in self.files if index]
+        return found if len(found) == len(self.files) else []
 
     def expand(self, pbegin):
         files = self.files

@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+from google.protobuf.message import Message
 
 from pipeline.rules import Article
 from pipeline.splits import SPLITS
@@ -102,10 +103,13 @@ message_type { name: "Example"
 """
 
 
-def _example_class():
+def _example_class() -> type[Message]:
     pool = descriptor_pool.DescriptorPool()  # private: no clash with TensorFlow's own registration
-    pool.Add(text_format.Parse(_TF_EXAMPLE_PROTO, descriptor_pb2.FileDescriptorProto()))
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+    file_proto = text_format.Parse(_TF_EXAMPLE_PROTO, descriptor_pb2.FileDescriptorProto())
+    # no-untyped-call: typeshed's protobuf stubs leave DescriptorPool's methods unannotated
+    pool.Add(file_proto)  # type: ignore[no-untyped-call]
+    descriptor = pool.FindMessageTypeByName("tensorflow.Example")  # type: ignore[no-untyped-call]
+    return message_factory.GetMessageClass(descriptor)
 
 
 Example = _example_class()
@@ -118,8 +122,10 @@ ARTICLE_FEATURES = ("title", "kind", "strategy", "article_id", "negative_article
 
 def _bytes_and_int64(shared: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The (bytes, int64) features that are shared, or set per triplet: split once, not per triplet."""
-    return tuple(tuple(name for name in names if (name in ARTICLE_FEATURES) == shared)
-                 for names in (BYTES_FEATURES, INT64_FEATURES))
+    def split(names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(name for name in names if (name in ARTICLE_FEATURES) == shared)
+
+    return split(BYTES_FEATURES), split(INT64_FEATURES)
 
 
 _SHARED, _PER_TRIPLET = _bytes_and_int64(shared=True), _bytes_and_int64(shared=False)
@@ -131,7 +137,7 @@ def triplet_examples(triplets: Sequence[Triplet]) -> list[bytes]:
     The shared features (`ARTICLE_FEATURES`) are built once per distinct value and copied into
     each example, a quarter of the cost of setting all fifteen features every time.
     """
-    shared: dict[tuple, object] = {}
+    shared: dict[tuple[object, ...], Message] = {}
     serialised = []
     for triplet in triplets:
         key = tuple(getattr(triplet, name) for name in ARTICLE_FEATURES)
@@ -143,7 +149,8 @@ def triplet_examples(triplets: Sequence[Triplet]) -> list[bytes]:
     return serialised
 
 
-def _add_features(example, triplet: Triplet, bytes_names: tuple[str, ...], int64_names: tuple[str, ...]):
+def _add_features(example: Any, triplet: Triplet, bytes_names: tuple[str, ...], int64_names: tuple[str, ...]) -> Any:
+    """`example`: an `Example`, whose fields (built at run time) the type checker cannot see."""
     feature = example.features.feature
     for name in bytes_names:
         feature[name].bytes_list.value.append(getattr(triplet, name).encode("utf-8"))
@@ -167,14 +174,14 @@ def _field(record: Any, name: str, kind: type | tuple[type, ...], where: str = "
     return value
 
 
-def _list_of(record: dict, name: str, kind: type, where: str = "") -> tuple:
+def _list_of(record: dict[str, Any], name: str, kind: type, where: str = "") -> tuple[Any, ...]:
     values = _field(record, name, list, where)
     if any(not isinstance(value, kind) or (isinstance(value, bool) and kind is int) for value in values):
         raise RecordError(f"field '{where}{name}' holds a value that is not a {kind.__name__}")
     return tuple(values)
 
 
-def _json_object(line: str | bytes) -> dict:
+def _json_object(line: str | bytes) -> Any:
     try:
         return json.loads(line)
     except json.JSONDecodeError as error:
@@ -282,7 +289,7 @@ def passages_record(article: Article) -> PassagesRecord:
     return PassagesRecord.from_article(article)
 
 
-def json_line(record: dict | ScbRecord | PassagesRecord) -> str:
+def json_line(record: dict[str, Any] | ScbRecord | PassagesRecord) -> str:
     """One JSON line of a record type or of a dict (a dead letter), keys sorted."""
     fields = dataclasses.asdict(record) if dataclasses.is_dataclass(record) else record
     return json.dumps(fields, ensure_ascii=False, sort_keys=True)

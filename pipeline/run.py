@@ -17,7 +17,7 @@ import io
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline import counters as counter_names
 from pipeline import progress, records
@@ -44,7 +44,7 @@ class OutputWriteError(DataLossError):
     """Writing the outputs failed (disk full, permission, credentials): nothing is published."""
 
 
-def io_failure(error: BaseException) -> OSError | None:
+def io_failure(error: BaseException | None) -> OSError | None:
     """The OSError behind a failed job (Beam re-raises a worker's error wrapped, with the OSError as
     its cause or context, or as its message), or None when the failure is not an I/O one."""
     while error is not None:
@@ -207,7 +207,7 @@ def counters_of(result, config: PipelineConfig) -> dict[str, int]:
     return dict(sorted(totals.items()))
 
 
-def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
+def triplet_slots_filled(counters: dict[str, int], strategy: NegativeStrategy) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
     from pipeline import transforms
 
@@ -216,7 +216,7 @@ def triplet_slots_filled(counters: dict[str, int], strategy: str) -> int:
     return written + counters.get(transforms.unfilled_slots_counter(strategy), 0)
 
 
-def reconciliation(counters: dict[str, int], strategies: tuple[str, ...]) -> dict:
+def reconciliation(counters: dict[str, int], strategies: tuple[NegativeStrategy, ...]) -> dict:
     """The read stage (with a multistream index: pages it lists = pages read + pages
     dead-lettered by the read; without one, streams that stopped decoding lose an unknown
     number of pages), pages_read against the page outcomes (articles used + each reason to
@@ -350,7 +350,7 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
     started = time.perf_counter()
     outputs.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
     try:
-        shown = contextlib.nullcontext()
+        shown: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if folder:   # Beam's logs to a file, a progress bar on the terminal
             log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
             print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
@@ -366,7 +366,7 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             raise OutputWriteError(f"writing {out} failed: {str(failure).splitlines()[0][:300]}; nothing was "
                                    "published") from error
         counters = counters_of(result, config)
-        stats = {
+        stats: dict[str, Any] = {
             "counters": counters,
             "reconciliation": reconciliation(counters, config.negative_strategies()),
             "input": input_pattern,

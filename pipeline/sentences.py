@@ -10,7 +10,7 @@ counts as a token, as it does for the GloVe-style tokenizer the model uses).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 DEFAULT_SPACY_MODEL = "blank:en"
 # spaCy's vocabulary keeps every word type it has tokenised (about 400 bytes each, measured), so
@@ -80,5 +80,6 @@ def load_sentence_pipeline(model: str):
     # first 10,000 chunks it sees; a worker sees millions. Caching as many chunks as the vocabulary
     # may hold before the reload gives the same tokens, 1.6x faster on 2,000 pages of the 2019 dump
     # seen once (16.1 -> 9.8 s) and 10x on paragraphs whose words were seen before.
-    nlp.tokenizer.max_cache_size = MAX_VOCAB_LEXEMES
+    tokenizer: Any = nlp.tokenizer   # spaCy types it as any callable; a loaded pipeline's is its Tokenizer
+    tokenizer.max_cache_size = MAX_VOCAB_LEXEMES
     return nlp

@@ -97,7 +97,7 @@ class _BuildArticlesFn(beam.DoFn):
         self.seed = seed
         self.spacy_model = spacy_model
         self.rules = rules
-        self.splitter = None
+        self.splitter: SentenceSplitter | None = None   # built on the worker (setup)
 
     def setup(self):
         self.splitter = SentenceSplitter(self.spacy_model)
@@ -117,6 +117,7 @@ class _BuildArticlesFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="parse"))  # the shared shape
             return
         split = split_of(page.page_id, self.seed)
+        assert self.splitter is not None, "setup() builds the splitter"
         try:
             article, counts = build_article(page.page_id, page.title, split, parsed, self.splitter, self.rules)
         except ParagraphTooLong as err:
@@ -141,7 +142,7 @@ class BuildArticles(beam.PTransform):
         return {"articles": outputs.articles, DEAD_LETTERS: outputs[DEAD_LETTERS]}
 
 
-def unfilled_slots_counter(strategy: str) -> str:
+def unfilled_slots_counter(strategy: NegativeStrategy) -> str:
     """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
     return counters.NO_DONOR if strategy == NegativeStrategy.OTHER_ARTICLE else counters.no_opener_counter(strategy)
 
@@ -166,7 +167,7 @@ def by_split(outputs) -> dict:
 
 
 class _SentenceTripletsFn(beam.DoFn):
-    def __init__(self, strategy: str, seed: int, rules: RuleConfig):
+    def __init__(self, strategy: NegativeStrategy, seed: int, rules: RuleConfig):
         self.make = {NegativeStrategy.ADJACENT: triplets.adjacent_triplets,
                      NegativeStrategy.SAME_ARTICLE: triplets.same_article_triplets}[strategy]
         self.dataset = DATASET_OF_STRATEGY[strategy]
@@ -199,7 +200,7 @@ class SentenceTriplets(beam.PTransform):
     """Articles -> triplets-sen with one negative strategy (see `pipeline.triplets`), serialised,
     as {split: PCollection[list[bytes]]}."""
 
-    def __init__(self, strategy: str, seed: int, rules: RuleConfig, other_article_bucket_size: int):
+    def __init__(self, strategy: NegativeStrategy, seed: int, rules: RuleConfig, other_article_bucket_size: int):
         super().__init__()
         self.strategy = strategy
         self.seed = seed
