@@ -14,6 +14,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
 from eval.intervals import interval_text, value_text  # noqa: E402
+from model.config import NetworkKind  # noqa: E402
 from pipeline.outputs import write_bytes  # noqa: E402
 from pipeline.records import PAPER_DATASET  # noqa: E402
 
@@ -236,8 +237,8 @@ def learning_curves_figure(histories: dict[str, dict]):
         for axis, key, scale in ((axes[0], "triplets_seen", 1000), (axes[1], "cpu_seconds", 60)):
             axis.plot([point[key] / scale for point in points], accuracy, "o-", color=color, markersize=3, label=label)
             axis.axhline(history["untrained_val_triplet_accuracy"], color=color, ls=":",
-                         label=f"{name} untrained" + (" (off the shelf)" if history["config"].get("encoder", "bilstm")
-                                                      != "bilstm" else ""))
+                         label=f"{name} untrained" + (" (off the shelf)" if NetworkKind(
+                             history["config"].get("encoder", NetworkKind.BILSTM)).pretrained else ""))
     axes[0].set_xlabel("training triplets seen (thousands)")
     axes[1].set_xlabel("process CPU minutes")
     axes[0].set_ylabel("validation triplet accuracy")

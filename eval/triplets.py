@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from eval.intervals import comparisons, proportion_interval
 from model.encoders import EncoderSpec, Methods, check_encoder_specs, load_encoders
+from model.similarity import REPORTED, Similarity
 from pipeline import records
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.published import Run, check_record_count
@@ -74,42 +75,20 @@ def distinct_sentences(triplets: dict[str, list[str]]) -> list[str]:
     return list(dict.fromkeys(sentence for role in records.ROLES for sentence in triplets[role]))
 
 
-DISTANCES = ("cosine", "l1")
+def triplet_correct(anchor, positive, negative) -> dict[Similarity, np.ndarray]:
+    """Per triplet, whether its positive is strictly closer, by cosine and by L1 distance (in the
+    order of `REPORTED`); rows dense, or sparse (TF-IDF)."""
+    return {similarity: similarity.triplet_correct(anchor, positive, negative) for similarity in REPORTED}
 
 
-def _row_sums(matrix) -> np.ndarray:
-    """Per-row sums of a dense array or a SciPy sparse matrix, as a flat array."""
-    return np.asarray(matrix.sum(axis=1)).ravel()
+def triplet_accuracies(correct: dict[Similarity, np.ndarray]) -> dict[str, float | dict]:
+    """`accuracy_<distance>` (the fraction of triplets correct) and `interval_<distance>` (its 95 %
+    interval) of `triplet_correct`'s answers, cosine's first."""
+    return {**{f"accuracy_{d}": float(np.mean(correct[d])) for d in REPORTED},
+            **{f"interval_{d}": proportion_interval(correct[d]) for d in REPORTED}}
 
 
-def _cosines(left, right) -> np.ndarray:
-    """Row-wise cosine similarity of two dense arrays or two sparse matrices (kept sparse)."""
-    from scipy import sparse
-
-    if sparse.issparse(left):
-        dots = _row_sums(left.multiply(right))
-        norms = np.sqrt(_row_sums(left.multiply(left)) * _row_sums(right.multiply(right)))
-    else:
-        dots = np.einsum("ij,ij->i", left, right)
-        norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
-    return dots / np.where(norms > 0, norms, 1.0)
-
-
-def triplet_correct(anchor, positive, negative) -> dict[str, np.ndarray]:
-    """Per triplet, whether its positive is strictly closer, by cosine and by L1 distance; rows
-    dense, or sparse (TF-IDF)."""
-    l1_positive = _row_sums(abs(anchor - positive))
-    l1_negative = _row_sums(abs(anchor - negative))
-    return {"cosine": _cosines(anchor, positive) > _cosines(anchor, negative), "l1": l1_positive < l1_negative}
-
-
-def triplet_accuracies(anchor: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> dict[str, float]:
-    """Fraction of triplets whose positive is strictly closer, by cosine and by L1 distance."""
-    correct = triplet_correct(anchor, positive, negative)
-    return {f"accuracy_{distance}": float(np.mean(correct[distance])) for distance in DISTANCES}
-
-
-def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[str, np.ndarray]]:
+def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[Similarity, np.ndarray]]:
     """Encodes the unique sentences once, then scores every triplet: (accuracies, per-triplet
     correctness by distance)."""
     unique = distinct_sentences(triplets)
@@ -120,8 +99,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[s
         return embeddings[[row_of[sentence] for sentence in triplets[key]]]
 
     correct = triplet_correct(*map(rows, records.ROLES))
-    return ({"method": encoder.name, **{f"accuracy_{d}": float(np.mean(correct[d])) for d in DISTANCES},
-             **{f"interval_{d}": proportion_interval(correct[d]) for d in DISTANCES}}, correct)
+    return {"method": encoder.name, **triplet_accuracies(correct)}, correct
 
 
 def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
@@ -154,7 +132,7 @@ def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
     scored = [score_encoder(encoder, triplets) for encoder in load_encoders(specs)]
     methods = [accuracies for accuracies, _ in scored]
     # Paired bootstrap over triplets: each method's accuracy minus each reference method's.
-    differences = [{"distance": distance, **row} for distance in DISTANCES for row in comparisons(
+    differences = [{"distance": distance.value, **row} for distance in REPORTED for row in comparisons(
         {entry["method"]: correct[distance] for entry, correct in scored}, config.seed)]
     result = {"dataset": config.dataset, "split": config.split, "triplets": triplet_count(triplets),
               "methods": methods, "differences": differences}

@@ -49,7 +49,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from model.config import InputConfig, NetworkConfig, OptimizerConfig, TrainConfig
+from model.config import InputConfig, NetworkConfig, NetworkKind, OptimizerConfig, TrainConfig
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 from pipeline.records import PAPER_DATASET
 
@@ -92,15 +92,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from model.data import ARTICLE_ID, article_chunks, open_run, training_batches, triplet_strings  # noqa: E402
-from model.network import (  # noqa: E402
-    LENGTH_SLICES,
-    build_sentence_encoder,
-    build_triplet_model,
-    compile_triplet_model,
-)
+from model.network import LENGTH_SLICES  # noqa: E402
 from model.text import WordIds  # noqa: E402
-from model.train import build_vocabulary, embedding_matrix  # noqa: E402
-from model.transformer import build_transformer_encoder, token_ids  # noqa: E402
+from model.train import build_models, build_vocabulary, embedding_matrix  # noqa: E402
+from model.transformer import token_ids  # noqa: E402
 from pipeline.records import ROLES  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
@@ -130,27 +125,19 @@ def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
 
 
 def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -> dict:
-    """name -> (compiled model, (batch size, endless batches of `triplets`))."""
-    network = config.network
-
+    """name -> (compiled model, (batch size, endless batches of `triplets`)): the trainer's models
+    (`model.train.build_models`), `slices=None` the three-call baseline."""
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
-        if network.encoder == "bilstm":
-            encoder = build_sentence_encoder(matrix, lstm_units=network.lstm_units,
-                                             attention_size=network.attention_size,
-                                             dropout=config.resolved("dropout"))
-        else:
-            encoder = build_transformer_encoder(network.encoder, frozen_layers=frozen_layers)
-        triplet_model = build_triplet_model(encoder, slices) if slices else three_call_triplet_model(encoder)
-        compile_triplet_model(triplet_model, config.resolved("learning_rate"), jit_compile=jit,
-                              weight_decay=None if network.encoder == "bilstm" else config.optimizer.weight_decay)
-        return triplet_model
+        varied = config.with_flags(jit_compile=jit, frozen_layers=frozen_layers)
+        return build_models(varied, matrix, config.optimizer.batch_size, slices=slices,
+                            head=None if slices else three_call_triplet_model)[1]
 
     def batches(batch_size, article_chunk=0, group_by_length=True):
         return batch_size, training_batches(triplets.repeat(), word_ids, batch_size, article_chunk=article_chunk,
                                             group_by_length=group_by_length)
 
     batch, chunk = config.optimizer.batch_size, config.inputs.article_chunk
-    if network.encoder != "bilstm":   # the transformer: the same levers, and freezing its lower layers
+    if config.network.kind.pretrained:   # the transformer: the same levers, and freezing its lower layers
         return {
             "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
             "+article chunks": (model(slices=1), batches(batch, article_chunk=chunk)),
@@ -186,7 +173,7 @@ def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Datas
 
 def sentence_ids(config: TrainConfig):
     """(the token-id lookup, the embedding matrix or None) of the configured Net, as the trainer builds them."""
-    if config.network.encoder == "bilstm":
+    if config.network.kind.reads_word_vectors:
         vocabulary = build_vocabulary(config, open_run(config.inputs.data))
         word_ids = WordIds(vocabulary, config.inputs.num_oov_buckets, config.inputs.max_tokens)
         return word_ids, embedding_matrix(vocabulary, word_ids, config)
@@ -233,7 +220,7 @@ def plot(results: dict, path: str) -> None:
     bars = axis.bar(names, values, color=["tab:grey"] + ["tab:blue"] * (len(names) - 1))
     axis.bar_label(bars, labels=[f"{v:.0f}" for v in values])
     axis.set_ylabel("training triplets / s")
-    network = f"BiLSTM {results['lstm_units']}" if results["encoder"] == "bilstm" else results["encoder"]
+    network = NetworkKind(results["encoder"]).label(results["lstm_units"])
     axis.set_title(f"Trainer throughput, {network} ({results['device']}, "
                    f"{results['cpu_cores']} cores): {results['fast_variant']} = "
                    f"{results['train_speedup']:.2f}x baseline",
@@ -258,18 +245,13 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     word_ids, matrix = sentence_ids(config)
     triplets = one_chunk_per_article(config, n_triplets)
     replicas = strategy.num_replicas_in_sync
-    network, batch_size = config.network, config.optimizer.batch_size
+    batch_size = config.optimizer.batch_size
     global_batch = batch_size * replicas
     steps = -(-int(triplets.cardinality()) // global_batch)
     batches = distributed_by_blocks(training_batches(triplets.repeat(), word_ids, batch_size,
                                                      article_chunk=config.inputs.article_chunk, replicas=replicas))
     with strategy.scope():
-        encoder = (build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
-                                          dropout=config.resolved("dropout"))
-                   if network.encoder == "bilstm" else build_transformer_encoder(network.encoder))
-        model = build_triplet_model(encoder, LENGTH_SLICES)
-        compile_triplet_model(model, config.resolved("learning_rate"),
-                              weight_decay=None if network.encoder == "bilstm" else config.optimizer.weight_decay)
+        _, model = build_models(config, matrix, global_batch)
     model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
     seconds = []
     for _ in range(rounds):

@@ -21,26 +21,66 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
+from model.similarity import Similarity
 from pipeline.cli import config_flags, config_from_flags, flag, parse_config
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 VOCABULARIES = ("embeddings", "train")
-# Net: the paper's BiLSTM over word vectors, or a pre-trained transformer checkpoint fine-tuned.
-ENCODERS = ("bilstm", "minilm")
+
+
+class NetworkKind(StrEnum):
+    """`--encoder`, the kind of Net: the paper's BiLSTM over word vectors, or a pre-trained
+    transformer checkpoint fine-tuned; what differs between them in training, export and plots
+    is read from here (`model.network.build_net` builds either). Saved configs (history.json,
+    inputs.json) keep the flag's string, `NetworkKind(config["encoder"])` reads it back."""
+
+    BILSTM = "bilstm"
+    MINILM = "minilm"   # all-MiniLM-L6-v2
+
+    @property
+    def pretrained(self) -> bool:
+        """A pre-trained checkpoint: before training it is the checkpoint off the shelf."""
+        return self is not NetworkKind.BILSTM
+
+    @property
+    def reads_word_vectors(self) -> bool:
+        """Reads word vectors (`--embeddings`, a vocabulary built from them), not a checkpoint's wordpieces."""
+        return not self.pretrained
+
+    @property
+    def weight_decay(self) -> bool:
+        """Fitted with AdamW's weight decay (`--weight-decay`), as transformers are fine-tuned; else plain Adam."""
+        return self.pretrained
+
+    @property
+    def exports_sentence_transformers(self) -> bool:
+        """The trainer also writes its weights for sentence-transformers (`model.hf`), which has no BiLSTM."""
+        return self.pretrained
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The flags left at `none`: the paper's recipe for the BiLSTM; for the transformer, a
+        fine-tuning learning rate, the cosine distance its checkpoint was trained with
+        (docs/transformer.md compares the two distances) and its checkpoint's own dropout (None)."""
+        if self is NetworkKind.BILSTM:
+            return {"learning_rate": 1e-3, "distance": Similarity.L1, "dropout": 0.2}
+        return {"learning_rate": 5e-5, "distance": Similarity.COSINE, "dropout": None}
+
+    def label(self, lstm_units: int) -> str:
+        """The Net's name in plot titles: `BiLSTM 300` (its units per direction), or the checkpoint's name."""
+        return f"BiLSTM {lstm_units}" if self is NetworkKind.BILSTM else self.value
+
+
+# The `--encoder` values, as its error message names them.
+ENCODERS = tuple(kind.value for kind in NetworkKind)
 MINILM_LAYERS = 6   # all-MiniLM-L6-v2's transformer layers (its config.json num_hidden_layers)
-DISTANCES = ("l1", "cosine")
+DISTANCES = tuple(similarity.value for similarity in Similarity)
 # `--loss`: the paper's triplet loss, the in-batch loss, or their sum (`model.network.LOSSES`).
 LOSS_NAMES = ("triplet", "in-batch", "sum")
-# Per-encoder defaults of the flags left at `none`: the paper's recipe for the BiLSTM; for the
-# transformer, a fine-tuning learning rate, the cosine distance its checkpoint was trained with
-# (docs/transformer.md compares the two distances) and its checkpoint's own dropout (None).
-ENCODER_DEFAULTS = {
-    "bilstm": {"learning_rate": 1e-3, "distance": "l1", "dropout": 0.2},
-    "minilm": {"learning_rate": 5e-5, "distance": "cosine", "dropout": None},
-}
 
 
 def _check_at_least_one(config, names: tuple[str, ...]) -> None:
@@ -120,6 +160,11 @@ class NetworkConfig:
         if self.transformer_layers is not None and not 1 <= self.transformer_layers <= MINILM_LAYERS:
             raise ValueError(f"--transformer-layers must be in 1..{MINILM_LAYERS} or none, "
                              f"got {self.transformer_layers}")
+
+    @property
+    def kind(self) -> NetworkKind:
+        """`encoder` as its NetworkKind."""
+        return NetworkKind(self.encoder)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,8 +259,8 @@ class TrainConfig:
         distance is cosine, the similarity distillation fits)."""
         value = self.flags()[name]
         if value is None and name == "distance" and self.optimizer.teacher:
-            return "cosine"
-        return ENCODER_DEFAULTS[self.network.encoder][name] if value is None else value
+            return Similarity.COSINE
+        return self.network.kind.defaults[name] if value is None else value
 
 
 def vertex_model_dir() -> str | None:

@@ -25,12 +25,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from model.similarity import Similarity, unit_rows
 from model.storage import download_tree, is_remote
 
 SIGNATURE = "serving_default"
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")   # sentence-transformers' `precision`
-# sentence-transformers' names of the similarities (its SimilarityFunction) for the trainer's distances.
-SIMILARITY_FN_NAMES = {"cosine": "cosine", "l1": "manhattan"}
 OUTPUT_KEY = "embeddings"
 INPUT_KEY = "sentences"
 
@@ -95,7 +94,8 @@ class SavedModelEncoder:
         # was recorded: cosine, as sentence-transformers assumes; older ones recorded `l1`).
         recorded = getattr(self._module, "similarity", None)
         recorded = recorded.numpy().decode() if recorded is not None else "cosine"
-        self.similarity_fn_name = SIMILARITY_FN_NAMES.get(recorded, recorded)
+        self.similarity_function = Similarity.named(recorded)
+        self.similarity_fn_name = self.similarity_function.fn_name
         # Tokens (wordpieces) kept per sentence, where the export records it (older ones do not).
         recorded = getattr(self._module, "max_seq_length", None)
         self.max_seq_length = int(recorded.numpy()) if recorded is not None else None
@@ -131,8 +131,7 @@ class SavedModelEncoder:
         sentences = sentence_list(sentences)
         embeddings = self._embed(sentences, batch_size or self.batch_size, bool(show_progress_bar))
         if normalize_embeddings:
-            norms = np.linalg.norm(embeddings, axis=1, keepdims=True)
-            embeddings = embeddings / np.where(norms > 0, norms, 1.0)
+            embeddings = unit_rows(embeddings)
         embeddings = quantize(embeddings, precision)
         return embeddings if convert_to_numpy else list(embeddings)
 
@@ -159,9 +158,7 @@ class SavedModelEncoder:
         by the similarity the export records: cosine, or for `manhattan` the negative L1 distance
         (higher is more similar either way, as sentence-transformers' `similarity`)."""
         left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
-        if self.similarity_fn_name == "manhattan":
-            return -np.abs(left[:, None, :] - right[None, :, :]).sum(axis=-1)
-        return _unit_rows(left) @ _unit_rows(right).T
+        return self.similarity_function.matrix(left, right)
 
     def similarity_pairwise(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
         """[n] similarities of row i of `left` with row i of `right`, as sentence-transformers'
@@ -170,13 +167,7 @@ class SavedModelEncoder:
         if left.shape != right.shape:
             raise ValueError(f"similarity_pairwise takes two [n, d] arrays of one shape, got {left.shape} and "
                              f"{right.shape}")
-        if self.similarity_fn_name == "manhattan":
-            return -np.abs(left - right).sum(axis=-1)
-        return (_unit_rows(left) * _unit_rows(right)).sum(axis=-1)
-
-
-def _unit_rows(matrix: np.ndarray) -> np.ndarray:
-    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+        return self.similarity_function.pairwise(left, right)
 
 
 def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:

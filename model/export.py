@@ -40,7 +40,7 @@ class ExportConfig:
 def export_model_dir(config: ExportConfig) -> str:
     """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint and
     writes the folder."""
-    from model.config import TrainConfig
+    from model.config import NetworkKind, TrainConfig
 
     refuse_file_as_folder("--output", config.output)
 
@@ -53,7 +53,7 @@ def export_model_dir(config: ExportConfig) -> str:
         flags = json.load(handle).get("flags")
     if not flags:
         raise UsageError(f"--model-dir {config.model_dir}: inputs.json records no flags (a run before they were)")
-    if flags["encoder"] == "bilstm":
+    if not NetworkKind(flags["encoder"]).exports_sentence_transformers:
         raise UsageError(f"--model-dir {config.model_dir} holds a bilstm encoder: only transformer encoders "
                          "export to sentence-transformers")
     if os.path.exists(config.output) and os.listdir(config.output) and not os.path.exists(

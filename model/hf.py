@@ -28,7 +28,7 @@ import shutil
 
 import numpy as np
 
-from model.encoder import SIMILARITY_FN_NAMES
+from model.similarity import REPORTED, Similarity
 
 FORMATS = ("sentence-transformers",)   # what `model.export --format` writes
 EXPORT_FOLDER = "sentence-transformers"    # the train-time export's folder in the model dir
@@ -101,7 +101,7 @@ def sentence_transformers_files(dim: int, max_tokens: int, similarity: str) -> d
             "word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False},
         "sentence_bert_config.json": {"max_seq_length": max_tokens, "do_lower_case": False},
-        "config_sentence_transformers.json": {"similarity_fn_name": SIMILARITY_FN_NAMES[similarity],
+        "config_sentence_transformers.json": {"similarity_fn_name": Similarity(similarity).fn_name,
                                               "prompts": {}, "default_prompt_name": None},
     }
 
@@ -149,7 +149,7 @@ def report_scores(report: str | None, method: str) -> list[str]:
             result = json.load(handle)
         for entry in result["methods"]:
             if entry["method"] == method:
-                for distance in ("cosine", "l1"):
+                for distance in REPORTED:
                     low, high = entry[f"interval_{distance}"]["low"], entry[f"interval_{distance}"]["high"]
                     lines.append(f"- triplet accuracy ({distance}), {result['dataset']} {result['split']}, "
                                  f"n = {result['triplets']}: {entry[f'accuracy_{distance}']:.3f} "
@@ -190,7 +190,7 @@ two sentences of one Wikipedia section should be closer than a sentence of anoth
 - Recipe: batch {flags.get('batch_size')}, learning rate {summary.get('learning_rate')},
   distance {similarity}, frozen layers {flags.get('frozen_layers')}, epochs run {summary.get('epochs_run')}.
 - Embeddings: {dim} floats, mean pooling over at most {max_tokens}
-  wordpieces; compare them by **{SIMILARITY_FN_NAMES[similarity]}** similarity.
+  wordpieces; compare them by **{Similarity(similarity).fn_name}** similarity.
 
 ## Scores
 

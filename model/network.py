@@ -27,8 +27,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from model.config import LOSS_NAMES
-from model.encoder import SIMILARITY_FN_NAMES
+from model.config import LOSS_NAMES, NetworkKind, TrainConfig
+from model.similarity import Similarity
 
 # Cosine distances lie in [0, 2]: scaled so that the softmax over (d+, d-) is not stuck near
 # 1/2 (the loss is 2 * sigmoid(scale * (cos- - cos+))), as sentence-transformers scales cosine
@@ -75,7 +75,7 @@ class AttentionPooling(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="wikisim")
 class SharedSentenceDistances(keras.layers.Layer):
     """[d+, d-] per triplet: distances of the anchor embedding to the positive and the negative,
-    L1 (the paper's) or `COSINE_SCALE` x (1 - cosine).
+    L1 (the paper's) or `COSINE_SCALE` x (1 - cosine), by `distance` (a `Similarity`'s name).
 
     Inputs carry a leading replica axis of size 1 (`model.data.shared_sentences` stacks one
     self-contained block per replica, so `tf.distribute` can split a global batch on axis 0):
@@ -94,7 +94,7 @@ class SharedSentenceDistances(keras.layers.Layer):
         super().__init__(**kwargs)
         self.sentence_encoder = sentence_encoder
         self.slices = slices
-        self.distance = distance
+        self.distance = Similarity(distance)
         self.static_shapes = static_shapes
         self.in_batch = in_batch
         self.distill = distill
@@ -113,7 +113,7 @@ class SharedSentenceDistances(keras.layers.Layer):
             embeddings = tf.concat(pieces, axis=0)
         if self.distill:
             taught = distillation_distance(embeddings, inputs["teacher"][0], inputs["sections"][0])
-        if self.distance == "cosine":
+        if self.distance is Similarity.COSINE:
             embeddings = tf.math.l2_normalize(embeddings, axis=-1)
         anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
         distances = tf.stack([pair_distances(anchor, positive, self.distance),
@@ -125,7 +125,7 @@ class SharedSentenceDistances(keras.layers.Layer):
         return tf.concat([distances, in_batch_scores(embeddings, roles, inputs["sections"][0], self.distance)], axis=-1)
 
     def get_config(self):
-        return {**super().get_config(), "slices": self.slices, "distance": self.distance,
+        return {**super().get_config(), "slices": self.slices, "distance": self.distance.value,
                 "static_shapes": self.static_shapes, "in_batch": self.in_batch, "distill": self.distill,
                 "sentence_encoder": keras.saving.serialize_keras_object(self.sentence_encoder)}
 
@@ -137,8 +137,9 @@ class SharedSentenceDistances(keras.layers.Layer):
 
 def pair_distances(left: tf.Tensor, right: tf.Tensor, distance: str) -> tf.Tensor:
     """[n]: the distance of each row of `left` to the same row of `right`: L1, or
-    `COSINE_SCALE` x (1 - cosine) of rows already of unit length."""
-    if distance == "cosine":
+    `COSINE_SCALE` x (1 - cosine) of rows already of unit length. In the graph, so not
+    `Similarity.pairwise` (NumPy), but the same similarities by the same names."""
+    if Similarity(distance) is Similarity.COSINE:
         return COSINE_SCALE * (1.0 - tf.reduce_sum(left * right, axis=-1))
     return tf.reduce_sum(tf.abs(left - right), axis=-1)
 
@@ -155,7 +156,7 @@ def in_batch_scores(embeddings: tf.Tensor, roles: tf.Tensor, sections: tf.Tensor
     article (the triplet's negative) or of the batch's other articles, are its negatives."""
     anchors = tf.gather(embeddings, roles[:, 0])
     positives = tf.gather(embeddings, roles[:, 1])
-    if distance == "cosine":
+    if Similarity(distance) is Similarity.COSINE:
         candidates = COSINE_SCALE * (1.0 - tf.matmul(anchors, embeddings, transpose_b=True))
     else:
         candidates = tf.reduce_sum(tf.abs(anchors[:, None, :] - embeddings[None, :, :]), axis=-1)
@@ -244,6 +245,20 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
     return keras.Model(token_ids, sentence, name="sentence_encoder")
 
 
+def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
+    """Net of `config`'s kind (`--encoder`): the BiLSTM over the word vectors `matrix`, or the
+    transformer checkpoint (`model.transformer`, `matrix` None), sized, regularised and frozen
+    as the flags say."""
+    network, dropout = config.network, config.resolved("dropout")
+    if network.kind is NetworkKind.BILSTM:
+        return build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
+                                      dropout=dropout, fine_tune_embeddings=network.fine_tune_embeddings)
+    from model.transformer import build_transformer_encoder
+
+    return build_transformer_encoder(network.kind.value, frozen_layers=network.frozen_layers, dropout=dropout,
+                                     layers=network.transformer_layers)
+
+
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,
                         distance: str = "l1", static_shapes: bool = False, loss: str = "triplet",
                         teacher_dim: int | None = None) -> keras.Model:
@@ -323,7 +338,7 @@ class ExportableEncoder(tf.Module):
         self.word_ids = word_ids
         self.sentence_encoder = sentence_encoder
         self.embedding_dim = tf.Variable(int(sentence_encoder.output_shape[-1]), trainable=False)
-        self.similarity = tf.Variable(SIMILARITY_FN_NAMES[similarity], trainable=False)
+        self.similarity = tf.Variable(Similarity(similarity).fn_name, trainable=False)
         self.max_seq_length = tf.Variable(int(word_ids.max_tokens), trainable=False)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from model.config import NetworkKind
+
 
 def _pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display on a training machine)."""
@@ -52,6 +54,7 @@ def plot_learning_curve(summary: dict, path: str) -> None:
     points = summary["learning_curve"]
     accuracy = [point["val_triplet_accuracy"] for point in points]
     config = summary["config"]
+    kind = NetworkKind(config["encoder"])
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
                              (axes[1], "cpu_seconds", "process CPU minutes")):
@@ -60,13 +63,13 @@ def plot_learning_curve(summary: dict, path: str) -> None:
         if summary["mean_vectors_val_triplet_accuracy"] is not None:
             axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
         axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",
-                     label="untrained" if config["encoder"] == "bilstm" else f"{config['encoder']} off the shelf")
+                     label=f"{kind} off the shelf" if kind.pretrained else "untrained")
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     axes[0].xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))
     axes[0].set_ylabel(f"validation triplet accuracy ({summary['distance']})")
     axes[0].legend()
-    network = f"BiLSTM {config['lstm_units']}" if config["encoder"] == "bilstm" else f"{config['encoder']} fine-tuned"
+    network = kind.label(config["lstm_units"]) + (" fine-tuned" if kind.pretrained else "")
     if config.get("teacher"):
         network += f" distilled from {os.path.basename(config['teacher'].rstrip('/'))}"
     figure.suptitle(f"{config['dataset']}: learning curve ({network}, batch "

@@ -14,8 +14,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from model.config import ENCODERS
+from model.config import NetworkKind
 from pipeline.cli import flag, parse_config, run_cli
+
+# The `--encoder` values that are checkpoints.
+CHECKPOINTS = tuple(kind.value for kind in NetworkKind if kind.pretrained)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +30,8 @@ class PretrainedConfig:
                                        "holding anything else (a trained model) is refused either way")
 
     def __post_init__(self):
-        if self.encoder not in ENCODERS or self.encoder == "bilstm":
-            raise ValueError(f"--encoder must be a checkpoint, one of {ENCODERS[1:]}, got {self.encoder!r}")
+        if self.encoder not in CHECKPOINTS:
+            raise ValueError(f"--encoder must be a checkpoint, one of {CHECKPOINTS}, got {self.encoder!r}")
         if self.max_tokens < 3:
             raise ValueError(f"--max-tokens must be >= 3, got {self.max_tokens}")
 

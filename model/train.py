@@ -63,6 +63,7 @@ from model.data import (  # noqa: E402
 )
 from model.encoder import load_encoder  # noqa: E402
 from model.plots import plot_history, plot_learning_curve  # noqa: E402
+from model.similarity import Similarity  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
@@ -304,36 +305,32 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
     return strategy.distribute_datasets_from_function(pipeline_batches)
 
 
-def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None):
+def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None,
+                 slices: int | None = None, head=None):
     """(sentence encoder, compiled triplet model); call inside the strategy's scope. `matrix`:
     the word vectors of the BiLSTM (None for a transformer checkpoint). With `teacher_dim` (a
     distillation), Net ends in a linear projection to the teacher's size where the sizes differ,
-    as sentence-transformers' distillation adds a Dense layer."""
+    as sentence-transformers' distillation adds a Dense layer. `slices` (default
+    `model.network.LENGTH_SLICES`) and `head` are `model.benchmark`'s levers: the length slices
+    Net runs on, and another triplet model of Net (`head(Net)`, its three-call baseline)."""
     import keras
 
-    from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
+    from model.network import LENGTH_SLICES, build_net, build_triplet_model, compile_triplet_model
 
     network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_shapes
-    if network.encoder == "bilstm":
-        encoder = build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
-                                         dropout=config.resolved("dropout"),
-                                         fine_tune_embeddings=network.fine_tune_embeddings)
-    else:
-        from model.transformer import build_transformer_encoder
-
-        encoder = build_transformer_encoder(network.encoder, frozen_layers=network.frozen_layers,
-                                            dropout=config.resolved("dropout"), layers=network.transformer_layers)
+    encoder = build_net(config, matrix)
     if teacher_dim and teacher_dim != encoder.output_shape[-1]:
         encoder = keras.Model(encoder.inputs, keras.layers.Dense(teacher_dim, name="projection")(encoder.outputs[0]),
                               name="student")
-    model = build_triplet_model(encoder, distance=config.resolved("distance"), static_shapes=static_shapes,
-                                loss=optimizer.loss, teacher_dim=teacher_dim)
+    model = head(encoder) if head else build_triplet_model(
+        encoder, slices or LENGTH_SLICES, distance=config.resolved("distance"), static_shapes=static_shapes,
+        loss=optimizer.loss, teacher_dim=teacher_dim)
     half_life = optimizer.learning_rate_half_life
     compile_triplet_model(model, config.resolved("learning_rate"), loss=optimizer.loss, distill=bool(teacher_dim),
                           jit_compile=config.runtime.jit_compile or static_shapes,
                           half_life_steps=half_life / global_batch if half_life else None,
                           warmup_steps=optimizer.warmup_triplets / global_batch,
-                          weight_decay=optimizer.weight_decay if network.encoder != "bilstm" else None)
+                          weight_decay=optimizer.weight_decay if network.kind.weight_decay else None)
     return encoder, model
 
 
@@ -345,17 +342,13 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
         known = ((ids > 0) & (ids <= vocabulary_size))[..., None]
         return (matrix[ids] * known).sum(axis=1) / np.maximum(known.sum(axis=1), 1)
 
-    def cosine(left, right):
-        norms = np.linalg.norm(left, axis=1) * np.linalg.norm(right, axis=1)
-        return (left * right).sum(axis=1) / np.where(norms > 0, norms, 1.0)
-
     correct = total = 0.0
     for inputs, _, weights in batches.as_numpy_iterator():
         for sentences, roles, weight in zip(inputs["sentences"], inputs["roles"],
                                             weights.reshape(len(inputs["roles"]), -1)):
             vectors = means(sentences)
             anchor, positive, negative = (vectors[roles[:, role]] for role in range(3))
-            correct += float(((cosine(anchor, positive) > cosine(anchor, negative)) * weight).sum())
+            correct += float((Similarity.COSINE.triplet_correct(anchor, positive, negative) * weight).sum())
             total += float(weight.sum())
     return correct / max(total, 1.0)
 
@@ -424,7 +417,7 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
     for entry in RESUME_ENTRIES if resume_from else ():
         if os.path.isdir(os.path.join(resume_from, entry)):
             shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))
-    if config.network.encoder == "bilstm":
+    if config.network.kind.reads_word_vectors:
         vocabulary = build_vocabulary(config, run, model_dir)
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
@@ -526,7 +519,7 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
         LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
         exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
-        if config.network.encoder != "bilstm":   # the same weights for sentence-transformers / HF users
+        if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
             export_sentence_transformers(encoder, summary, config, model_dir)
         if runtime.serving_version is not None:
             exportable.export(f"{model_dir}/serving/{runtime.serving_version}")

@@ -22,8 +22,6 @@ from model.text import pad_ids
 # Special token ids of the uncased BERT vocabulary (vocab.txt rows): padding is id 0, as for
 # the word-vector network, so the trainer's batching and length slicing work unchanged.
 PAD, CLS, SEP = "[PAD]", "[CLS]", "[SEP]"
-# The checkpoint's Net by name (the trainer's `--encoder`); `bilstm` is the paper's network.
-CHECKPOINT_ENCODERS = ("minilm",)
 
 
 def checkpoint_dir(name: str = "minilm") -> str:

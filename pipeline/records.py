@@ -202,6 +202,7 @@ class ScbRecord:
 
     @classmethod
     def from_article(cls, article: Article) -> ScbRecord:
+        """All kept sentences of the article with their section label and opener flag."""
         kept = [(sentence.text, label, sentence.opener) for label, section in enumerate(article.sections)
                 for sentence in section.sentences]
         sentences, labels, openers = zip(*kept) if kept else ((), (), ())
@@ -253,6 +254,7 @@ class PassagesRecord:
 
     @classmethod
     def from_article(cls, article: Article) -> PassagesRecord:
+        """The article's lead and its kept sections' paragraphs with their heading paths."""
         return cls(article.article_id, article.title, article.split, tuple(article.lead), tuple(
             PassageSection(section.title, tuple(PassageParagraph(p.text, tuple(p.path)) for p in section.paragraphs))
             for section in article.sections))
@@ -277,16 +279,6 @@ class PassagesRecord:
 
     def to_json(self) -> str:
         return json_line(self)
-
-
-def scb_record(article: Article) -> ScbRecord:
-    """All kept sentences of the article with their section label and opener flag."""
-    return ScbRecord.from_article(article)
-
-
-def passages_record(article: Article) -> PassagesRecord:
-    """The article's lead and its kept sections' paragraphs with their heading paths."""
-    return PassagesRecord.from_article(article)
 
 
 def json_line(record: dict[str, Any] | ScbRecord | PassagesRecord) -> str:

@@ -345,7 +345,7 @@ class ScbRecords(beam.PTransform):
             if not scb_eligible(article.split, len(article.sections), rules):
                 count(counters.SCB_ARTICLES_NOT_ELIGIBLE)
                 return
-            scb = records.scb_record(article)
+            scb = records.ScbRecord.from_article(article)
             count(counters.SCB_SENTENCES, len(scb.sentences))
             yield scb
 
@@ -356,4 +356,4 @@ class PassageRecords(beam.PTransform):
     """Articles (every split) -> passages records: each article's lead and kept sections' paragraphs."""
 
     def expand(self, articles):
-        return articles | beam.Map(records.passages_record)
+        return articles | beam.Map(records.PassagesRecord.from_article)

@@ -6,18 +6,56 @@ import pytest
 from model_shards import write_triplet_shards
 
 from eval import triplets
+from pipeline import records
+
+ANCHOR = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+POSITIVE = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 1.0]])
+NEGATIVE = np.array([[0.0, 1.0], [3.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
+# cosine: 1>0 yes; 0>1 no; 1>0.71 yes; 1>1 tie -> no        => 2/4
+# L1:     1<2 yes; 2<2 tie -> no; 2<1 no; 0<2 yes           => 2/4, but on different triplets
 
 
 def test_triplet_accuracies_by_hand():
-    anchor = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    positive = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 1.0]])
-    negative = np.array([[0.0, 1.0], [3.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
-    # cosine: 1>0 yes; 0>1 no; 1>0.71 yes; 1>1 tie -> no        => 2/4
-    # L1:     1<2 yes; 2<2 tie -> no; 2<1 no; 0<2 yes           => 2/4, but on different triplets
-    result = triplets.triplet_accuracies(anchor, positive, negative)
-    assert result == {"accuracy_cosine": 0.5, "accuracy_l1": 0.5}
-    result = triplets.triplet_accuracies(anchor[:3], positive[:3], negative[:3])
+    correct = triplets.triplet_correct(ANCHOR, POSITIVE, NEGATIVE)
+    assert list(correct) == ["cosine", "l1"]                       # the reports' column order
+    assert correct["cosine"].tolist() == [True, False, True, False]
+    assert correct["l1"].tolist() == [True, False, False, True]
+    result = triplets.triplet_accuracies(correct)
+    assert [key for key in result] == ["accuracy_cosine", "accuracy_l1", "interval_cosine", "interval_l1"]
+    assert (result["accuracy_cosine"], result["accuracy_l1"]) == (0.5, 0.5)
+    result = triplets.triplet_accuracies(triplets.triplet_correct(ANCHOR[:3], POSITIVE[:3], NEGATIVE[:3]))
     assert result["accuracy_cosine"] == pytest.approx(2 / 3) and result["accuracy_l1"] == pytest.approx(1 / 3)
+    assert result["interval_cosine"]["low"] < 2 / 3 < result["interval_cosine"]["high"]
+
+
+def test_sparse_rows_score_as_dense_ones():
+    from scipy import sparse
+
+    dense = triplets.triplet_correct(ANCHOR, POSITIVE, NEGATIVE)
+    kept_sparse = triplets.triplet_correct(*map(sparse.csr_matrix, (ANCHOR, POSITIVE, NEGATIVE)))
+    assert {key: value.tolist() for key, value in kept_sparse.items()} == {
+        key: value.tolist() for key, value in dense.items()}
+
+
+class _HandMadeEncoder:
+    """Each sentence's row of the hand-made vectors above, by its text."""
+
+    name = "by-hand"
+    vectors = {f"{role}{row}": vector for role, rows in (("a", ANCHOR), ("p", POSITIVE), ("n", NEGATIVE))
+               for row, vector in enumerate(rows)}
+
+    def encode(self, sentences):
+        return np.array([self.vectors[sentence] for sentence in sentences])
+
+
+def test_score_encoder_scores_by_the_tested_accuracies():
+    """The production path (encode each distinct sentence once, then score) on the hand-made triplets."""
+    roles = {role: [f"{letter}{row}" for row in range(4)] for role, letter in zip(records.ROLES, "apn")}
+    accuracies, correct = triplets.score_encoder(_HandMadeEncoder(), roles)
+    assert accuracies == {"method": "by-hand", **triplets.triplet_accuracies(
+        triplets.triplet_correct(ANCHOR, POSITIVE, NEGATIVE))}
+    assert (accuracies["accuracy_cosine"], accuracies["accuracy_l1"]) == (0.5, 0.5)
+    assert correct["l1"].tolist() == [True, False, False, True]
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from model.config import ENCODERS, NetworkKind, TrainConfig, parse_args
 from model.encoder import SavedModelEncoder, SentenceEncoder
 from model.network import (
     COSINE_SCALE,
+    LENGTH_SLICES,
     ExportableEncoder,
     build_sentence_encoder,
     build_triplet_model,
@@ -22,6 +25,8 @@ from model.network import (
     triplet_loss,
 )
 from model.text import WordIds
+from model.train import build_models
+from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,6 +157,78 @@ def test_triplet_model_with_an_in_batch_loss_outputs_distances_then_scores(loss)
     unit /= np.linalg.norm(unit, axis=1, keepdims=True)
     np.testing.assert_allclose(outputs[1, 5], -COSINE_SCALE * (1 - unit[0] @ unit[2]), rtol=1e-4, atol=1e-4)
     assert (outputs[0, 3:5] < -1e8).all() and (outputs[1, 3:5] < -1e8).all()   # rows 0, 1: section 7
+
+
+# ----------------------------------------------------------------------------- network kinds
+def test_each_network_kind_answers_for_its_behaviour():
+    assert ENCODERS == tuple(kind.value for kind in NetworkKind) == ("bilstm", "minilm")
+    bilstm, minilm = NetworkKind.BILSTM, NetworkKind.MINILM
+    assert (bilstm.pretrained, bilstm.reads_word_vectors, bilstm.weight_decay, bilstm.exports_sentence_transformers) \
+        == (False, True, False, False)
+    assert (minilm.pretrained, minilm.reads_word_vectors, minilm.weight_decay, minilm.exports_sentence_transformers) \
+        == (True, False, True, True)
+    assert (bilstm.label(300), minilm.label(300)) == ("BiLSTM 300", "minilm")
+
+
+@pytest.mark.parametrize("encoder, learning_rate, distance, dropout", [("bilstm", 1e-3, "l1", 0.2),
+                                                                      ("minilm", 5e-5, "cosine", None)])
+def test_flags_left_at_none_take_the_kinds_defaults(encoder, learning_rate, distance, dropout):
+    config = parse_args(["--data", "d", "--model-dir", "m", "--encoder", encoder])
+    assert config.network.kind is NetworkKind(encoder)
+    assert type(config.flags()["encoder"]) is str     # history.json and inputs.json keep the flag's string
+    assert [config.resolved(name) for name in ("learning_rate", "distance", "dropout")] == [learning_rate, distance,
+                                                                                            dropout]
+    assert config.with_flags(teacher="t").resolved("distance") == "cosine"
+    assert config.with_flags(distance="l1", dropout=0.1).resolved("distance") == "l1"
+
+
+def test_an_unknown_kind_or_distance_is_refused_naming_the_choices():
+    with pytest.raises(UsageError, match=r"^--encoder must be one of \('bilstm', 'minilm'\), got 'lstm'$"):
+        parse_args(["--data", "d", "--model-dir", "m", "--encoder", "lstm"])
+    with pytest.raises(UsageError, match=r"^--distance must be one of \('l1', 'cosine'\) or none, got 'dot'$"):
+        parse_args(["--data", "d", "--model-dir", "m", "--distance", "dot"])
+
+
+def _tiny(**flags):
+    return TrainConfig.from_flags(**{"data": "d", "model_dir": "m", "lstm_units": 4, "attention_size": 3, **flags})
+
+
+def test_the_trainers_models_are_built_as_the_flags_say():
+    encoder, model = build_models(_tiny(fine_tune_embeddings=True, dropout=0.3), _matrix(10), global_batch=8)
+    assert encoder.get_layer("bilstm").forward_layer.units == 4 and encoder.get_layer("dropout").rate == 0.3
+    assert encoder.get_layer("word_vectors").trainable
+    head = model.get_layer("distances")
+    assert (head.distance, head.slices) == ("l1", LENGTH_SLICES)
+    assert type(model.optimizer) is keras.optimizers.Adam and not model.jit_compile   # no weight decay for a BiLSTM
+    _, model = build_models(_tiny(distance="cosine", jit_compile=True), _matrix(10), global_batch=8, slices=2)
+    assert (model.get_layer("distances").distance, model.get_layer("distances").slices) == ("cosine", 2)
+    assert model.jit_compile
+
+
+def test_the_benchmark_times_the_trainers_models(tmp_path):
+    """Every variant but the three-call baseline is `build_models`' triplet model, compiled alike."""
+    from model_shards import write_triplet_shards
+
+    from model.benchmark import variants
+    from model.data import open_run, triplet_strings
+
+    data = write_triplet_shards(str(tmp_path), sizes={"train": 16, "validation": 4, "test": 4}, shards=1)
+    triplets = triplet_strings(open_run(data), "triplets-sen", "train")
+    word_ids = WordIds(["the", "a"], num_oov_buckets=1, max_tokens=8)
+    timed = variants(_tiny(data=data), triplets, word_ids, _matrix(word_ids.num_ids))
+    assert list(timed) == ["baseline", "+one call", "+length groups", "+batch 128", "+article chunks",
+                           "+length slices 2", "+length slices 3", "+XLA"]
+    _, trainers = build_models(_tiny(data=data), _matrix(word_ids.num_ids), global_batch=128)
+    for name, (model, _) in timed.items():
+        assert type(model.optimizer) is type(trainers.optimizer)
+        assert model.jit_compile == (name == "+XLA")
+        assert [w.shape for w in model.trainable_weights] == [w.shape for w in trainers.trainable_weights]
+    heads = {name: model.get_layer("distances") for name, (model, _) in timed.items() if name != "baseline"}
+    assert {name: head.slices for name, head in heads.items()} == {
+        "+one call": 1, "+length groups": 1, "+batch 128": 1, "+article chunks": 1, "+length slices 2": 2,
+        "+length slices 3": 3, "+XLA": LENGTH_SLICES}
+    assert {head.distance for head in heads.values()} == {"l1"}
+    assert set(timed["baseline"][0].input) == {"anchor", "positive", "negative"}   # the encoder called per role
 
 
 @pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)

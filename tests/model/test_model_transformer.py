@@ -80,6 +80,20 @@ def test_untrained_export_equals_the_backbones_mean_pooled_states(tmp_path, refe
         np.testing.assert_allclose(row, np.asarray(states)[0].mean(axis=0), atol=1e-5)
 
 
+def test_the_transformer_kind_builds_its_net_as_the_flags_say():
+    import keras
+
+    from model.train import build_models
+
+    config = TrainConfig.from_flags(data="d", model_dir="m", encoder="minilm", frozen_layers=1, transformer_layers=2)
+    encoder, model = build_models(config, None, global_batch=8)
+    backbone = encoder.get_layer(index=1)
+    layers = [layer for layer in backbone.layers if layer.name.startswith("transformer_layer_")]
+    assert [layer.trainable for layer in layers] == [False, True]                 # 2 kept, the lowest frozen
+    assert model.get_layer("distances").distance == "cosine"                       # the kind's default distance
+    assert type(model.optimizer) is keras.optimizers.AdamW and model.optimizer.weight_decay == 0.01
+
+
 @pytest.fixture(scope="module")
 def fine_tuned(embedded_pipeline_output, tmp_path_factory):
     """A model dir of MiniLM fine-tuned for two steps, and model.train's summary."""

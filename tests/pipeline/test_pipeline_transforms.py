@@ -404,7 +404,7 @@ def test_scb_records_are_the_test_articles_with_the_rules_number_of_sections(art
 
     p = test_pipeline.TestPipeline()
     found = p | beam.Create(articles) | ScbRecords(rules)
-    assert_that(found, all_of(equal_to([records.scb_record(article) for article in eligible])))
+    assert_that(found, all_of(equal_to([records.ScbRecord.from_article(article) for article in eligible])))
     result = run(p)
     n_articles, n_eligible = len(articles), len(eligible)
     assert counter(result, counters.SCB_ARTICLES_NOT_ELIGIBLE) == n_articles - n_eligible
@@ -416,14 +416,14 @@ def test_passage_records_of_every_article_are_written_as_json_lines_and_counted(
     """PassageRecords and its writer: each article's passages record, one JSON line each."""
     p = test_pipeline.TestPipeline()
     passages = p | beam.Create(articles) | PassageRecords()
-    assert_that(passages, all_of(equal_to([records.passages_record(article) for article in articles])))
+    assert_that(passages, all_of(equal_to([records.PassagesRecord.from_article(article) for article in articles])))
     _ = passages | WriteJsonLines(str(tmp_path / "passages" / "part"), counters.PASSAGES_ARTICLES)
     result = run(p)
     lines = []
     for shard in sorted((tmp_path / "passages").glob("part-*-of-*.jsonl.gz")):
         with gzip.open(shard, "rt", encoding="utf-8") as handle:
             lines += handle.read().splitlines()
-    assert sorted(lines) == sorted(records.passages_record(article).to_json() for article in articles)
+    assert sorted(lines) == sorted(records.PassagesRecord.from_article(article).to_json() for article in articles)
     assert sorted(json.loads(line)["article_id"] for line in lines) == sorted(a.article_id for a in articles)
     n_articles = len(articles)
     assert counter(result, counters.PASSAGES_ARTICLES) == n_articles

@@ -184,7 +184,7 @@ def test_the_pipeline_does_not_import_tensorflow():
 
 def test_scb_record_labels_index_sections_and_flag_openers():
     article = _article(9)
-    record = records.scb_record(article)
+    record = records.ScbRecord.from_article(article)
     assert record.sections == tuple(s.title for s in article.sections)
     assert len(record.sentences) == len(record.labels) == len(record.openers)
     for sentence, label, opener in zip(record.sentences, record.labels, record.openers):

@@ -26,7 +26,7 @@ def _article() -> Article:
 
 def test_records_read_back_as_written():
     article = _article()
-    scb, passages = records.scb_record(article), records.passages_record(article)
+    scb, passages = records.ScbRecord.from_article(article), records.PassagesRecord.from_article(article)
     assert ScbRecord.from_json(scb.to_json()) == scb
     assert PassagesRecord.from_json(passages.to_json()) == passages
     assert scb.labels == (0, 0, 0, 1, 1, 1, 1) and scb.openers[:3] == (True, False, True)
@@ -34,10 +34,10 @@ def test_records_read_back_as_written():
 
 
 def test_the_json_is_the_contract_format():
-    line = json.loads(records.scb_record(_article()).to_json())
+    line = json.loads(records.ScbRecord.from_article(_article()).to_json())
     assert sorted(line) == ["article_id", "labels", "openers", "sections", "sentences", "title"]
     assert line["sections"] == ["History", "Geography"] and isinstance(line["openers"][0], bool)
-    passages = json.loads(records.passages_record(_article()).to_json())
+    passages = json.loads(records.PassagesRecord.from_article(_article()).to_json())
     assert passages["sections"][1]["paragraphs"][1] == {"text": "Geography paragraph 1.",
                                                         "path": ["Geography", "Geography sub"]}
 
@@ -58,7 +58,7 @@ def test_a_bad_scb_line_names_what_is_wrong(line, message):
 
 
 def test_a_bad_passages_line_names_the_field():
-    good = json.loads(records.passages_record(_article()).to_json())
+    good = json.loads(records.PassagesRecord.from_article(_article()).to_json())
     bad_path = json.loads(json.dumps(good))
     bad_path["sections"][1]["paragraphs"][0]["path"] = "Geography"
     with pytest.raises(RecordError, match=r"'sections\[1\]\.paragraphs\[0\]\.path' is a str"):
