@@ -13,13 +13,19 @@ step (`seconds` in report.json). The whole sets by default; `--max-triplets` and
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from model.encoders import Methods, check_encoder_specs, named_model_dir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
+
+if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
+    from eval.triplets import TripletsConfig
 
 
 @dataclass(frozen=True)
@@ -78,30 +84,38 @@ def scale_lines(test_triplets: int, scb_articles: int, sick_result: dict | None)
 
 
 def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
-    from apache_beam.io.filesystems import FileSystems
-
-    from eval import scb, sick, triplets
-    from eval.report import (
-        claim_report_folder,
-        learning_curves_figure,
-        scb_ari_summary,
-        scb_markdown,
-        sick_markdown,
-        triplets_markdown,
-        triplets_table,
-        write_figure,
-        write_json,
-        write_text,
-    )
-    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+    """Checks the inputs and claims `--output` (before any work), embeds every sentence once per
+    method, runs the evaluations on those embeddings and writes the report."""
+    from eval import scb, sick
+    from eval.report import claim_report_folder
 
     scb.check_scb_input(args.data)
     sick_splits = sick.read_sick(args.sick) if args.sick else None
     claim_report_folder(args.output)
     seconds: dict[str, float] = {}
-    sections: list[str] = []
+    with _timed(seconds, "embed"):
+        triplet_config, test_triplets, sentences, specs = _embed(args, sick_splits)
+    results = _run_evaluations(args, beam_args, triplet_config, test_triplets, specs, seconds)
+    return _write_report(args, results, seconds, len(sentences))
 
+
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
+    """Records the wall time of the `with` block as `seconds[step]` (report.json's `seconds`)."""
     start = time.perf_counter()
+    yield
+    seconds[step] = time.perf_counter() - start
+
+
+def _embed(args: ReportConfig,
+           sick_splits: dict | None) -> tuple[TripletsConfig, dict[str, list[str]], list[str], list[str]]:
+    """(the triplets' config, the test triplets, every distinct sentence of the three evaluations,
+    the method specs of their cached embeddings): each method embeds each sentence once."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval import scb, sick, triplets
+    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+
     triplet_config = triplets.TripletsConfig(data=args.data, output=args.output, methods=args.methods,
                                              max_triplets=args.max_triplets, seed=args.seed)
     test_triplets = triplets.read_test_triplets(triplet_config)
@@ -111,26 +125,61 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
         + [sentence for record in articles for sentence in record.sentences]
         + (sick.sick_sentences(sick_splits) if sick_splits else [])))
     specs = cache_embeddings(args.methods.specs(), sentences, FileSystems.join(args.output, EMBEDDINGS_FOLDER))
-    seconds["embed"] = time.perf_counter() - start
+    return triplet_config, test_triplets, sentences, specs
 
-    start = time.perf_counter()
-    scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, methods=args.methods, seed=args.seed,
-                                       max_articles=args.max_scb_articles), beam_args, specs)
-    seconds["scb"] = time.perf_counter() - start
+
+@dataclass(frozen=True)
+class _Results:
+    """Each evaluation's result (SICK's None when skipped), and the report's section of each."""
+
+    scb: dict
+    triplets: dict
+    sick: dict | None
+    sections: list[str]
+
+
+def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: TripletsConfig,
+                     test_triplets: dict[str, list[str]],
+                     specs: list[str], seconds: dict[str, float]) -> _Results:
+    """The SCB clustering job, triplet accuracy and (with `--sick`) SICK relatedness, each timed."""
+    from eval import scb, sick, triplets
+    from eval.report import scb_markdown, sick_markdown, triplets_markdown
+
+    sections: list[str] = []
+    with _timed(seconds, "scb"):
+        scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, methods=args.methods, seed=args.seed,
+                                           max_articles=args.max_scb_articles), beam_args, specs)
     sections.append(scb_markdown(scb_result) + "\n![per-article ARI](scb_ari.png)\n")
 
-    start = time.perf_counter()
-    triplet_result = triplets.run(triplet_config, test_triplets, specs)
-    seconds["triplets"] = time.perf_counter() - start
+    with _timed(seconds, "triplets"):
+        triplet_result = triplets.run(triplet_config, test_triplets, specs)
     sections.append(triplets_markdown(triplet_result) + "\n![triplet accuracy](triplets_accuracy.png)\n")
 
     sick_result = None
     if args.sick:
-        start = time.perf_counter()
-        sick_result = sick.run(sick.SickConfig(sick=args.sick, output=args.output, methods=args.methods), specs)
-        seconds["sick"] = time.perf_counter() - start
+        with _timed(seconds, "sick"):
+            sick_result = sick.run(sick.SickConfig(sick=args.sick, output=args.output, methods=args.methods), specs)
         sections.append(sick_markdown(sick_result) + "\n![SICK Pearson r](sick_pearson.png)\n")
+    return _Results(scb_result, triplet_result, sick_result, sections)
 
+
+def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, float], sentences: int) -> dict:
+    """report.md (every table and plot, with the trained models' learning curves), summary.md (its
+    head and each benchmark's main table) and report.json, which is returned."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval.report import (
+        learning_curves_figure,
+        scb_ari_summary,
+        sick_markdown,
+        triplets_table,
+        write_figure,
+        write_json,
+        write_text,
+    )
+
+    scb_result, triplet_result, sick_result = results.scb, results.triplets, results.sick
+    sections = list(results.sections)
     histories = trained_histories(args.methods.model_dirs)
     if histories:
         write_figure(FileSystems.join(args.output, "learning_curves.png"), learning_curves_figure(histories))
@@ -139,7 +188,7 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
     header = (f"# Evaluation report\n\nData: `{args.data}`. Methods: {', '.join(f'`{m}`' for m in methods)}.\n"
               + scale_lines(triplet_result["triplets"], scb_result["articles"], sick_result)
               + f"Wall time: {', '.join(f'{step} {value:.1f} s' for step, value in seconds.items())} "
-              f"({len(sentences)} distinct sentences embedded once per method).\n"
+              f"({sentences} distinct sentences embedded once per method).\n"
               "Reference numbers marked \"paper\" are Ein Dor et al.'s, on their data, not ours.\n\n")
     report = header + "\n".join(sections)
     write_text(FileSystems.join(args.output, "report.md"), report)
@@ -149,7 +198,7 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
         + ([sick_markdown(sick_result)] if sick_result else [])
         + [f"\nEvery table (MI, AMI, RI, openers, differences) and plot: "
            f"{FileSystems.join(args.output, 'report.md')}"]))
-    combined = {"data": args.data, "methods": methods, "seconds": seconds, "sentences_embedded": len(sentences),
+    combined = {"data": args.data, "methods": methods, "seconds": seconds, "sentences_embedded": sentences,
                 "scb": scb_result["summary"], "triplets": triplet_result, "sick": sick_result}
     write_json(FileSystems.join(args.output, "report.json"), combined)
     print(f"report: {FileSystems.join(args.output, 'report.md')} (+ report.json and the PNG plots beside it)")

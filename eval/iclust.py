@@ -127,6 +127,57 @@ def _pairwise_sum(values: np.ndarray) -> float:
     return sums[0]
 
 
+@numba.njit(cache=True, inline="always")
+def _posteriors_side_by_side(assignment: np.ndarray, runs: np.ndarray,
+                             mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(P(i|c) of each of `runs` side by side [N, len(runs) * k], log P(c) of each [len(runs), k]):
+    the right-hand side of the one product all these runs share. `mass`: a [k] scratch row."""
+    _, n_items, n_clusters = assignment.shape
+    side_by_side = np.empty((n_items, len(runs) * n_clusters))
+    log_prior = np.empty((len(runs), n_clusters))
+    for slot, run in enumerate(runs):
+        first = slot * n_clusters
+        mass[:] = 0.0
+        for i in range(n_items):
+            for c in range(n_clusters):
+                mass[c] += assignment[run, i, c]
+        for c in range(n_clusters):
+            log_prior[slot, c] = np.log(mass[c] / n_items)
+            if not mass[c] > 0:
+                mass[c] = 1.0
+        for i in range(n_items):
+            for c in range(n_clusters):
+                side_by_side[i, first + c] = assignment[run, i, c] / mass[c]
+    return side_by_side, log_prior
+
+
+@numba.njit(cache=True, inline="always")
+def _update_run(assignment: np.ndarray, run: int, first: int, side_by_side: np.ndarray, product: np.ndarray,
+                log_prior: np.ndarray, beta: float, within_cluster: np.ndarray, unnormalised: np.ndarray) -> float:
+    """One update of run `run`'s P(c|i) in place, from its columns `first`.. of P(i|c) and of the
+    product s(c; i); returns the largest change. `within_cluster`, `unnormalised`: [k] scratch rows."""
+    _, n_items, n_clusters = assignment.shape
+    within_cluster[:] = 0.0
+    for i in range(n_items):
+        for c in range(n_clusters):
+            within_cluster[c] += side_by_side[i, first + c] * product[i, first + c]
+    change = 0.0
+    for i in range(n_items):
+        largest = -np.inf
+        for c in range(n_clusters):
+            logit = log_prior[c] + beta * (2.0 * product[i, first + c] - within_cluster[c])
+            unnormalised[c] = logit
+            largest = max(largest, logit)
+        for c in range(n_clusters):
+            unnormalised[c] = np.exp(unnormalised[c] - largest)
+        norm = _pairwise_sum(unnormalised)
+        for c in range(n_clusters):
+            updated = unnormalised[c] / norm
+            change = max(change, abs(updated - assignment[run, i, c]))
+            assignment[run, i, c] = updated
+    return change
+
+
 @numba.njit(cache=True, nogil=True)
 def _settle(similarities: np.ndarray, assignment: np.ndarray, matrix_of_run: np.ndarray, beta: np.ndarray,
             tol: float, max_iter: int) -> np.ndarray:
@@ -140,7 +191,7 @@ def _settle(similarities: np.ndarray, assignment: np.ndarray, matrix_of_run: np.
     run. Every run on the same matrix still meets it in one product, S @ [P(i|c) of run 1 | ... |
     run R], and every sum adds in numpy's order, so the result is the numpy formulation's to the
     last bit (where numpy's exp is the C library's, as on x86 without AVX-512)."""
-    n_runs, n_items, n_clusters = assignment.shape
+    n_runs, _, n_clusters = assignment.shape
     active = np.ones(n_runs, dtype=np.bool_)
     updates = np.zeros(n_runs, dtype=np.int64)
     mass = np.empty(n_clusters)
@@ -151,43 +202,11 @@ def _settle(similarities: np.ndarray, assignment: np.ndarray, matrix_of_run: np.
             runs = np.flatnonzero(active & (matrix_of_run == matrix))
             if len(runs) == 0:
                 continue
-            width = len(runs) * n_clusters
-            side_by_side = np.empty((n_items, width))   # P(i|c) of each run
-            log_prior = np.empty((len(runs), n_clusters))
-            for slot, run in enumerate(runs):
-                first = slot * n_clusters
-                mass[:] = 0.0
-                for i in range(n_items):
-                    for c in range(n_clusters):
-                        mass[c] += assignment[run, i, c]
-                for c in range(n_clusters):
-                    log_prior[slot, c] = np.log(mass[c] / n_items)
-                    if not mass[c] > 0:
-                        mass[c] = 1.0
-                for i in range(n_items):
-                    for c in range(n_clusters):
-                        side_by_side[i, first + c] = assignment[run, i, c] / mass[c]
+            side_by_side, log_prior = _posteriors_side_by_side(assignment, runs, mass)
             product = np.dot(similarities[matrix], side_by_side)   # s(c; i) of each run
             for slot, run in enumerate(runs):
-                first = slot * n_clusters
-                within_cluster[:] = 0.0
-                for i in range(n_items):
-                    for c in range(n_clusters):
-                        within_cluster[c] += side_by_side[i, first + c] * product[i, first + c]
-                change = 0.0
-                for i in range(n_items):
-                    largest = -np.inf
-                    for c in range(n_clusters):
-                        logit = log_prior[slot, c] + beta[run] * (2.0 * product[i, first + c] - within_cluster[c])
-                        unnormalised[c] = logit
-                        largest = max(largest, logit)
-                    for c in range(n_clusters):
-                        unnormalised[c] = np.exp(unnormalised[c] - largest)
-                    norm = _pairwise_sum(unnormalised)
-                    for c in range(n_clusters):
-                        updated = unnormalised[c] / norm
-                        change = max(change, abs(updated - assignment[run, i, c]))
-                        assignment[run, i, c] = updated
+                change = _update_run(assignment, run, slot * n_clusters, side_by_side, product, log_prior[slot],
+                                     beta[run], within_cluster, unnormalised)
                 updates[run] += 1
                 if not change >= tol:
                     active[run] = False

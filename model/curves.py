@@ -65,10 +65,9 @@ def run_curve(entry: str) -> tuple[str, list[dict]]:
     return label, tensorboard_curve(model_dir, int(per_epoch))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    config = parse_config(CurvesConfig, argv, "python -m model.curves", __doc__.split("\n\n")[0])
-    curves = dict(run_curve(entry) for entry in config.run)
-    from model.plots import _pyplot, _save_png
+def curves_figure(curves: dict[str, list[dict]], title: str | None = None):
+    """One validation accuracy curve per run against training triplets seen, on one axis."""
+    from model.plots import _pyplot
 
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.2))
@@ -79,10 +78,18 @@ def main(argv: list[str] | None = None) -> dict:
     axis.set_ylabel("validation triplet accuracy")
     axis.grid(alpha=0.3)
     axis.legend()
-    if config.title:
-        axis.set_title(textwrap.fill(config.title, 90), fontsize=9)
+    if title:
+        axis.set_title(textwrap.fill(title, 90), fontsize=9)
     figure.tight_layout()
-    _save_png(figure, config.output)
+    return figure
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_config(CurvesConfig, argv, "python -m model.curves", __doc__.split("\n\n")[0])
+    curves = dict(run_curve(entry) for entry in config.run)
+    from model.plots import _save_png
+
+    _save_png(curves_figure(curves, config.title), config.output)
     seen = sorted({p["triplets_seen"] for points in curves.values() for p in points})
     print("triplets seen  " + "  ".join(f"{label:>24}" for label in curves))
     for triplets in seen:

@@ -5,6 +5,10 @@ load when a curve is drawn, not at import."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 from model.config import NetworkKind
 
@@ -27,8 +31,9 @@ def _save_png(figure, path: str) -> None:
     plt.close(figure)
 
 
-def plot_history(history: dict, path: str) -> None:
-    """Loss and triplet accuracy per epoch (training and validation) as a PNG."""
+def plot_history(history: dict, path: str) -> Figure:
+    """Loss and triplet accuracy per epoch (training and validation) as a PNG; returns the figure
+    (closed), so a test can read what it draws."""
     plt = _pyplot()
     epochs = range(1, len(history["loss"]) + 1)
     figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(10, 4))
@@ -43,11 +48,13 @@ def plot_history(history: dict, path: str) -> None:
     figure.suptitle(f"{history['config']['dataset']}: triplet network training")
     figure.tight_layout()
     _save_png(figure, path)
+    return figure
 
 
-def plot_learning_curve(summary: dict, path: str) -> None:
+def plot_learning_curve(summary: dict, path: str) -> Figure:
     """Validation triplet accuracy against training triplets seen and against CPU minutes,
-    with the untrained network and mean word vectors on the same sample as reference lines."""
+    with the untrained network and mean word vectors on the same sample as reference lines, as a
+    PNG; returns the figure (closed)."""
     from matplotlib.ticker import FuncFormatter
 
     plt = _pyplot()
@@ -76,3 +83,4 @@ def plot_learning_curve(summary: dict, path: str) -> None:
                     f"{summary['global_batch_size']}, {summary['evaluation_triplets']} validation triplets)")
     figure.tight_layout()
     _save_png(figure, path)
+    return figure

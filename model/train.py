@@ -37,6 +37,8 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
 from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
@@ -61,7 +63,7 @@ from model.data import (  # noqa: E402
     triplet_strings,
     with_known_length,
 )
-from model.encoder import load_encoder  # noqa: E402
+from model.encoder import SavedModelEncoder, load_encoder  # noqa: E402
 from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.similarity import Similarity  # noqa: E402
 from model.storage import TreeMirror, staged  # noqa: E402
@@ -69,6 +71,9 @@ from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
 from pipeline.published import Run, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
+
+if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
+    from model.callbacks import BestCheckpoint, LearningCurve, TimeBudget
 
 LOG = logging.getLogger(__name__)
 
@@ -388,20 +393,64 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
             return _train(config, run, strategy, own_dir, None, extra_callbacks, started, resume_from=model_dir)
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every step of `_train` reads: the flags, the data, where it runs and where it writes."""
+
+    config: TrainConfig
+    run: Run
+    strategy: tf.distribute.Strategy
+    model_dir: str   # local; `mirror` pushes it to a remote one
+    mirror: TreeMirror | None
+
+    @property
+    def replicas(self) -> int:
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def global_batch(self) -> int:
+        return self.config.optimizer.batch_size * self.replicas
+
+
+@dataclass(frozen=True)
+class _Data:
+    """The data step's result: the id space, the teacher, the validation batches, and each split's
+    record count, counted in the background until the score step needs it."""
+
+    word_ids: WordIds
+    vocabulary: list[str] | None   # None for a transformer (its own wordpieces)
+    matrix: np.ndarray | None      # the BiLSTM's word vectors
+    teacher: SavedModelEncoder | None
+    validation_batches: tf.data.Dataset
+    record_counts: dict[str, concurrent.futures.Future]
+
+    @property
+    def embed_by_teacher(self):
+        return self.teacher.embed_tensor if self.teacher else None
+
+
 def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, model_dir: str,
            mirror: TreeMirror | None, extra_callbacks: list | None, started: float,
            resume_from: str | None = None) -> dict:
     """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one.
     `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
-    import keras
-
-    from model.callbacks import AtomicBackup, BestCheckpoint, FirstStep, LearningCurve, MirrorBackups, TimeBudget
-    from model.network import ExportableEncoder
-
-    inputs, optimizer, runtime = config.inputs, config.optimizer, config.runtime
-    global_batch = optimizer.batch_size * strategy.num_replicas_in_sync
+    job = _Job(config, run, strategy, model_dir, mirror)
     LOG.info("strategy %s, %d replica(s), global batch %d", type(strategy).__name__,
-             strategy.num_replicas_in_sync, global_batch)
+             strategy.num_replicas_in_sync, job.global_batch)
+    teacher = _claim(job, resume_from)
+    data = _data(job, teacher)
+    encoder, model, untrained = _model(job, data)
+    fit_record, best = _fit(job, data, model, extra_callbacks, started)
+    summary = _score(job, data, model, untrained, fit_record, best)
+    _export(job, data.word_ids, encoder, summary)
+    return summary
+
+
+def _claim(job: _Job, resume_from: str | None) -> SavedModelEncoder | None:
+    """Checks the data and loads the teacher (`--teacher`), then claims the model dir (a non-chief
+    worker copies the chief's RESUME_ENTRIES into its own): what can be refused is refused before
+    anything is written. Returns the teacher, or None."""
+    config, run, inputs, optimizer = job.config, job.run, job.config.inputs, job.config.optimizer
     for split in SPLITS:   # every shard there, of the size the run wrote, before the model dir is claimed (seconds)
         triplet_split(run, inputs.dataset, split)
         run.check_sizes(f"{inputs.dataset}/{split}")
@@ -412,91 +461,131 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
     if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
         raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
     teacher = load_encoder(optimizer.teacher) if optimizer.teacher else None   # a bad path is refused before the claim
-    embed_by_teacher = teacher.embed_tensor if teacher else None
-    claim_model_dir(config, model_dir, run)
+    claim_model_dir(config, job.model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
         if os.path.isdir(os.path.join(resume_from, entry)):
-            shutil.copytree(os.path.join(resume_from, entry), os.path.join(model_dir, entry))
+            shutil.copytree(os.path.join(resume_from, entry), os.path.join(job.model_dir, entry))
+    return teacher
+
+
+def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
+    """The id space (the BiLSTM's vocabulary and word vectors, or a transformer's wordpieces) and
+    the validation batches; starts counting every split's records."""
+    config, run, inputs = job.config, job.run, job.config.inputs
     if config.network.kind.reads_word_vectors:
-        vocabulary = build_vocabulary(config, run, model_dir)
+        vocabulary = build_vocabulary(config, run, job.model_dir)
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
         from model.transformer import token_ids
 
         word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
-    if mirror:
-        mirror.push()
-    validation_batches = evaluation_batches(config, run, "validation", word_ids, strategy.num_replicas_in_sync,
-                                            embed_by_teacher)
+    if job.mirror:
+        job.mirror.push()
+    validation_batches = evaluation_batches(config, run, "validation", word_ids, job.replicas,
+                                            teacher.embed_tensor if teacher else None)
     # The records each split holds are counted beside training (tf.data releases the GIL), not
     # before it, and checked before the export: no extra pass before the first step.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     record_counts = {split: counting.submit(count_records, run, inputs.dataset, split) for split in SPLITS}
-    with strategy.scope():
-        encoder, model = build_models(config, matrix, global_batch, teacher.dim if teacher else None)
-    untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
-    backup = f"{model_dir}/{BACKUP}"
+    counting.shutdown(wait=False)   # takes no more work; the counts submitted run on
+    return _Data(word_ids, vocabulary, matrix, teacher, validation_batches, record_counts)
+
+
+def _model(job: _Job, data: _Data):
+    """(sentence encoder, compiled triplet model, the untrained model's validation scores)."""
+    with job.strategy.scope():
+        encoder, model = build_models(job.config, data.matrix, job.global_batch,
+                                      data.teacher.dim if data.teacher else None)
+    untrained = model.evaluate(data.validation_batches, verbose=0, return_dict=True)
+    return encoder, model, untrained
+
+
+def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
+         started: float) -> tuple[dict, BestCheckpoint]:
+    """(the fit's record: history, learning curve, budget stop, time to the first step; the best
+    epoch's checkpoint). Resumes at the backup's step; a backup that holds a complete fit
+    (FIT_RECORD) is not fitted again."""
+    from model.callbacks import BestCheckpoint, FirstStep, LearningCurve, TimeBudget
+
+    config, optimizer, runtime = job.config, job.config.optimizer, job.config.runtime
+    backup = f"{job.model_dir}/{BACKUP}"
     step, epochs_done = restored_state(model, backup)
-    train_batches = training_stream(config, run, word_ids, strategy, resume_at_step=step, teacher=embed_by_teacher)
+    train_batches = training_stream(config, job.run, data.word_ids, job.strategy, resume_at_step=step,
+                                    teacher=data.embed_by_teacher)
     # `--steps none`: an epoch is one pass over the train split, by the manifest's count.
-    pass_steps = max(1, -(-triplet_split(run, inputs.dataset, "train").records // global_batch))
+    pass_steps = max(1, -(-triplet_split(job.run, config.inputs.dataset, "train").records // job.global_batch))
     first_step = FirstStep(started)
     if step:
         LOG.info("resuming from the backup at step %d", step)
 
-    chief = is_chief(strategy)
-    curve = LearningCurve(global_batch)
-    best = BestCheckpoint(f"{model_dir}/checkpoints")
+    curve = LearningCurve(job.global_batch)
+    best = BestCheckpoint(f"{job.model_dir}/checkpoints")
     budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
-    callbacks = [
-        AtomicBackup(backup, runtime.checkpoint_every),
-        *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
-        best,
-        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
-        # scalars every N steps and per epoch
-        keras.callbacks.TensorBoard(f"{model_dir}/logs", update_freq=runtime.checkpoint_every),
-        curve,
-        *([budget] if budget else []),
-        *(extra_callbacks or []),
-    ]
+    callbacks = _callbacks(job, best, curve, budget, extra_callbacks)
     fitted = f"{backup}/{FIT_RECORD}"
     if os.path.exists(fitted):   # a run killed after training, before its export: straight to test and export
         LOG.info("training was complete in the backup (%s); testing and exporting it", fitted)
         with open(fitted) as handle:
-            fit_record = json.load(handle)
-    else:
-        fit = model.fit(train_batches, validation_data=validation_batches, epochs=optimizer.epochs,
-                        initial_epoch=step // optimizer.steps if optimizer.steps else epochs_done,
-                        steps_per_epoch=optimizer.steps or pass_steps, callbacks=[*callbacks, first_step],
-                        verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
-                        shuffle=False)   # the stream is in its written order
-        fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
-                      "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points,
-                      "seconds_to_first_step": first_step.seconds}
-        os.makedirs(backup, exist_ok=True)
-        write_complete(fitted, json.dumps(fit_record).encode())
-    # tested and exported: the best validation epoch, of this run or a killed one
+            return json.load(handle), best
+    fit = model.fit(train_batches, validation_data=data.validation_batches, epochs=optimizer.epochs,
+                    initial_epoch=step // optimizer.steps if optimizer.steps else epochs_done,
+                    steps_per_epoch=optimizer.steps or pass_steps, callbacks=[*callbacks, first_step],
+                    verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
+                    shuffle=False)   # the stream is in its written order
+    fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
+                  "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points,
+                  "seconds_to_first_step": first_step.seconds}
+    os.makedirs(backup, exist_ok=True)
+    write_complete(fitted, json.dumps(fit_record).encode())
+    return fit_record, best
+
+
+def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: TimeBudget | None,
+               extra_callbacks: list | None) -> list:
+    """The fit's callbacks: backups (mirrored up at once), the best epoch, early stopping,
+    TensorBoard, the learning curve, the time budget, and the caller's."""
+    import keras
+
+    from model.callbacks import AtomicBackup, MirrorBackups
+
+    optimizer, runtime, mirror = job.config.optimizer, job.config.runtime, job.mirror
+    return [
+        AtomicBackup(f"{job.model_dir}/{BACKUP}", runtime.checkpoint_every),
+        *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
+        best,
+        keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
+        # scalars every N steps and per epoch
+        keras.callbacks.TensorBoard(f"{job.model_dir}/logs", update_freq=runtime.checkpoint_every),
+        curve,
+        *([budget] if budget else []),
+        *(extra_callbacks or []),
+    ]
+
+
+def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, best: BestCheckpoint) -> dict:
+    """The best epoch (of this run or a killed one) on the test split, every split's records
+    checked (TripletDataLoss past `--max-lost-fraction`), and the summary history.json holds."""
+    config, inputs = job.config, job.config.inputs
     if tf.io.gfile.exists(best.filepath):
         model.load_weights(best.filepath)
 
     # silent otherwise: the test pass takes a while
     LOG.info("training done; scoring the best epoch on the test split")
-    test = model.evaluate(evaluation_batches(config, run, "test", word_ids, strategy.num_replicas_in_sync,
-                                             embed_by_teacher), verbose=0, return_dict=True)
+    test = model.evaluate(evaluation_batches(config, job.run, "test", data.word_ids, job.replicas,
+                                             data.embed_by_teacher), verbose=0, return_dict=True)
     LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
-    counts = {split: future.result() for split, future in record_counts.items()}
-    counting.shutdown()
+    counts = {split: future.result() for split, future in data.record_counts.items()}
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):
         LOG.warning("records lost or unparseable per split of %s/%s: %s", inputs.data, inputs.dataset, counts)
-    check_lost_records(config, run, counts)
-    history = fit_record["history"]
-    summary = {
+    check_lost_records(config, job.run, counts)
+    history, matrix, vocabulary = fit_record["history"], data.matrix, data.vocabulary
+    return {
         **history,
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
         "untrained_val_loss": float(untrained["loss"]),
-        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(validation_batches, matrix, len(vocabulary))
+        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(data.validation_batches, matrix, len(vocabulary))
                                               if matrix is not None else None),
         "evaluation_triplets": inputs.evaluation_triplets or "all",
         "best_val_triplet_accuracy": float(best.best),
@@ -509,13 +598,21 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
         "vocabulary_size": len(vocabulary) if vocabulary else None,
         "skipped_records": skipped,
         "record_counts": counts,
-        "replicas": strategy.num_replicas_in_sync,
-        "global_batch_size": global_batch,
+        "replicas": job.replicas,
+        "global_batch_size": job.global_batch,
         "distance": config.resolved("distance"),
         "learning_rate": config.resolved("learning_rate"),
         "config": config.flags(),   # flat, by flag
     }
-    if chief:
+
+
+def _export(job: _Job, word_ids: WordIds, encoder, summary: dict) -> None:
+    """The chief writes the encoder (and its copies: sentence-transformers, serving, Vertex AI),
+    history.json and the curves; then the backup goes: a kill before this point resumes here."""
+    from model.network import ExportableEncoder
+
+    config, runtime, model_dir = job.config, job.config.runtime, job.model_dir
+    if is_chief(job.strategy):
         LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
         exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
         exportable.export(f"{model_dir}/encoder")
@@ -529,11 +626,10 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
             json.dump(summary, handle, indent=2)
         plot_history(summary, f"{model_dir}/training_curve.png")
         plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
-    shutil.rmtree(backup, ignore_errors=True)   # only now: a kill before this point resumes at the export
+    shutil.rmtree(f"{model_dir}/{BACKUP}", ignore_errors=True)   # only now: a kill before this resumes at the export
     LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
              summary["test_triplet_accuracy"], runtime.model_dir)
-    return summary
 
 
 def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, model_dir: str) -> None:

@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 from model.encoder import SentenceEncoder
-from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, pair_dataset, read_queries
+from model.qs3m.data import QUERY_REPRESENTATIONS, QueryEmbeddings, embed_queries, pair_dataset, read_queries
 from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
-from model.qs3m.pairs import LABELINGS, sample_pairs
+from model.qs3m.pairs import LABELINGS, Pair, sample_pairs
 from pipeline.cli import flag, parse_config, run_cli
 from pipeline.outputs import write_bytes
 
@@ -70,8 +70,6 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
 
     Returns and writes `config.json`; models go to `<output>/<name>.keras`.
     """
-    import keras
-
     by_split, dead_letters = {}, []
     for split, limit in (("train", config.max_train_queries), ("validation", config.max_validation_queries)):
         by_split[split], dead = read_queries(config.passages, (split,), limit, config.seed)
@@ -91,19 +89,7 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     trained: dict[str, dict[str, Any]] = {}
     for number, (name, (kind, representation)) in enumerate(plan.items(), start=1):
         print(f"[qs3m] model {number}/{len(plan)}: {name} on {len(pairs['train'])} train pairs", file=sys.stderr)
-        keras.utils.set_random_seed(config.seed)  # each model's start depends only on the seed
-        model = build_model(kind, dim, config.nn1_units, config.nn2_units, config.learning_rate,
-                            train_passages=embeddings["train"].passages)
-        train_data = pair_dataset(pairs["train"], embeddings["train"], representation, kind,
-                                  config.batch_size, shuffle_seed=config.seed)
-        validation_data, callbacks = None, []
-        if pairs.get("validation"):
-            validation_data = pair_dataset(pairs["validation"], embeddings["validation"], representation, kind,
-                                           config.batch_size)
-            callbacks = [keras.callbacks.EarlyStopping(patience=config.patience, restore_best_weights=True)]
-        history = model.fit(train_data, validation_data=validation_data, epochs=config.epochs,
-                            callbacks=callbacks, verbose=1)
-        histories[name] = {key: [float(v) for v in values] for key, values in history.history.items()}
+        model, histories[name] = _fit_model(config, kind, representation, pairs, embeddings)
         save_model(model, f"{config.output.rstrip('/')}/{name}.keras")
         trained[name] = {"kind": kind, "query": None if kind == "qs3m-noq" else representation,
                          "path": f"{name}.keras"}
@@ -128,8 +114,40 @@ def train(config: Qs3mConfig, encoder: SentenceEncoder) -> dict[str, Any]:
     return summary
 
 
+def _fit_model(config: Qs3mConfig, kind: str, representation: str, pairs: dict[str, list[Pair]],
+               embeddings: dict[str, QueryEmbeddings]) -> tuple[Any, dict[str, list[float]]]:
+    """(one model trained on the train pairs, its history per epoch); with validation pairs, it
+    stops early and keeps its best epoch."""
+    import keras
+
+    keras.utils.set_random_seed(config.seed)  # each model's start depends only on the seed
+    model = build_model(kind, embeddings["train"].passages.shape[1], config.nn1_units, config.nn2_units,
+                        config.learning_rate, train_passages=embeddings["train"].passages)
+    train_data = pair_dataset(pairs["train"], embeddings["train"], representation, kind,
+                              config.batch_size, shuffle_seed=config.seed)
+    validation_data, callbacks = None, []
+    if pairs.get("validation"):
+        validation_data = pair_dataset(pairs["validation"], embeddings["validation"], representation, kind,
+                                       config.batch_size)
+        callbacks = [keras.callbacks.EarlyStopping(patience=config.patience, restore_best_weights=True)]
+    history = model.fit(train_data, validation_data=validation_data, epochs=config.epochs,
+                        callbacks=callbacks, verbose=1)
+    return model, {key: [float(v) for v in values] for key, values in history.history.items()}
+
+
 def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
-    """PNG of train / validation MSE per epoch for each model."""
+    """PNG of `training_figure`."""
+    figure = training_figure(histories)   # pyplot on the Agg backend from here
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def training_figure(histories: dict[str, dict[str, list[float]]]):
+    """Train / validation MSE per epoch for each model."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,10 +165,7 @@ def training_plot(histories: dict[str, dict[str, list[float]]]) -> bytes:
     axis.set_title("QS3M training")
     axis.legend(fontsize=7, ncol=2)
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120)
-    plt.close(figure)
-    return buffer.getvalue()
+    return figure
 
 
 # ---------------------------------------------------------------- entry point

@@ -1,40 +1,96 @@
-"""Clustering metrics against hand-computed values, and Iclust on planted clusters."""
+"""This project's clustering: its cosine geometry and linkage, Iclust on inputs of known structure
+(and against the numpy reference), and one article's scoring per variant."""
 import math
 
 import numpy as np
 import pytest
 import reference_scoring
 from scipy import sparse
+from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
-from eval.clustering import ALGORITHMS, cluster_embeddings, clustering_metrics, cosine_geometry, macro_average
+from eval.clustering import (
+    ALGORITHMS,
+    METRICS,
+    average_link_labels,
+    cluster_embeddings,
+    clustering_metrics,
+    cosine_geometry,
+    macro_average,
+)
 from eval.iclust import IclustConfig, hard_objective, iclust, iclust_many
 
 
-def test_metrics_of_a_perfect_clustering_with_renamed_labels():
-    metrics = clustering_metrics([0, 0, 1, 1], [1, 1, 0, 0])
-    assert metrics["RI"] == pytest.approx(1.0)
-    assert metrics["ARI"] == pytest.approx(1.0)
-    assert metrics["AMI"] == pytest.approx(1.0)
-    assert metrics["MI"] == pytest.approx(math.log(2))  # two equiprobable clusters, in nats
+def test_each_metric_name_is_its_measure():
+    """The names map to the right measures (not their wiring to scikit-learn's formulas): by hand,
+    a crossed clustering of 4 items has RI 2/6, ARI -1/2 and no information shared, in nats."""
+    crossed = clustering_metrics([0, 0, 1, 1], [0, 1, 0, 1])
+    assert list(crossed) == list(METRICS) and all(type(value) is float for value in crossed.values())
+    assert crossed["RI"] == pytest.approx(1 / 3) and crossed["ARI"] == pytest.approx(-0.5)
+    assert crossed["MI"] == pytest.approx(0.0, abs=1e-12) and crossed["AMI"] <= 0.0
+    assert clustering_metrics([0, 0, 1, 1], [1, 1, 0, 0])["MI"] == pytest.approx(math.log(2))
 
 
-def test_metrics_of_a_crossed_clustering_by_hand():
-    # 6 pairs; the two clusterings agree on none of the "together" pairs and on 2 "apart" pairs:
-    # RI = 2/6. Contingency is all ones: index 0, expected 2*2/6 = 2/3, max 2 -> ARI = -1/2. MI = 0.
-    metrics = clustering_metrics([0, 0, 1, 1], [0, 1, 0, 1])
-    assert metrics["RI"] == pytest.approx(1 / 3)
-    assert metrics["ARI"] == pytest.approx(-0.5)
-    assert metrics["MI"] == pytest.approx(0.0, abs=1e-12)
+def test_cosine_geometry_is_unit_rows_and_their_cosines_dense_or_sparse():
+    embeddings = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 0.0], [6.0, 8.0, 0.0]])
+    unit, similarity = cosine_geometry(embeddings)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), [1, 1, 0, 1])
+    np.testing.assert_allclose(similarity, [[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, 1]], atol=1e-12)
+    sparse_unit, sparse_similarity = cosine_geometry(sparse.csr_matrix(embeddings, dtype=np.float32))
+    assert sparse.issparse(sparse_unit) and sparse_unit.dtype == np.float64   # rows stay sparse, in float64
+    np.testing.assert_allclose(sparse_similarity, similarity)
 
 
-def test_metrics_of_an_uneven_clustering_by_hand():
-    # true {0,1,2},{3}; predicted {0,1},{2,3}. Pairs together in both: (0,1); apart in both: (0,3),(1,3).
-    # RI = 3/6. MI = sum p_ij log(p_ij / (p_i p_j)) = 1/2 log(4/3) + 1/4 log(2/3) + 1/4 log 2.
-    metrics = clustering_metrics([0, 0, 0, 1], [0, 0, 1, 1])
-    assert metrics["RI"] == pytest.approx(0.5)
-    expected_mi = 0.5 * math.log(4 / 3) + 0.25 * math.log(2 / 3) + 0.25 * math.log(2)
-    assert metrics["MI"] == pytest.approx(expected_mi)
+def _directions_with_norms(seed=0):
+    """Three groups of sentences by direction (the themes), each with norms from 0.1 to 100: by
+    Euclidean distance on the raw rows the norms would dominate."""
+    rng = np.random.default_rng(seed)
+    directions = np.eye(8)[:3] + 0.05 * rng.standard_normal((3, 8))
+    labels = np.repeat(np.arange(3), 6)
+    norms = np.tile([0.1, 1.0, 10.0, 100.0, 0.5, 50.0], 3)
+    rows = directions[labels] + 0.05 * rng.standard_normal((len(labels), 8))
+    return labels, rows / np.linalg.norm(rows, axis=1, keepdims=True) * norms[:, None]
+
+
+def test_every_algorithm_clusters_by_direction_not_by_norm():
+    """The module's one geometry: k-means on unit rows, Iclust and average-link on cosines."""
+    labels, embeddings = _directions_with_norms()
+    for algorithm, predicted in cluster_embeddings({"m": embeddings}, 3)["m"].items():
+        assert adjusted_rand_score(labels, predicted) == 1.0, algorithm
+    by_norm = KMeans(n_clusters=3, n_init=10, random_state=0).fit_predict(embeddings)   # the geometry not chosen
+    assert adjusted_rand_score(labels, by_norm) < 0.5
+
+
+def test_average_link_merges_by_the_mean_cosine_distance():
+    """Items 0-1 and 2-3 are tight pairs; item 4 is nearest to item 0, yet nearer on average to 2
+    and 3: average linkage puts it with them (single linkage would put it with 0 and 1)."""
+    distance = np.array([[0.0, 0.1, 0.8, 0.8, 0.2],
+                         [0.1, 0.0, 0.8, 0.8, 0.9],
+                         [0.8, 0.8, 0.0, 0.1, 0.5],
+                         [0.8, 0.8, 0.1, 0.0, 0.5],
+                         [0.2, 0.9, 0.5, 0.5, 0.0]])
+    assert adjusted_rand_score(average_link_labels(1.0 - distance, 2), [0, 0, 1, 1, 1]) == 1.0
+
+
+def test_an_article_is_scored_per_variant_on_its_own_sentences_and_sections():
+    """All sentences: k = 3 sections; openers only: the 4 openers, from 2 sections, so k = 2. The
+    direction-true method recovers both; one that puts every sentence in one direction does not."""
+    from eval.scb import score_article
+    from pipeline.records import ScbRecord
+
+    labels, embeddings = _directions_with_norms()
+    openers = np.isin(np.arange(len(labels)), [0, 1, 6, 7])   # sections 0 and 1 only
+    record = ScbRecord(article_id=7, title="T", sections=("a", "b", "c"), sentences=tuple(map(str, labels)),
+                       labels=tuple(int(label) for label in labels), openers=tuple(bool(o) for o in openers))
+    blind = np.ones_like(embeddings) + 1e-3 * np.random.default_rng(0).standard_normal(embeddings.shape)
+    rows = score_article(record, {"direction": embeddings, "blind": blind}, seed=0)
+    assert {(row["variant"], row["sentences"], row["k"]) for row in rows} == {("all", 18, 3), ("openers", 4, 2)}
+    assert len(rows) == 2 * 2 * len(ALGORITHMS)
+    for row in rows:
+        if row["method"] == "direction":
+            assert (row["ARI"], row["AMI"], row["RI"]) == pytest.approx((1.0, 1.0, 1.0)), row
+        elif row["variant"] == "all":
+            assert row["ARI"] < 0.5, row
 
 
 def test_macro_average_is_the_mean_per_method_and_algorithm():

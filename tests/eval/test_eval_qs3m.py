@@ -13,6 +13,22 @@ def mean_vectors():
     return encoder
 
 
+def test_the_helps_hurts_figure_draws_each_methods_sorted_differences_to_the_reference():
+    from matplotlib.colors import to_hex
+
+    per_query = {qs3m_eval.REFERENCE: [0.5, 0.5, 0.5, 0.5], "QS3M (P)": [0.9, 0.1, 0.5, 0.6],
+                 "QSS (P)": [0.2, 0.5, 0.4, 0.5]}
+    figure = qs3m_eval.helps_hurts_figure(per_query, "flat benchmark")
+    visible = [axis for axis in figure.axes if axis.get_visible()]
+    assert [axis.get_title() for axis in visible] == ["QS3M (P): 2 helps, 1 hurts", "QSS (P): 0 helps, 2 hurts"]
+    (first,), (second,) = (axis.containers for axis in visible)
+    assert [bar.get_height() for bar in first] == pytest.approx([-0.4, 0.0, 0.1, 0.4])   # sorted
+    assert [bar.get_height() for bar in second] == pytest.approx([-0.3, -0.1, 0.0, 0.0])
+    assert [to_hex(bar.get_facecolor()) for bar in first] == [  # red hurts, green helps
+        to_hex(colour) for colour in ("tab:red", "tab:gray", "tab:green", "tab:green")]
+    assert visible[0].get_ylabel() == f"ARI − {qs3m_eval.REFERENCE}" and figure.get_suptitle() == "flat benchmark"
+
+
 def test_end_to_end_on_the_embedded_wikipedia_excerpt(embedded_pipeline_output, tmp_path, mean_vectors):
     """Pipeline passages -> QS3M training -> clustering scores, on real articles."""
     passages = str(embedded_pipeline_output / "passages" / "*.jsonl.gz")

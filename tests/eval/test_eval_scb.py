@@ -12,6 +12,29 @@ from pipeline import published, records
 from pipeline.outputs import write_manifest
 
 
+def _check_scb_figure(result, n_articles):
+    """What scb_ari.png draws: a panel per variant and algorithm, in each a box per method (in the
+    order given) whose mean marker is the mean of that method's per-article ARIs there."""
+    from eval.report import scb_ari_figure
+
+    figure = scb_ari_figure(result)
+    panels = [(variant, algorithm) for variant in scb.VARIANTS for algorithm in ALGORITHMS]
+    assert [axis.get_title() for axis in figure.axes] == [
+        f"{algorithm}, {'all sentences' if variant == 'all' else 'paragraph openers'}" for variant, algorithm in panels]
+    for axis, (variant, algorithm) in zip(figure.axes, panels):
+        assert [label.get_text() for label in axis.get_xticklabels()] == result["methods"]
+        means = [float(line.get_ydata()[0]) for line in axis.lines if line.get_marker() == "^"]
+        assert means == pytest.approx([np.mean([row["ARI"] for row in result["rows"] if (
+            row["variant"], row["algorithm"], row["method"]) == (variant, algorithm, method)])
+            for method in result["methods"]])
+    assert [axis.get_ylabel() for axis in figure.axes] == ["per-article ARI", "", ""] * len(scb.VARIANTS)
+    legends = [axis.get_legend() for axis in figure.axes]
+    assert [text.get_text() for text in legends[len(ALGORITHMS) - 1].get_texts()] == [
+        "median", "mean", "outlier (beyond 1.5 IQR)"]
+    assert sum(legend is not None for legend in legends) == 1
+    assert f"({n_articles} articles;" in figure.get_suptitle()
+
+
 def test_score_article_skips_a_variant_without_two_sections():
     record = records.ScbRecord(article_id=5, title="T", sections=("a", "b"), sentences=("w", "x", "y", "z"),
                                labels=(0, 0, 1, 1), openers=(True, False, False, False))
@@ -63,6 +86,7 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
         assert summary[("all", "mean-vectors", algorithm)]["ARI"] > 0.9, algorithm
     for name in ("scb.json", "scb.md", "scb_ari.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+    _check_scb_figure(result, len(articles))
     markdown = (tmp_path / "out" / "scb.md").read_text()
     assert "paragraph openers only" in markdown and "| mean-vectors |" in markdown
     assert result["methods"] == ["tfidf", "mean-vectors"]   # rows in the order the methods were given

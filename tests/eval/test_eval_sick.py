@@ -130,6 +130,18 @@ def test_sick_job_on_a_fixture(tmp_path):
     assert methods["mean-vectors"]["pearson"] > 0.5  # related pairs are same-theme sentences
     for name in ("sick.json", "sick.md", "sick_pearson.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
+    # What sick_pearson.png draws: a bar per method at its Pearson r, its 95 % interval as error bar.
+    from matplotlib.container import BarContainer
+
+    from eval.report import sick_figure
+
+    (axis,) = sick_figure(result).axes
+    (bars,) = [container for container in axis.containers if isinstance(container, BarContainer)]
+    assert [label.get_text() for label in axis.get_xticklabels()] == ["mean-vectors", "tfidf"]
+    assert [bar.get_height() for bar in bars] == pytest.approx([entry["pearson"] for entry in result["methods"]])
+    assert [bound for (_, low), (_, high) in bars.errorbar.lines[2][0].get_segments() for bound in (low, high)] == (
+        pytest.approx([entry[bound] for entry in result["methods"] for bound in ("pearson_low", "pearson_high")]))
+    assert axis.get_ylabel() == "Pearson r on TEST" and "(n = 24 TEST pairs;" in axis.get_title()
 
 
 def test_sick_input_errors_name_the_problem(tmp_path):

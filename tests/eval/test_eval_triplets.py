@@ -96,6 +96,22 @@ def test_triplets_job_scores_baselines_and_trained_encoders(topic_shards, tiny_m
     markdown = (tmp_path / "triplets.md").read_text()
     assert "| mean-vectors |" in markdown and "0.650" in markdown  # the paper's reference column
     assert (tmp_path / "triplets_accuracy.png").stat().st_size > 0
+    # What triplets_accuracy.png draws: per distance a bar per method at its accuracy, each with its
+    # Wilson interval as error bar, and the chance line.
+    from matplotlib.container import BarContainer
+
+    from eval.report import triplets_figure
+
+    (axis,) = triplets_figure(result).axes
+    bars = [container for container in axis.containers if isinstance(container, BarContainer)]
+    assert [container.get_label() for container in bars] == ["cosine", "L1"]
+    for container, distance in zip(bars, ("cosine", "l1")):
+        assert [bar.get_height() for bar in container] == pytest.approx(
+            [methods[method][f"accuracy_{distance}"] for method in methods])
+        assert len(container.errorbar.lines[2][0].get_segments()) == len(methods)
+    assert [label.get_text() for label in axis.get_xticklabels()] == list(methods)
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == ["chance", "cosine", "L1"]
+    assert axis.get_ylabel() == "accuracy" and "(64 triplets;" in axis.get_title()
 
 
 def test_triplets_job_names_missing_shards(tmp_path, topic_shards):

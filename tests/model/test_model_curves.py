@@ -17,7 +17,7 @@ def _killed_run(model_dir, accuracies):
 
 
 def test_a_killed_runs_tensorboard_log_and_a_finished_runs_history(tmp_path, capsys):
-    from model.curves import main
+    from model.curves import curves_figure, main
     from pipeline.cli import UsageError
 
     finished, killed = tmp_path / "finished", tmp_path / "killed"
@@ -36,5 +36,62 @@ def test_a_killed_runs_tensorboard_log_and_a_finished_runs_history(tmp_path, cap
     assert [line.split()[:3] for line in printed[1:]] == [["512", "0.6100", "0.6000"], ["1,024", "0.6400", "0.6250"],
                                                          ["1,536", "-", "0.6500"]]
     assert (tmp_path / "curves.png").stat().st_size > 0
+    (axis,) = curves_figure(curves, "two runs").axes   # what curves.png draws: a curve per run
+    assert [(line.get_label(), list(line.get_xdata())) for line in axis.lines] == [
+        ("finished", [0.512, 1.024]), ("killed", [0.512, 1.024, 1.536])]
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == ["finished", "killed"]
+    assert (axis.get_xlabel(), axis.get_title()) == ("training triplets seen (thousands)", "two runs")
     with pytest.raises(UsageError, match="give @TRIPLETS_PER_EPOCH"):
         main(["--run", f"killed={killed}", "--output", str(tmp_path / "again.png")])
+
+
+SUMMARY = {"loss": [0.9, 0.7], "val_loss": [0.95, 0.8], "triplet_accuracy": [0.6, 0.7],
+           "val_triplet_accuracy": [0.58, 0.66], "untrained_val_triplet_accuracy": 0.52,
+           "mean_vectors_val_triplet_accuracy": 0.61, "distance": "cosine", "global_batch_size": 64,
+           "evaluation_triplets": 512,
+           "learning_curve": [{"triplets_seen": 640, "cpu_seconds": 60, "val_triplet_accuracy": 0.58},
+                              {"triplets_seen": 1280, "cpu_seconds": 150, "val_triplet_accuracy": 0.66}],
+           "config": {"dataset": "triplets-sen", "encoder": "bilstm", "lstm_units": 16, "teacher": None}}
+
+
+def _legend(axis) -> list[str]:
+    return [text.get_text() for text in axis.get_legend().get_texts()]
+
+
+def test_the_training_curve_draws_loss_and_accuracy_per_epoch(tmp_path):
+    from model.plots import plot_history
+
+    figure = plot_history(SUMMARY, str(tmp_path / "training_curve.png"))
+    assert (tmp_path / "training_curve.png").stat().st_size > 0
+    loss, accuracy = figure.axes
+    assert [(line.get_label(), list(line.get_ydata())) for line in loss.lines] == [
+        ("train", [0.9, 0.7]), ("validation", [0.95, 0.8])]
+    assert [(line.get_label(), list(line.get_ydata())) for line in accuracy.lines] == [
+        ("train", [0.6, 0.7]), ("validation", [0.58, 0.66]), ("untrained", [0.52, 0.52])]
+    assert list(loss.lines[0].get_xdata()) == [1, 2]   # epochs count from 1
+    assert (loss.get_ylabel(), accuracy.get_ylabel(), loss.get_xlabel()) == ("loss", "triplet accuracy", "epoch")
+    assert loss.get_legend() is None and _legend(accuracy) == ["train", "validation", "untrained"]
+    assert figure.get_suptitle() == "triplets-sen: triplet network training"
+
+
+def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_its_baselines(tmp_path):
+    from model.plots import plot_learning_curve
+
+    figure = plot_learning_curve(SUMMARY, str(tmp_path / "learning_curve.png"))
+    assert (tmp_path / "learning_curve.png").stat().st_size > 0
+    seen, cpu = figure.axes
+    for axis, x in ((seen, [640, 1280]), (cpu, [1.0, 2.5])):   # CPU seconds drawn as minutes
+        trained, mean_vectors, untrained = axis.lines
+        assert (list(trained.get_xdata()), list(trained.get_ydata())) == (x, [0.58, 0.66])
+        assert (list(mean_vectors.get_ydata()), list(untrained.get_ydata())) == ([0.61, 0.61], [0.52, 0.52])
+    assert _legend(seen) == ["trained network", "mean-vectors", "untrained"]
+    assert (seen.get_xlabel(), cpu.get_xlabel()) == ("training triplets seen", "process CPU minutes")
+    assert seen.get_ylabel() == "validation triplet accuracy (cosine)"
+    assert figure.get_suptitle() == ("triplets-sen: learning curve (BiLSTM 16, batch 64, 512 validation triplets)")
+
+    # A distilled transformer: no word vectors (no mean-vectors line), its checkpoint off the shelf.
+    distilled = {**SUMMARY, "mean_vectors_val_triplet_accuracy": None,
+                 "config": {**SUMMARY["config"], "encoder": "minilm", "teacher": "gs://b/teacher/"}}
+    figure = plot_learning_curve(distilled, str(tmp_path / "distilled.png"))
+    assert _legend(figure.axes[0]) == ["trained network", "minilm off the shelf"]
+    assert "(minilm fine-tuned distilled from teacher, batch 64" in figure.get_suptitle()

@@ -298,3 +298,18 @@ def test_a_truncated_passages_file_fails_instead_of_training_on_part_of_it(passa
     shard.write_bytes(gzip.compress(b"".join(lines[:5])))          # 5 of 16 articles, a valid gzip file
     with pytest.raises(published.ShardError, match=f"{shard}: "):
         qs3m_data.read_queries(str(run), ("train",))
+
+
+def test_the_training_figure_draws_each_models_train_and_validation_loss():
+    histories = {"QS3M (D)": {"loss": [0.3, 0.2, 0.1], "val_loss": [0.35, 0.3, 0.32]},
+                 "QS3M-no-q": {"loss": [0.4, 0.3]}}
+    (axis,) = qs3m.training_figure(histories).axes
+    assert [(line.get_label(), list(line.get_ydata())) for line in axis.lines] == [
+        ("QS3M (D) train", [0.3, 0.2, 0.1]), ("QS3M (D) validation", [0.35, 0.3, 0.32]),
+        ("QS3M-no-q train", [0.4, 0.3])]
+    assert list(axis.lines[2].get_xdata()) == [1, 2]   # epochs count from 1
+    assert axis.lines[0].get_color() == axis.lines[1].get_color() != axis.lines[2].get_color()   # a colour per model
+    assert axis.lines[1].get_linestyle() == "--"
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == [line.get_label() for line in axis.lines]
+    assert (axis.get_xlabel(), axis.get_ylabel(), axis.get_title()) == ("epoch", "MSE loss", "QS3M training")
+    assert qs3m.training_plot(histories)[:8] == b"\x89PNG\r\n\x1a\n"
