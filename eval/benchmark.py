@@ -24,7 +24,7 @@ import json
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,7 +48,7 @@ def matmul_peak_gflops(size: int = 1024, repeats: int = 5) -> float:
     return 2.0 * size**3 / best / 1e9
 
 
-def clustering_seconds(record, embeddings, seed: int = 0) -> Counter:
+def clustering_seconds(record, embeddings, seed: int = 0) -> defaultdict[str, float]:
     """Seconds of each algorithm (kmeans, iclust, average-link) on one article's embeddings,
     clustered as the SCB job does (each variant with two or more sections), and the FLOPs of
     Iclust's products (iclust_flops)."""
@@ -56,7 +56,7 @@ def clustering_seconds(record, embeddings, seed: int = 0) -> Counter:
     from eval.clustering import average_link_labels, cosine_geometry, kmeans_labels
     from eval.iclust import IclustConfig, iclust_with_updates
 
-    spent = Counter()
+    spent: defaultdict[str, float] = defaultdict(float)
     labels = np.asarray(record.labels)
     for variant in scb.VARIANTS:
         subset = scb.variant_subset(record, variant)
@@ -98,12 +98,14 @@ def benchmark_method(spec: EncoderSpec, data: str, articles: list, output: str, 
     from eval import scb
 
     encoder = load_encoder(spec)
-    encode_seconds, spent = 0.0, Counter()
+    encode_seconds = 0.0
+    spent: defaultdict[str, float] = defaultdict(float)
     for article in articles:
         start = time.perf_counter()
         embeddings = encoder.encode(list(article.sentences))
         encode_seconds += time.perf_counter() - start
-        spent.update(clustering_seconds(article, embeddings))
+        for algorithm, seconds in clustering_seconds(article, embeddings).items():
+            spent[algorithm] += seconds
     start = time.perf_counter()
     result = scb.run(scb.ScbConfig(data=data, output=FileSystems.join(output, encoder.name),
                                    methods=Methods(encoders=(str(spec),)), max_articles=max_articles),

@@ -13,6 +13,7 @@ when its interval excludes 0.
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 # The methods every other one is compared with, where present: the paper's baseline and the
 # off-the-shelf sentence encoder a user would pick instead (its Keras export or its PyTorch one).
@@ -30,7 +31,7 @@ def proportion_interval(successes: np.ndarray, confidence: float = 0.95) -> dict
             "n": int(len(successes))}
 
 
-def mean_interval(values: np.ndarray, seed: int = 0, confidence: float = 0.95) -> dict:
+def mean_interval(values: npt.ArrayLike, seed: int = 0, confidence: float = 0.95) -> dict:
     """The mean of per-item values with its percentile bootstrap interval over the items."""
     from scipy import stats
 

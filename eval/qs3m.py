@@ -94,8 +94,8 @@ def compare_with_reference(scores: dict[str, list[float]], reference: str = REFE
 
     base = np.asarray(scores[reference])
     summary = {}
-    for method, values in scores.items():
-        values = np.asarray(values)
+    for method, method_scores in scores.items():
+        values = np.asarray(method_scores)
         difference = values - base
         row = {"ari": float(values.mean()), "sem": float(stats.sem(values)) if len(values) > 1 else None,
                "delta": float(difference.mean()), "helps": int((difference > 1e-9).sum()),
@@ -147,13 +147,16 @@ def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], 
 
 def model_methods(model_dir: str, trained: dict[str, dict[str, Any]], embeddings) -> dict[str, DistanceFn]:
     """1 - predicted same-cluster probability for each model listed in the model dir's config.json."""
-    methods = {}
+    methods: dict[str, DistanceFn] = {}
     for _name, spec in trained.items():
         model = load_model(f"{model_dir.rstrip('/')}/{spec['path']}")
         label = MODEL_LABELS[spec["kind"]] + (f" ({spec['query']})" if spec["query"] else "")
         query_table = embeddings.queries[spec["query"] or "P"]
-        methods[label] = (lambda i, model=model, kind=spec["kind"], table=query_table:
-                          1.0 - similarity_matrix(model, kind, embeddings.passages_of(i), table[i]))
+
+        def distance(i: int, model=model, kind: str = spec["kind"], table=query_table) -> np.ndarray:
+            return 1.0 - similarity_matrix(model, kind, embeddings.passages_of(i), table[i])
+
+        methods[label] = distance
     return methods
 
 
@@ -236,7 +239,7 @@ def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]
     del corpus_queries
     methods = {**baseline_methods(queries, embeddings.passages_of, corpus, config.lda_topics, config.seed),
                **model_methods(config.model_dir, trained, embeddings)}
-    distances = {method: [] for method in methods}
+    distances: dict[str, list[np.ndarray]] = {method: [] for method in methods}
     for index in tqdm(range(len(queries)), desc="qs3m distances", unit="query"):
         for method, distance in methods.items():
             distances[method].append(distance(index))

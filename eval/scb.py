@@ -259,7 +259,7 @@ def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
     differences = []
     for variant in VARIANTS:
         for algorithm in ALGORITHMS:
-            ari = {}
+            ari: dict[str, dict[int, float]] = {}   # method -> article id -> ARI
             for row in rows:
                 if row["variant"] == variant and row["algorithm"] == algorithm and "skipped" not in row:
                     ari.setdefault(row["method"], {})[row["article_id"]] = row["ARI"]

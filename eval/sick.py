@@ -63,7 +63,7 @@ def read_sick(path: str) -> dict[str, dict[str, list]]:
     missing = [column for column in REQUIRED_COLUMNS if column not in (reader.fieldnames or [])]
     if missing:
         raise SickInputError(f"{path}: missing columns {missing}; is it the tab-separated SICK.txt?")
-    splits = {split: {"a": [], "b": [], "score": []} for split in SICK_SPLITS}
+    splits: dict[str, dict[str, list]] = {split: {"a": [], "b": [], "score": []} for split in SICK_SPLITS}
     for line_number, row in enumerate(reader, start=2):
         split = row["SemEval_set"]
         try:
@@ -207,13 +207,15 @@ def score_encoder(encoder, splits: dict, c_grid, full_c_grid: bool = False) -> d
 
     train, trial, test = (features(split) for split in SICK_SPLITS)
     target = score_distribution(splits["TRAIN"]["score"])
-    best = None
+    best: tuple[float, float, np.ndarray] | None = None   # (TRIAL r, C, TEST scores)
     for c, model in soft_logistic_path(train, target, c_grid):
         trial_r = relatedness_metrics(expected_score(model, trial), splits["TRIAL"]["score"])["pearson"]
         if best is None or trial_r > best[0]:
             best = (trial_r, c, expected_score(model, test))
         elif not full_c_grid:
             break
+    if best is None:
+        raise ValueError("no C to fit: the C grid is empty")
     trial_r, c, test_scores = best
     return {"method": encoder.name, "C": c, "trial_pearson": trial_r,
             **relatedness_metrics(test_scores, splits["TEST"]["score"])}

@@ -54,7 +54,7 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
     seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
     from model.data import open_run, triplet_sample, triplet_strings  # TensorFlow: after the flags parse
 
-    columns = {role: [] for role in records.ROLES}
+    columns: dict[str, list[str]] = {role: [] for role in records.ROLES}
     run = open_run(data)
     triplets = (triplet_sample(run, dataset, split, max_triplets, seed) if max_triplets
                 else triplet_strings(run, dataset, split))

@@ -83,13 +83,13 @@ DISTANCES = tuple(similarity.value for similarity in Similarity)
 LOSS_NAMES = ("triplet", "in-batch", "sum")
 
 
-def _check_at_least_one(config, names: tuple[str, ...]) -> None:
+def _check_at_least_one(config: object, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
 
 
-def _check_at_least_one_or_none(config, names: tuple[str, ...]) -> None:
+def _check_at_least_one_or_none(config: object, names: tuple[str, ...]) -> None:
     for name in names:
         if getattr(config, name) is not None and getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(config, name)}")
@@ -116,7 +116,7 @@ class InputConfig:
     max_lost_fraction: float = flag(0.001, help="fail the run before export when more of a split's records "
                                                 "are lost or unparseable")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dataset not in TRIPLET_DATASETS:
             raise ValueError(f"--dataset must be one of {TRIPLET_DATASETS}, got {self.dataset!r}")
         if self.vocabulary not in VOCABULARIES:
@@ -147,7 +147,7 @@ class NetworkConfig:
                                                      "6 transformer layers, a smaller and faster Net (a distilled "
                                                      "student's); none = all")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.encoder not in ENCODERS:
             raise ValueError(f"--encoder must be one of {ENCODERS}, got {self.encoder!r}")
         if self.distance is not None and self.distance not in DISTANCES:
@@ -187,7 +187,7 @@ class OptimizerConfig:
                                       "epoch (the demo's 4 x 50 steps x 128 triplets: two passes over 12 k)")
     patience: int = flag(2, help="early stopping: epochs without a better validation accuracy")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_at_least_one(self, ("epochs", "batch_size"))
         _check_at_least_one_or_none(self, ("steps", "learning_rate_half_life"))
         if self.loss not in LOSS_NAMES:
@@ -216,7 +216,7 @@ class RuntimeConfig:
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
     progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
             raise ValueError(f"--distribution-strategy must be one of {DISTRIBUTION_STRATEGIES}, "
                              f"got {self.distribution_strategy!r}")
@@ -249,12 +249,12 @@ class TrainConfig:
         """A copy with the given flags (by field name) changed."""
         return config_from_flags(TrainConfig, {**self.flags(), **changes})
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.optimizer.teacher and self.optimizer.loss != LOSS_NAMES[0]:
             raise ValueError(f"--teacher trains on the teacher's embeddings: --loss {self.optimizer.loss} does not "
                              "apply")
 
-    def resolved(self, name: str):
+    def resolved(self, name: str) -> Any:
         """A flag's value, or the encoder's default where it is left at none (with a teacher, the
         distance is cosine, the similarity distillation fits)."""
         value = self.flags()[name]
@@ -276,8 +276,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     """TrainConfig from the command line (`--strategy`, its old name, still accepted); in a Vertex
     AI job `--model-dir` defaults to `vertex_model_dir()` (a `--model-dir` given still wins)."""
     argv = sys.argv[1:] if argv is None else argv
-    if vertex_model_dir():
-        argv = ["--model-dir", vertex_model_dir(), *argv]
+    model_dir = vertex_model_dir()
+    if model_dir:
+        argv = ["--model-dir", model_dir, *argv]
     return parse_config(TrainConfig, argv, "python -m model.train",
                         "Trains the triplet network and exports the sentence encoder.",
                         renamed={"strategy": "distribution_strategy"})

@@ -401,6 +401,7 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
     batches = batches.map(lambda batch: shared_sentences(batch, word_ids, replicas, teacher),
                                              num_parallel_calls=tf.data.AUTOTUNE)
     if static_shapes:
-        batches = batches.map(lambda *batch: static_batch(*batch, batch_size, word_ids.max_tokens),
+        batches = batches.map(lambda inputs, labels, weights: static_batch(inputs, labels, weights, batch_size,
+                                                                           word_ids.max_tokens),
                               num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

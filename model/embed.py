@@ -96,8 +96,8 @@ def sentences_of_record(file_name: str, line: str, source: str) -> list[tuple[st
     """(id, text) of every sentence (scb) or paragraph (passages) of one pipeline record's JSON line;
     records.RecordError when the line breaks the contract."""
     if source == SCB:
-        record = records.ScbRecord.from_json(line)
-        return [(f"{record.article_id}:{index}", text) for index, text in enumerate(record.sentences)]
+        article = records.ScbRecord.from_json(line)
+        return [(f"{article.article_id}:{index}", text) for index, text in enumerate(article.sentences)]
     record = records.PassagesRecord.from_json(line)
     return [(f"{record.article_id}:{section}:{paragraph}", passage.text)
             for section, content in enumerate(record.sections) for paragraph, passage in enumerate(content.paragraphs)]
@@ -131,8 +131,9 @@ class SentencesOfLinesFn(beam.DoFn):
                 "reason": type(error).__name__, "detail": f"{error}: {line[:200]}"})
 
 
-def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> tuple[beam.PCollection, beam.PCollection]:
-    """(id, text) pairs of every input sentence, and the dead letters of lines set aside."""
+def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> tuple[beam.PCollection, beam.PCollection | None]:
+    """(id, text) pairs of every input sentence, and the dead letters of lines set aside (None:
+    plain text lines, none set aside)."""
     if args.data:
         files = Run.open(args.data).paths(args.source)
         lines = (pipeline
@@ -140,6 +141,7 @@ def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> tuple[beam.PColle
                  | "ReadRecords" >> beam.io.ReadAllFromText(with_filename=True))
         parse = functools.partial(sentences_of_record, source=args.source)
     else:
+        assert args.input is not None   # EmbedConfig: exactly one of --input and --data
         lines = pipeline | "ReadLines" >> beam.io.ReadFromTextWithFilename(args.input)
         if not args.input.removesuffix(".gz").endswith((".jsonl", ".json")):
             return (lines
@@ -182,13 +184,14 @@ class ToRowsFn(beam.DoFn):
 
 
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
-    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+    from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
 
     from model.encoders import EncoderSpec, SpecKind
     from model.inference import EncoderModelHandler
 
     spec = EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,))
-    handler = KeyedModelHandler(EncoderModelHandler(spec, args.min_batch, args.max_batch))
+    handler: KeyedModelHandler[str, Any, PredictionResult, Any] = KeyedModelHandler(
+        EncoderModelHandler(spec, args.min_batch, args.max_batch))
     sentences, dead_letters = read_inputs(pipeline, args)
     (sentences
      | "Embed" >> RunInference(handler)

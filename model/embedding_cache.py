@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
+from model.encoder import SentenceEncoder
 from model.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
 from pipeline.outputs import write_bytes
 from pipeline.splits import stable_hash
@@ -58,11 +59,11 @@ def encoder_fingerprint(spec: EncoderSpec) -> str:
     return digest.hexdigest()
 
 
-def encode_with_progress(encoder, sentences: list[str]) -> np.ndarray:
+def encode_with_progress(encoder: SentenceEncoder, sentences: list[str]) -> np.ndarray:
     """float32 [n, d] embeddings, encoded in length order (batches of like length pad least) in
     chunks, with a progress bar counting sentences."""
     order = np.argsort([len(sentence) for sentence in sentences], kind="stable")
-    embeddings = None
+    embeddings: np.ndarray | None = None
     with tqdm(total=len(sentences), desc=f"encode [{encoder.name}]", unit="sentence") as progress:
         for start in range(0, len(sentences), ENCODE_CHUNK):
             rows = order[start:start + ENCODE_CHUNK]
@@ -71,6 +72,8 @@ def encode_with_progress(encoder, sentences: list[str]) -> np.ndarray:
                 embeddings = np.empty((len(sentences), chunk.shape[1]), np.float32)
             embeddings[rows] = chunk
             progress.update(len(rows))
+    if embeddings is None:   # no sentences: no width to give the (empty) array
+        raise ValueError(f"encode [{encoder.name}]: no sentences to encode")
     return embeddings
 
 

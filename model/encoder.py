@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable
+from typing import Literal, Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -36,7 +36,9 @@ INPUT_KEY = "sentences"
 
 @runtime_checkable
 class SentenceEncoder(Protocol):
-    """Anything that turns sentences into float32 [n, d] vectors."""
+    """Anything that turns sentences into float32 [n, d] vectors (TF-IDF's are a SciPy sparse
+    matrix, which the jobs that score every method accept). `SavedModelEncoder.encode` takes
+    sentence-transformers' further arguments too; called with the sentences alone it is this."""
 
     name: str
 
@@ -58,6 +60,8 @@ def sentence_list(sentences) -> list[str]:
 def _encoder_dir(path: str) -> str:
     """Accepts the SavedModel folder itself or the model dir holding `encoder/`, local or remote."""
     path = str(path)
+    join: Callable[[str, str], str]
+    exists: Callable[[str], bool]
     if is_remote(path):
         from apache_beam.io.filesystems import FileSystems
 
@@ -107,6 +111,19 @@ class SavedModelEncoder:
         """float32 [n, d] of a 1-D tf.string tensor, in TensorFlow: the export's signature, for a
         graph (a tf.data map: `model.train --teacher` embeds each batch's sentences so)."""
         return self._serve(**{INPUT_KEY: sentences})[OUTPUT_KEY]
+
+    # The default (NumPy) is an array: the `SentenceEncoder` every job calls; `convert_to_numpy=False` gives rows.
+    @overload
+    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
+               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
+               precision: str = "float32", convert_to_numpy: Literal[True] = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray: ...
+
+    @overload
+    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
+               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
+               precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray | list[np.ndarray]: ...
 
     def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
                show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",

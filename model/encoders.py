@@ -27,12 +27,18 @@ import enum
 import importlib.util
 import os
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from model.encoder import SavedModelEncoder, SentenceEncoder
+from model.storage import exists
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
+
+if TYPE_CHECKING:   # TfidfEncoder's sparse rows; SciPy ships no types, so mypy reads this class as Any
+    from scipy.sparse import csr_matrix
 
 
 class EncoderSpecError(UsageError):
@@ -146,7 +152,7 @@ class TfidfEncoder:
     def __init__(self, name: str = "tfidf"):
         self.name = name
 
-    def encode(self, sentences: list[str]):
+    def encode(self, sentences: list[str]) -> csr_matrix:
         from scipy import sparse
         from sklearn.feature_extraction.text import TfidfVectorizer
 
@@ -243,17 +249,15 @@ def as_encoder_spec(spec_or_path: EncoderSpec | str) -> EncoderSpec:
     try:
         return EncoderSpec.parse(spec_or_path)
     except EncoderSpecError:
-        from apache_beam.io.filesystems import FileSystems
-
         path = spec_or_path.rstrip("/")
         for export in (path, f"{path}/encoder"):
-            if FileSystems.exists(f"{export}/saved_model.pb"):
+            if exists(f"{export}/saved_model.pb"):
                 name = os.path.basename(path if export != path else os.path.dirname(path)) or "saved"
                 return EncoderSpec(SpecKind.SAVED, name, (path,))
         raise
 
 
-def load_encoder(spec: EncoderSpec, exports: dict[str, SentenceEncoder] | None = None) -> SentenceEncoder:
+def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | None = None) -> SentenceEncoder:
     """One encoder from its spec. A concatenation takes its parts from `exports` (model dir ->
     encoder) where they are already loaded."""
     exports = exports or {}
@@ -285,14 +289,12 @@ def method_names(specs: list[EncoderSpec]) -> list[str]:
 def check_encoder_specs(specs: list[EncoderSpec]) -> None:
     """Before any work: the specs' names are unique, and every trained encoder or embedding file a
     spec names is there (EncoderSpecError naming it), not found missing after the data is read."""
-    from apache_beam.io.filesystems import FileSystems
-
     method_names(specs)
     for spec in specs:
-        if spec.kind is SpecKind.CACHED and not FileSystems.exists(spec.paths[0]):
+        if spec.kind is SpecKind.CACHED and not exists(spec.paths[0]):
             raise EncoderSpecError(f"encoder spec {str(spec)!r}: no such embedding file")
         for path in spec.model_dirs:
-            if not FileSystems.exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
+            if not exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
                 raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({path}/encoder/saved_model.pb "
                                        "does not exist; python -m model.train writes it)")
 

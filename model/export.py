@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from model.hf import FORMATS, model_card, report_scores, write_sentence_transformers
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
@@ -98,6 +100,8 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
 
     from model.encoder import load_encoder
 
+    if not config.check_data:
+        raise UsageError("the check against sentence-transformers encodes the SCB sentences of --check-data")
     sentences = scb_sentences(config.check_data, config.check_sentences)
     theirs = sentence_transformer(config.output, device="cpu").encode(sentences, batch_size=64)
     ours = load_encoder(config.model_dir).encode(sentences)
@@ -111,12 +115,13 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
 
 def main(argv: list[str] | None = None) -> str:
     config = parse_config(ExportConfig, argv, prog="python -m model.export", description=__doc__)
-    sentence_transformer = None
+    sentence_transformer: Callable[..., Any] | None = None   # the SentenceTransformer class, with --check-data
     if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoders)
         try:
-            from sentence_transformers import SentenceTransformer as sentence_transformer
+            from sentence_transformers import SentenceTransformer
         except ImportError:
             raise UsageError("--check-data needs sentence-transformers: pip install sentence-transformers") from None
+        sentence_transformer = SentenceTransformer
     path = export_model_dir(config)
     print(f"sentence-transformers folder at {path}")
     if sentence_transformer is not None:

@@ -251,6 +251,8 @@ def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
     as the flags say."""
     network, dropout = config.network, config.resolved("dropout")
     if network.kind is NetworkKind.BILSTM:
+        if matrix is None:
+            raise ValueError("the BiLSTM Net reads word vectors: build_net needs their matrix")
         return build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
                                       dropout=dropout, fine_tune_embeddings=network.fine_tune_embeddings)
     from model.transformer import build_transformer_encoder

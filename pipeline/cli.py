@@ -25,7 +25,13 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, NoReturn, cast, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast, get_type_hints, overload
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# A config dataclass: what `parse_config`, `build_config` and `config_from_flags` build, typed as given.
+ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 
 
 class UsageError(ValueError):
@@ -153,10 +159,10 @@ def _current_spelling(argv: list[str], old_names: dict[str, str]) -> list[str]:
     return out
 
 
-def _built(config_type: type, values: dict[str, Any]) -> Any:
+def _built(config_type: type[ConfigT], values: dict[str, Any]) -> ConfigT:
     """`config_type` from flag values by field name, each nested config built from its own."""
     nested = _nested_configs(config_type)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(config_type):
         if field.name in nested:
             kwargs[field.name] = _built(nested[field.name], values)
@@ -168,7 +174,7 @@ def _built(config_type: type, values: dict[str, Any]) -> Any:
     return config_type(**kwargs)
 
 
-def build_config(config_type: type, values: dict[str, Any]) -> Any:
+def build_config(config_type: type[ConfigT], values: dict[str, Any]) -> ConfigT:
     """`config_type` from the parsed flags' values (other keys ignored), nested configs built from
     their own fields; a value its `__post_init__` refuses (ValueError) is a UsageError."""
     try:
@@ -179,7 +185,7 @@ def build_config(config_type: type, values: dict[str, Any]) -> Any:
         raise UsageError(str(error)) from error
 
 
-def config_from_flags(config_type: type, values: dict[str, Any]) -> Any:
+def config_from_flags(config_type: type[ConfigT], values: dict[str, Any]) -> ConfigT:
     """`config_type` as code writes it: flag values by field name, whichever nested config holds
     the field (`{"data": ..., "epochs": 1}`), the rest at their defaults. A name that is no flag
     of it is a TypeError; `__post_init__`'s refusals stay ValueErrors."""
@@ -254,8 +260,19 @@ def _refuse_misspelt_flags(parser: argparse.ArgumentParser, argv: list[str]) -> 
                 raise UsageError(f"unknown flag {name} (did you mean {close[0]}?)")
 
 
-def parse_config(config_type: type, argv: list[str] | None, prog: str, description: str,
-                 passthrough: bool = False, renamed: dict[str, str] | None = None) -> Any:
+@overload
+def parse_config(config_type: type[ConfigT], argv: list[str] | None, prog: str, description: str,
+                 passthrough: Literal[False] = False, renamed: dict[str, str] | None = None) -> ConfigT: ...
+
+
+@overload
+def parse_config(config_type: type[ConfigT], argv: list[str] | None, prog: str, description: str,
+                 passthrough: Literal[True], renamed: dict[str, str] | None = None) -> tuple[ConfigT, list[str]]: ...
+
+
+def parse_config(config_type: type[ConfigT], argv: list[str] | None, prog: str, description: str,
+                 passthrough: bool = False,
+                 renamed: dict[str, str] | None = None) -> ConfigT | tuple[ConfigT, list[str]]:
     """`config_type` from the command line; with `passthrough`, (config, the flags that are not
     its own) for a command that hands the rest to Beam. `renamed`: old flag name -> field, still
     accepted (unlisted) for one release."""

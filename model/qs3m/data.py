@@ -72,7 +72,7 @@ def read_queries(source: str, splits: Sequence[str] | None = None, max_queries: 
                     articles_per_split[query.split] = articles_per_split.get(query.split, 0) + 1
                 if splits is not None and query.split not in splits:
                     continue
-                entry = (-stable_hash("qs3m-sample", seed, query.article_id), progress.n, query)
+                entry = (-stable_hash("qs3m-sample", seed, query.article_id), int(progress.n), query)
                 if max_queries is None:
                     kept.append(entry)
                 elif len(kept) < max_queries:

@@ -136,10 +136,10 @@ def similarity_matrix(model, kind: str, passages: np.ndarray, query: np.ndarray,
                     "passage1": passages[first[rows]], "passage2": passages[second[rows]]}
         inputs = {name: features[name] for name in model_inputs(kind)}
         scores[rows] = np.asarray(model(inputs, training=False)).reshape(-1)
-    scores = scores.reshape(count, count)
-    scores = (scores + scores.T) / 2.0
-    np.fill_diagonal(scores, 1.0)
-    return scores
+    matrix = scores.reshape(count, count)
+    matrix = (matrix + matrix.T) / 2.0
+    np.fill_diagonal(matrix, 1.0)
+    return matrix
 
 
 def model_name(kind: str, query_representation: str) -> str:

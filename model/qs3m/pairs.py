@@ -95,8 +95,8 @@ def sample_pairs(
     """
     rng = np.random.default_rng(seed)
     pairs: list[Pair] = []
-    for query_index, labels in enumerate(label_lists):
-        labels = np.asarray(labels)
+    for query_index, query_labels in enumerate(label_lists):
+        labels = np.asarray(query_labels)
         first, second = np.triu_indices(len(labels), k=1)
         same = labels[first] == labels[second]
         positives, negatives = np.flatnonzero(same), np.flatnonzero(~same)
