@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from model.encoders import Methods, check_encoder_specs, named_model_dir
+from model.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
@@ -108,7 +108,7 @@ def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
 
 
 def _embed(args: ReportConfig,
-           sick_splits: dict | None) -> tuple[TripletsConfig, dict[str, list[str]], list[str], list[str]]:
+           sick_splits: dict | None) -> tuple[TripletsConfig, dict[str, list[str]], list[str], list[EncoderSpec]]:
     """(the triplets' config, the test triplets, every distinct sentence of the three evaluations,
     the method specs of their cached embeddings): each method embeds each sentence once."""
     from apache_beam.io.filesystems import FileSystems
@@ -140,7 +140,7 @@ class _Results:
 
 def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: TripletsConfig,
                      test_triplets: dict[str, list[str]],
-                     specs: list[str], seconds: dict[str, float]) -> _Results:
+                     specs: list[EncoderSpec], seconds: dict[str, float]) -> _Results:
     """The SCB clustering job, triplet accuracy and (with `--sick`) SICK relatedness, each timed."""
     from eval import scb, sick, triplets
     from eval.report import scb_markdown, sick_markdown, triplets_markdown

@@ -152,8 +152,9 @@ def _posteriors_side_by_side(assignment: np.ndarray, runs: np.ndarray,
 
 
 @numba.njit(cache=True, inline="always")
-def _update_run(assignment: np.ndarray, run: int, first: int, side_by_side: np.ndarray, product: np.ndarray,
-                log_prior: np.ndarray, beta: float, within_cluster: np.ndarray, unnormalised: np.ndarray) -> float:
+def _update_run(assignment: np.ndarray, run: int | np.integer, first: int, side_by_side: np.ndarray,
+                product: np.ndarray, log_prior: np.ndarray, beta: float, within_cluster: np.ndarray,
+                unnormalised: np.ndarray) -> float:
     """One update of run `run`'s P(c|i) in place, from its columns `first`.. of P(i|c) and of the
     product s(c; i); returns the largest change. `within_cluster`, `unnormalised`: [k] scratch rows."""
     _, n_items, n_clusters = assignment.shape
@@ -323,6 +324,7 @@ def iclust_with_updates(similarities: list[np.ndarray], n_clusters: int,
                 objective = hard_objective(similarity, labels, n_clusters)
                 if objective > best_objective:
                     best_labels, best_objective = labels, objective
+            assert best_labels is not None, "no restart's objective was finite"
             labelled.append(np.unique(best_labels, return_inverse=True)[1].astype(np.int64))
     return labelled, updates
 

@@ -463,7 +463,7 @@ def _claim(job: _Job, resume_from: str | None) -> SavedModelEncoder | None:
     teacher = load_encoder(optimizer.teacher) if optimizer.teacher else None   # a bad path is refused before the claim
     claim_model_dir(config, job.model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
-        if os.path.isdir(os.path.join(resume_from, entry)):
+        if resume_from and os.path.isdir(os.path.join(resume_from, entry)):
             shutil.copytree(os.path.join(resume_from, entry), os.path.join(job.model_dir, entry))
     return teacher
 
@@ -586,7 +586,7 @@ def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, bes
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
         "untrained_val_loss": float(untrained["loss"]),
         "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(data.validation_batches, matrix, len(vocabulary))
-                                              if matrix is not None else None),
+                                              if matrix is not None and vocabulary is not None else None),
         "evaluation_triplets": inputs.evaluation_triplets or "all",
         "best_val_triplet_accuracy": float(best.best),
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
