@@ -46,6 +46,7 @@ def test_score_article_skips_a_variant_without_two_sections():
     assert [row["method"] for row in skipped] == ["m", "n"] and all("skipped" in row for row in skipped)
 
 
+@pytest.mark.slow   # seconds of real work: the fast tier stays under 3 minutes
 def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     articles = write_scb(tmp_path / "data", extra_lines=("not json", json.dumps({"article_id": 99})))
     result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"),

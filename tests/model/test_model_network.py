@@ -205,6 +205,7 @@ def test_the_trainers_models_are_built_as_the_flags_say():
     assert model.jit_compile
 
 
+@pytest.mark.slow   # seconds of real work: the fast tier stays under 3 minutes
 def test_the_benchmark_times_the_trainers_models(tmp_path):
     """Every variant but the three-call baseline is `build_models`' triplet model, compiled alike."""
     from model_shards import write_triplet_shards

@@ -54,6 +54,7 @@ def test_read_dump_pages_transform_yields_every_page_and_counts_them(tmp_path, e
     assert counters["pages_read"] == len(embedded_reference)
 
 
+@pytest.mark.slow   # seconds of real work: the fast tier stays under 3 minutes
 def test_glob_of_plain_xml_and_bz2_parts(tmp_path, embedded_reference):
     header, page_iter = dump_writers.dump_parts(embedded_dump_path())
     page_bytes = list(page_iter)

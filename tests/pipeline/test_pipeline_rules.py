@@ -143,6 +143,7 @@ def test_the_sentence_splitter_bounds_its_vocabulary_without_changing_sentences(
     assert [len(sentences) for sentences in split_bounded] == [2] * 300
 
 
+@pytest.mark.slow   # seconds of real work: the fast tier stays under 3 minutes
 def test_the_tokenizer_cache_changes_no_sentence_of_real_paragraphs():
     from itertools import islice
 
