@@ -28,12 +28,9 @@ import tensorflow as tf
 from keras import ops
 
 from model.config import LOSS_NAMES, NetworkKind, TrainConfig
+from model.losses import COSINE_SCALE, triplet_loss
 from model.similarity import Similarity
 
-# Cosine distances lie in [0, 2]: scaled so that the softmax over (d+, d-) is not stuck near
-# 1/2 (the loss is 2 * sigmoid(scale * (cos- - cos+))), as sentence-transformers scales cosine
-# similarities by 20 in its ranking losses.
-COSINE_SCALE = 20.0
 # Net runs on the length-sorted distinct sentences of a batch in this many slices, each padded to
 # its own longest sentence: fewer padded LSTM steps, at the price of smaller matrix products.
 LENGTH_SLICES = 3
@@ -176,15 +173,8 @@ def distillation_distance(embeddings: tf.Tensor, teacher: tf.Tensor, sections: t
 
 
 # ------------------------------------------------------------------------------------ loss
-@keras.saving.register_keras_serializable(package="wikisim")
-def triplet_loss(positive_is_first, outputs):
-    """The paper's loss, hand-written (no library has it): with (p+, p-) = softmax(d+, d-),
-    loss = |p+| + |1 - p-| (0 when p+ = 0, 2 when p+ = 1). The label is the constant
-    index 0 of the positive in `outputs` (its first two columns are d+, d-) and carries no
-    information."""
-    del positive_is_first
-    probabilities = ops.softmax(outputs[..., :2], axis=-1)
-    return ops.abs(probabilities[..., 0]) + ops.abs(1.0 - probabilities[..., 1])
+# The paper's loss, `triplet_loss`, is in `model.losses` (Keras ops alone, so the JAX trainer
+# `model.jax_train` shares it); the losses below need the batch's TensorFlow layout.
 
 
 @keras.saving.register_keras_serializable(package="wikisim")

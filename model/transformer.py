@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from model.backbone import mean_pooled_encoder
 from model.text import pad_ids
 
 # Special token ids of the uncased BERT vocabulary (vocab.txt rows): padding is id 0, as for
@@ -86,8 +87,7 @@ def token_ids(max_tokens: int = 64, name: str = "minilm") -> BertIds:
 def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0, dropout: float | None = None,
                               layers: int | None = None) -> keras.Model:
     """Net: int wordpiece ids [n, t] (0 = padding) -> float32 [n, hidden]: the pre-trained
-    backbone's token states averaged over the non-padding tokens (Keras' masked
-    GlobalAveragePooling1D), as sentence-transformers pools this checkpoint. `frozen_layers`:
+    backbone, mean-pooled (`model.backbone.mean_pooled_encoder`). `frozen_layers`:
     the embeddings and that many lowest transformer layers are not trained (0 = all are).
     `layers`: keep only the checkpoint's lowest that many transformer layers (None = all), the
     layer-reduced student of sentence-transformers' distillation examples: keras-hub's reader
@@ -105,9 +105,4 @@ def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0, drop
                 layer.trainable = False
             elif layer.name.startswith("transformer_layer_") and int(layer.name.rsplit("_", 1)[1]) < frozen_layers:
                 layer.trainable = False
-    ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-    padding_mask = keras.ops.not_equal(ids, 0)
-    states = backbone({"token_ids": ids, "padding_mask": padding_mask,
-                       "segment_ids": keras.ops.zeros_like(ids)})["sequence_output"]
-    sentence = keras.layers.GlobalAveragePooling1D(name="mean_pooling")(states, mask=padding_mask)
-    return keras.Model(ids, sentence, name="sentence_encoder")
+    return mean_pooled_encoder(backbone)

