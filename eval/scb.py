@@ -30,6 +30,7 @@ from model.encoders import Methods, check_encoder_specs, method_names
 from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
+ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read, checked against the manifest
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ParseScbFn(beam.DoFn):
 
     def __init__(self, source: str):
         self.source = source
-        self.read = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_read")
+        self.read = beam.metrics.Metrics.counter(NAMESPACE, ARTICLES_READ)
         self.malformed = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_malformed")
 
     def process(self, line: str):
@@ -241,7 +242,7 @@ def check_scb_input(data: str) -> None:
 def check_scb_read(data: str, counters: dict[str, int]) -> None:
     """ShardError when the job read other than the records the manifest lists (replaced shards
     of the same size): the report of part of the articles, or of others, is refused."""
-    check_record_count(FileSystems.join(data, records.SCB), counters.get("scb_eval_articles_read", 0),
+    check_record_count(FileSystems.join(data, records.SCB), counters.get(ARTICLES_READ, 0),
                        Run.open(data).output(records.SCB).records)
 
 
