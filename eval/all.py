@@ -3,12 +3,13 @@
     python -m eval.all --data OUT --output EVAL [--model-dir DIR ...] [--encoder SPEC ...]
                        [--sick SICK.txt] [Beam options for the SCB job]
 
-Each method first embeds every distinct sentence of the three evaluations once (the test split's
-triplets, the SCB articles, SICK; `model.embedding_cache`, kept in `<output>/embeddings/`). Then
-the SCB clustering job (Beam), triplet accuracy on the test split of triplets-sen, and, when
-`--sick` is given, SICK relatedness score those embeddings; each writes its own JSON/Markdown/PNG
-into `--output`, and `report.md` puts the tables and plots together with the wall time of each
-step (`seconds` in report.json). The whole sets by default; `--max-triplets` and
+Each method first embeds every distinct sentence of the driver's evaluations once (the test
+split's triplets and SICK; `model.embedding_cache`, kept in `<output>/embeddings/`), which triplet
+accuracy on the test split of triplets-sen and, when `--sick` is given, SICK relatedness score.
+The SCB clustering job (Beam) is the only reader of the SCB files: its workers embed the articles
+they score (`eval.scb` says why: no driver holds a full dump's SCB). Each evaluation writes its
+own JSON/Markdown/PNG into `--output`, and `report.md` puts the tables and plots together with the
+wall time of each step (`seconds` in report.json). The whole sets by default; `--max-triplets` and
 `--max-scb-articles` score seeded samples.
 """
 from __future__ import annotations
@@ -84,8 +85,8 @@ def scale_lines(test_triplets: int, scb_articles: int, sick_result: dict | None)
 
 
 def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
-    """Checks the inputs and claims `--output` (before any work), embeds every sentence once per
-    method, runs the evaluations on those embeddings and writes the report."""
+    """Checks the inputs and claims `--output` (before any work), embeds the triplets' and SICK's
+    sentences once per method, runs the evaluations and writes the report."""
     from eval import scb, sick
     from eval.report import claim_report_folder
 
@@ -109,21 +110,19 @@ def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
 
 def _embed(args: ReportConfig,
            sick_splits: dict | None) -> tuple[TripletsConfig, dict[str, list[str]], list[str], list[EncoderSpec]]:
-    """(the triplets' config, the test triplets, every distinct sentence of the three evaluations,
-    the method specs of their cached embeddings): each method embeds each sentence once."""
+    """(the triplets' config, the test triplets, every distinct sentence of the triplets and SICK,
+    the method specs of their cached embeddings): each method embeds each sentence once. The SCB
+    articles are not among them: the SCB job reads and embeds them itself."""
     from apache_beam.io.filesystems import FileSystems
 
-    from eval import scb, sick, triplets
+    from eval import sick, triplets
     from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 
     triplet_config = triplets.TripletsConfig(data=args.data, output=args.output, methods=args.methods,
                                              max_triplets=args.max_triplets, seed=args.seed)
     test_triplets = triplets.read_test_triplets(triplet_config)
-    articles = scb.read_articles(args.data, args.max_scb_articles, args.seed)
     sentences = list(dict.fromkeys(
-        triplets.distinct_sentences(test_triplets)
-        + [sentence for record in articles for sentence in record.sentences]
-        + (sick.sick_sentences(sick_splits) if sick_splits else [])))
+        triplets.distinct_sentences(test_triplets) + (sick.sick_sentences(sick_splits) if sick_splits else [])))
     specs = cache_embeddings(args.methods.specs(), sentences, FileSystems.join(args.output, EMBEDDINGS_FOLDER))
     return triplet_config, test_triplets, sentences, specs
 
@@ -141,14 +140,15 @@ class _Results:
 def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: TripletsConfig,
                      test_triplets: dict[str, list[str]],
                      specs: list[EncoderSpec], seconds: dict[str, float]) -> _Results:
-    """The SCB clustering job, triplet accuracy and (with `--sick`) SICK relatedness, each timed."""
+    """The SCB clustering job, triplet accuracy and (with `--sick`) SICK relatedness, each timed;
+    the last two score `specs`, the cached embeddings."""
     from eval import scb, sick, triplets
     from eval.report import scb_markdown, sick_markdown, triplets_markdown
 
     sections: list[str] = []
     with _timed(seconds, "scb"):
         scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, methods=args.methods, seed=args.seed,
-                                           max_articles=args.max_scb_articles), beam_args, specs)
+                                           max_articles=args.max_scb_articles), beam_args)
     sections.append(scb_markdown(scb_result) + "\n![per-article ARI](scb_ari.png)\n")
 
     with _timed(seconds, "triplets"):
@@ -188,7 +188,8 @@ def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, floa
     header = (f"# Evaluation report\n\nData: `{args.data}`. Methods: {', '.join(f'`{m}`' for m in methods)}.\n"
               + scale_lines(triplet_result["triplets"], scb_result["articles"], sick_result)
               + f"Wall time: {', '.join(f'{step} {value:.1f} s' for step, value in seconds.items())} "
-              f"({sentences} distinct sentences embedded once per method).\n"
+              f"({sentences} distinct triplet and SICK sentences embedded once per method; the SCB job embeds its "
+              "articles).\n"
               "Reference numbers marked \"paper\" are Ein Dor et al.'s, on their data, not ours.\n\n")
     report = header + "\n".join(sections)
     write_text(FileSystems.join(args.output, "report.md"), report)

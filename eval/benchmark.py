@@ -4,10 +4,9 @@
         [--max-articles N] [--encode-only true]
 
 For each method separately it times (1) encoding alone: `encode` over every SCB article, as the
-job calls it, and (2) the whole Beam job (DirectRunner: read, encode, three clusterings x two
-variants, metrics, write; encoding each distinct sentence once into the job's embedding cache),
-and prints sentences/s for both and the share of the job spent
-encoding. Sentences are counted by the job's own `scb_eval_sentences_scored` counter.
+job calls it, and (2) the whole Beam job (DirectRunner: read, encode each article in the job,
+three clusterings x two variants, metrics, write), and prints sentences/s for both and the share
+of the job spent encoding. Sentences are counted by the job's own `scb_eval_sentences_scored` counter.
 
 `--max-articles N` times a seeded sample of N articles (the SCB job's own sample); `--encode-only
 true` times encoding alone, each method's sentences/s also as a multiple of the first method's

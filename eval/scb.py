@@ -10,6 +10,13 @@ embeds the articles through Beam's RunInference with the project's handler
 article's sentences encoded together). Per-article rows go to
 `<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
 driver then macro-averages per method x algorithm x variant and writes the report files.
+
+The job is the only reader of the SCB files: the driver checks them from the manifest and their
+sizes (`check_scb_input`, no record read), the job reads, parses and samples them, its workers
+embed their own articles, and the driver compares the records the job read with the manifest's
+count (`check_scb_read`). So the SCB scales out with the workers: on a full dump's SCB no
+machine holds every article or vector, where a driver that read the articles to embed them
+(into `model.embedding_cache`) would hold them all.
 """
 from __future__ import annotations
 
@@ -19,10 +26,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from model.encoders import EncoderSpec, Methods, check_encoder_specs, method_names
+from model.encoders import Methods, check_encoder_specs, method_names
 from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
+ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read, checked against the manifest
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ from tqdm import tqdm  # noqa: E402
 from eval.intervals import comparisons, mean_interval  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
-from pipeline.published import ManifestError, Run  # noqa: E402
+from pipeline.published import ManifestError, Run, check_record_count  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
 
@@ -101,7 +109,7 @@ class ParseScbFn(beam.DoFn):
 
     def __init__(self, source: str):
         self.source = source
-        self.read = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_read")
+        self.read = beam.metrics.Metrics.counter(NAMESPACE, ARTICLES_READ)
         self.malformed = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_articles_malformed")
 
     def process(self, line: str):
@@ -151,8 +159,9 @@ def sample_rank(record: records.ScbRecord, seed: int) -> int:
 
 
 def read_articles(data: str, max_articles: int | None = None, seed: int = 0) -> list[records.ScbRecord]:
-    """The run's SCB articles (or the seeded sample the job scores), read in the driver to list
-    their sentences; a malformed line is left to the job, which counts and sets it aside."""
+    """The run's SCB articles (or the seeded sample the job scores) in one process, for
+    measurements beside the job (`eval.benchmark`), which reads the files itself; a malformed
+    line is skipped, as the job sets it aside."""
     articles = []
     for path in scb_files(data):
         with FileSystems.open(path) as handle:
@@ -173,12 +182,12 @@ def scb_files(data: str) -> list[str]:
         raise FileNotFoundError(str(error)) from None
 
 
-def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[EncoderSpec] | None = None) -> None:
+def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
     """read SCB -> parse (dead letters aside) -> [seeded sample] -> embed by each method -> score
-    per article -> rows as JSON lines. `specs`: the methods' encoders (default: the config's).
+    per article -> rows as JSON lines.
 
-    The sample keeps the `max_articles` articles of smallest `sample_rank`:
-    the same articles in every run and on every runner."""
+    The sample keeps the `max_articles` articles of smallest `sample_rank`: the same articles in
+    every run and on every runner, chosen here and nowhere else."""
     parsed = (
         pipeline
         | "ListScb" >> beam.Create(scb_files(config.data))
@@ -200,7 +209,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[Encod
     from model.inference import EncoderModelHandler
 
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
-    specs = config.methods.specs() if specs is None else specs
+    specs = config.methods.specs()
     for spec, method in zip(specs, method_names(specs)):
         embedded = (embedded
                     | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0].sentences)))
@@ -221,11 +230,20 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, specs: list[Encod
 
 
 def check_scb_input(data: str) -> None:
-    """A clear error naming the path when there is no SCB file to read, or when the files do not
-    hold the articles the manifest lists (`Run.verify`: scoring part of them is refused)."""
+    """Before any work, without reading a record (the job is the files' only reader): a clear
+    error naming the path when the manifest lists no SCB file, or naming the first shard that is
+    missing or not of the size the run wrote (`Run.check_sizes`). `check_scb_read` completes the
+    check from the job's own count."""
     if not scb_files(data):
         raise FileNotFoundError(f"{data}: the run's manifest lists no SCB file")
-    Run.open(data).verify(records.SCB)
+    Run.open(data).check_sizes(records.SCB)
+
+
+def check_scb_read(data: str, counters: dict[str, int]) -> None:
+    """ShardError when the job read other than the records the manifest lists (replaced shards
+    of the same size): the report of part of the articles, or of others, is refused."""
+    check_record_count(FileSystems.join(data, records.SCB), counters.get(ARTICLES_READ, 0),
+                       Run.open(data).output(records.SCB).records)
 
 
 def remove_previous_rows(output: str) -> None:
@@ -272,29 +290,24 @@ def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
     return differences
 
 
-def run(config: ScbConfig, beam_args: list[str] | None = None, specs: list[EncoderSpec] | None = None) -> dict:
+def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result.
-    `specs`: the methods' encoders, e.g. eval.all's cached embeddings; by default each method
-    embeds the scored articles' distinct sentences once (`model.embedding_cache`)."""
+    The caller has checked the input and the encoders (`check_scb_input`, `check_encoder_specs`)
+    before any work of its own."""
     from eval.report import read_jsonl, write_scb_report
-    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 
-    check_scb_input(config.data)
-    check_encoder_specs(config.methods.specs())
-    if specs is None:
-        articles = read_articles(config.data, config.max_articles, config.seed)
-        sentences = list(dict.fromkeys(sentence for record in articles for sentence in record.sentences))
-        specs = cache_embeddings(config.methods.specs(), sentences, FileSystems.join(config.output, EMBEDDINGS_FOLDER))
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
-    build_pipeline(pipeline, config, specs)
+    build_pipeline(pipeline, config)
     pipeline_result = pipeline.run()
     pipeline_result.wait_until_finish()
+    counters = job_totals(pipeline_result)
+    check_scb_read(config.data, counters)
     rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
-        "methods": method_names(specs),   # the order of the report's rows and boxes
-        "counters": job_totals(pipeline_result),
+        "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
+        "counters": counters,
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],

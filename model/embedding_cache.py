@@ -1,8 +1,9 @@
 """Each method's embeddings of a set of distinct sentences, computed once and kept as Parquet.
 
-The evaluation scores every method on the test split's triplets and on every SCB article, and
-their sentences are mostly the same (SCB articles are test articles). `cache_embeddings` encodes
-each distinct sentence once per method and writes `<folder>/<method>.parquet` with
+`eval.all` scores every method on the test split's triplets and on SICK in the driver, from one
+set of distinct sentences (the SCB job embeds its articles in its workers, `eval.scb`, so that no
+driver holds a full dump's SCB vectors). `cache_embeddings` encodes each distinct sentence once
+per method and writes `<folder>/<method>.parquet` with
 `model.embed`'s columns (`id`: a stable hash of the text, `text`, `embedding`), then
 `<method>.json`, the key that lets a later run reuse the file: the encoder spec, a SHA-256 of the
 sentences in order, and one of the encoder's files. A spec of kind `SpecKind.CACHED`

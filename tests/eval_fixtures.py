@@ -1,6 +1,7 @@
 """Small SCB files in the data contract's format, written by the eval tests themselves."""
 import gzip
 import json
+from collections import Counter
 from pathlib import Path
 
 from pipeline.outputs import write_manifest
@@ -61,3 +62,20 @@ def write_scb(data_dir: Path, extra_lines: tuple[str, ...] = ()) -> list[dict]:
             handle.write(line + "\n")
     write_manifest(str(data_dir), {"scb": len(articles) + len(extra_lines)})
     return articles
+
+
+def count_scb_opens(monkeypatch) -> Counter:
+    """Counts each open of an SCB shard (`scb/part-*`) by Beam's local filesystem, which still does
+    the reading; the driver's checks and reads and the DirectRunner's run in this process."""
+    from apache_beam.io.localfilesystem import LocalFileSystem
+
+    opens: Counter = Counter()
+    real_open = LocalFileSystem.open
+
+    def counting_open(self, path, *args, **kwargs):
+        if "/scb/part-" in path:
+            opens[path] += 1
+        return real_open(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "open", counting_open)
+    return opens

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import reference_scoring
+from eval_fixtures import count_scb_opens
 from scipy import sparse
 from test_eval_sick import write_sick_fixture
 
@@ -98,14 +99,18 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
         assert f"| {method} | {accuracy:.3f} [" in text
 
 
-def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipeline_output, tiny_model, tmp_path):
-    """The cache, sparse TF-IDF and batched Iclust change no number: each method's triplet
-    accuracies and every SCB row equal what the scoring before them (`reference_scoring`: dense
-    vectors encoded per set, one clustering call per method and algorithm) gives."""
+def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipeline_output, tiny_model, tmp_path,
+                                                                   monkeypatch):
+    """The cache, sparse TF-IDF, batched Iclust and the SCB job as the SCB's only reader change no
+    number: each method's triplet accuracies and every SCB row equal what the scoring before them
+    (`reference_scoring`: dense vectors encoded per set, one clustering call per method and
+    algorithm) gives; each SCB file is opened once."""
     data, out = embedded_pipeline_output, tmp_path / "eval"
     specs = [EncoderSpec.parse(text) for text in ("mean-vectors", "tfidf", f"saved:triplets-sen={tiny_model}")]
+    opens = count_scb_opens(monkeypatch)
     report = eval_all.main(["--data", str(data), "--output", str(out), "--encoder", "mean-vectors",
                             "--encoder", "tfidf", "--model-dir", tiny_model, "--runner", "DirectRunner"])
+    assert dict(opens) == {str(path): 1 for path in (data / "scb").glob("part-*")}
     encoders = load_encoders(specs)
 
     def dense(embeddings):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eval_fixtures import write_scb
+from eval_fixtures import count_scb_opens, write_scb
 
 from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
@@ -58,10 +58,8 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     assert counters["scb_eval_articles_malformed"] == 2
     assert counters["scb_eval_articles_scored"] == len(articles)
     assert counters["scb_eval_sentences_scored"] == sum(len(a["sentences"]) for a in articles)
-    # Each method embedded each distinct sentence once, into the job's cache; TF-IDF, fitted on
-    # each article, is not cached.
-    cached = sorted(path.name for path in (tmp_path / "out" / "embeddings").iterdir())
-    assert cached == ["mean-vectors.json", "mean-vectors.parquet"]
+    # The job's workers embed the articles they score: the driver caches no SCB embedding.
+    assert not (tmp_path / "out" / "embeddings").exists()
     dead = [json.loads(line) for path in (tmp_path / "out" / "scb").glob("dead_letters-*")
             for line in path.read_text().splitlines()]
     assert {d["reason"] for d in dead} == {"malformed_scb_record"} and all(d["stage"] == "eval-scb" for d in dead)
@@ -120,6 +118,30 @@ def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
     result = scb.main(["--data", data, "--output", out, "--encoder", "tfidf", "--runner", "DirectRunner"])
     assert result["articles"] == 3
     assert FileSystems.exists(f"{out}/scb.md") and FileSystems.exists(f"{out}/scb_ari.png")
+
+
+@pytest.mark.slow   # a whole SCB job: seconds of real work
+def test_scb_job_reads_each_scb_file_once_and_samples_as_the_drivers_reading_would(tmp_path, monkeypatch):
+    """The job is the SCB files' only reader: the driver's checks read no record, and the seeded
+    sample is the one a whole reading of the files gives (`read_articles`, the benchmark's)."""
+    write_scb(tmp_path / "data")
+    opens = count_scb_opens(monkeypatch)
+    result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf",
+                       "--max-articles", "2", "--seed", "3", "--runner", "DirectRunner"])
+    assert dict(opens) == {str(tmp_path / "data" / "scb" / "part-00000-of-00001.jsonl.gz"): 1}
+    assert result["counters"]["scb_eval_articles_read"] == 3
+    assert {row["article_id"] for row in result["rows"]} == {
+        record.article_id for record in scb.read_articles(str(tmp_path / "data"), 2, seed=3)}
+
+
+def test_records_the_job_read_are_checked_against_the_manifest(tmp_path):
+    """What the size check before the job cannot see (a shard replaced by one of the same size)
+    is refused after it, from the job's own count, before any report."""
+    write_scb(tmp_path / "data")
+    scb.check_scb_read(str(tmp_path / "data"), {"scb_eval_articles_read": 3})
+    for read in (2, 4):
+        with pytest.raises(published.ShardError, match=f"{tmp_path / 'data' / 'scb'}: {read} "):
+            scb.check_scb_read(str(tmp_path / "data"), {"scb_eval_articles_read": read})
 
 
 def test_scb_job_names_the_missing_input(tmp_path):
