@@ -227,7 +227,8 @@ def history(config: JaxTrainConfig, curve: list[dict], untrained: float, device:
     """`model.train`'s history.json keys that the learning curve, the model card and eval read."""
     return {"learning_curve": curve, "untrained_val_triplet_accuracy": untrained,
             "mean_vectors_val_triplet_accuracy": None,
-            "best_val_triplet_accuracy": max([point["val_triplet_accuracy"] for point in curve], default=untrained),
+            # the weights written are the run's last (no best-epoch checkpoint): their accuracy
+            "best_val_triplet_accuracy": curve[-1]["val_triplet_accuracy"] if curve else untrained,
             "evaluation_triplets": validation, "global_batch_size": config.batch_size, "distance": "cosine",
             "device": device, "triplets_seen": curve[-1]["triplets_seen"] if curve else 0,
             "config": {**asdict(config), "encoder": "minilm", "lstm_units": 0,
