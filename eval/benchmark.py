@@ -1,7 +1,7 @@
 """Throughput of the SCB scoring job: sentences per second, per method, on this machine.
 
     python -m eval.benchmark --data OUT [--encoder SPEC ...] [--model-dir DIR ...] [--output DIR]
-        [--max-articles N] [--encode-only true]
+        [--max-articles N] [--encode-only true] [--sentence-transformers true]
 
 For each method separately it times (1) encoding alone: `encode` over every SCB article, as the
 job calls it, and (2) the whole Beam job (DirectRunner: read, encode each article in the job,
@@ -16,20 +16,32 @@ A second table gives each clustering's milliseconds per article (both variants, 
 `eval.clustering` on one method's embeddings), and Iclust's rate on its products (2 N^2 k FLOPs
 per self-consistent update of a run) against this machine's float64 matmul peak on one BLAS
 thread, the one thread Iclust runs on: how far its element-wise work keeps it from the bound.
+
+`--sentence-transformers true` (it needs sentence-transformers, hence PyTorch, installed; CI has
+neither) also times, for each `--model-dir` holding a `sentence-transformers/` export, that folder
+loaded by `SentenceTransformer(folder, device="cpu")` against the Keras export on the same
+articles: one call each per article, in turn (a load on a shared machine falls on both alike),
+at the same batch size and on the same number of threads (PyTorch's set to TensorFlow's), after a
+warm-up article. It prints both sentences/s, their ratio (Keras / sentence-transformers) and the
+min and median cosine between the two embeddings of each sentence.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from model.encoders import EncoderSpec, Methods, load_encoder
-from pipeline.cli import flag, parse_config, run_cli
+from model.encoders import EncoderSpec, Methods, SpecKind, load_encoder
+from model.hf import EXPORT_FOLDER
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
 def matmul_peak_gflops(size: int = 1024, repeats: int = 5) -> float:
@@ -90,6 +102,94 @@ def encoding_speed(spec: EncoderSpec, articles: list) -> dict:
             "encode_sentences_per_s": sentences / seconds}
 
 
+def sentence_transformers_folder(spec: EncoderSpec) -> str | None:
+    """The local `sentence-transformers/` export inside a saved method's model dir (`model.train`
+    writes one for a transformer); none for any other method."""
+    if spec.kind is not SpecKind.SAVED:
+        return None
+    folder = os.path.join(spec.paths[0], EXPORT_FOLDER)
+    return folder if os.path.exists(os.path.join(folder, "modules.json")) else None
+
+
+def tensorflow_threads() -> int:
+    """The threads TensorFlow runs one op on: its intra-op setting, or where that is 0 (the
+    default) the CPUs this process may run on, which TensorFlow then takes."""
+    import tensorflow as tf
+
+    return tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0))
+
+
+def speed_ratio(method: str, sentences: int, keras_seconds: float, sentence_transformers_seconds: float,
+                cosines: np.ndarray, threads: dict[str, int], max_seq_length: dict[str, int | None]) -> dict:
+    """The comparison's row: each side's sentences/s over the same sentences, the Keras export's
+    as a multiple of sentence-transformers', and how closely their embeddings agree."""
+    keras_rate, theirs_rate = sentences / keras_seconds, sentences / sentence_transformers_seconds
+    return {"method": method, "sentences": sentences, "threads": threads, "max_seq_length": max_seq_length,
+            "keras_seconds": keras_seconds, "sentence_transformers_seconds": sentence_transformers_seconds,
+            "keras_sentences_per_s": keras_rate, "sentence_transformers_sentences_per_s": theirs_rate,
+            "keras_over_sentence_transformers": keras_rate / theirs_rate,
+            "cosine_min": float(cosines.min()), "cosine_median": float(np.median(cosines))}
+
+
+def keras_vs_sentence_transformers(spec: EncoderSpec, folder: str, articles: list,
+                                   sentence_transformer: Callable[..., Any]) -> dict:
+    """The Keras export and sentence-transformers (`folder`: the same weights) timed on the same
+    articles, one call each per article in turn, at the Keras encoder's batch size, PyTorch on
+    TensorFlow's thread count; after one warm-up article each (graph tracing, lazy loading)."""
+    import torch
+
+    from model.encoder import SavedModelEncoder
+
+    keras = SavedModelEncoder(spec.paths[0], name=spec.name)
+    torch.set_num_threads(tensorflow_threads())
+    theirs = sentence_transformer(folder, device="cpu")
+
+    def encode_theirs(sentences: list[str]) -> np.ndarray:
+        return theirs.encode(sentences, batch_size=keras.batch_size, show_progress_bar=False)
+
+    keras.encode(list(articles[0].sentences))
+    encode_theirs(list(articles[0].sentences))
+    keras_seconds = theirs_seconds = 0.0
+    cosines = []
+    for article in articles:
+        sentences = list(article.sentences)
+        start = time.perf_counter()
+        ours = keras.encode(sentences)
+        keras_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        their_embeddings = encode_theirs(sentences)
+        theirs_seconds += time.perf_counter() - start
+        cosines.append((ours * their_embeddings).sum(1) / np.linalg.norm(ours, axis=1)
+                       / np.linalg.norm(their_embeddings, axis=1))
+    return speed_ratio(spec.name, sum(len(article.sentences) for article in articles), keras_seconds, theirs_seconds,
+                       np.concatenate(cosines), {"tensorflow": tensorflow_threads(), "torch": torch.get_num_threads()},
+                       {"keras": keras.max_seq_length, "sentence_transformers": theirs.max_seq_length})
+
+
+def sentence_transformers_markdown(rows: list[dict]) -> str:
+    """The comparison's table: sentences/s of both, the ratio, the threads and the agreement."""
+    from eval.report import markdown_table
+
+    return "## The Keras export against sentence-transformers (same weights, sentences, threads)\n\n" + markdown_table(
+        ["method", "sentences", "threads (TF / torch)", "Keras sentences/s", "sentence-transformers sentences/s",
+         "Keras / sentence-transformers", "cosine min", "cosine median"],
+        [[r["method"], r["sentences"], f"{r['threads']['tensorflow']} / {r['threads']['torch']}",
+          r["keras_sentences_per_s"], r["sentence_transformers_sentences_per_s"],
+          r["keras_over_sentence_transformers"], f"{r['cosine_min']:.6f}", f"{r['cosine_median']:.6f}"]
+         for r in rows])
+
+
+def sentence_transformers_class() -> Callable[..., Any]:
+    """`SentenceTransformer`, imported before TensorFlow loads (PyTorch after it can crash the
+    process: model.encoders); where it is not installed, a usage error naming the flag."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise UsageError("--sentence-transformers true needs sentence-transformers (PyTorch) installed: "
+                         "pip install sentence-transformers") from None
+    return SentenceTransformer
+
+
 def benchmark_method(spec: EncoderSpec, data: str, articles: list, output: str, peak_gflops: float,
                      max_articles: int | None = None) -> dict:
     from apache_beam.io.filesystems import FileSystems
@@ -144,19 +244,27 @@ class ScbBenchmarkConfig:
     max_articles: int | None = flag(None, help="time a seeded sample of this many SCB articles; none = all")
     encode_only: bool = flag(False, help="time encoding alone (no clustering, no job), as multiples of the first "
                                          "method's sentences/s too")
+    sentence_transformers: bool = flag(False, help="also time each --model-dir's sentence-transformers/ export in "
+                                                   "sentence-transformers against its Keras export, same sentences "
+                                                   "and threads (needs sentence-transformers installed)")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
+    sentence_transformer = sentence_transformers_class() if args.sentence_transformers else None
     from apache_beam.io.filesystems import FileSystems  # Beam and the SCB job load once the flags are parsed
 
     from eval import scb
     from eval.report import markdown_table, write_text
 
     scb.check_scb_input(args.data)
+    specs = args.methods.specs()
+    folders = {spec.name: folder for spec in specs if (folder := sentence_transformers_folder(spec))}
+    if sentence_transformer is not None and not folders:
+        raise UsageError("--sentence-transformers true: no --model-dir holds a sentence-transformers/ export "
+                         "(python -m model.export writes one)")
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
     articles = scb.read_articles(args.data, args.max_articles)
-    specs = args.methods.specs()
     if args.encode_only:
         rows = [encoding_speed(spec, articles) for spec in specs]
         table = markdown_table(
@@ -165,23 +273,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
               r["encode_sentences_per_s"] / rows[0]["encode_sentences_per_s"]] for r in rows])
         write_text(FileSystems.join(output, "encoding.md"), "## Encoding speed\n\n" + table)
         print(table)
-        return rows
-    peak_gflops = matmul_peak_gflops()
-    rows = [benchmark_method(spec, args.data, articles, output, peak_gflops, args.max_articles) for spec in specs]
-    table = markdown_table(
-        ["method", "articles", "sentences", "encode s", "encode sentences/s", "job s", "job sentences/s",
-         "encode share of job"],
-        [[r["method"], r["articles"], r["sentences"], r["encode_seconds"], r["encode_sentences_per_s"],
-          r["job_seconds"], r["job_sentences_per_s"], r["encode_share_of_job"]] for r in rows])
-    clustering = clustering_markdown(rows)
-    write_text(FileSystems.join(output, "benchmark.md"),
-               "## SCB scoring throughput (DirectRunner)\n\n" + table + "\n" + clustering)
-    write_text(FileSystems.join(output, "benchmark.json"), json.dumps(rows, indent=2) + "\n")
-    print(table)
-    print(clustering)
-    print(f"benchmark.md, benchmark.json and the jobs' outputs in {output}")
+    else:
+        peak_gflops = matmul_peak_gflops()
+        rows = [benchmark_method(spec, args.data, articles, output, peak_gflops, args.max_articles)
+                for spec in specs]
+        table = markdown_table(
+            ["method", "articles", "sentences", "encode s", "encode sentences/s", "job s", "job sentences/s",
+             "encode share of job"],
+            [[r["method"], r["articles"], r["sentences"], r["encode_seconds"], r["encode_sentences_per_s"],
+              r["job_seconds"], r["job_sentences_per_s"], r["encode_share_of_job"]] for r in rows])
+        clustering = clustering_markdown(rows)
+        write_text(FileSystems.join(output, "benchmark.md"),
+                   "## SCB scoring throughput (DirectRunner)\n\n" + table + "\n" + clustering)
+        write_text(FileSystems.join(output, "benchmark.json"), json.dumps(rows, indent=2) + "\n")
+        print(table)
+        print(clustering)
+        print(f"benchmark.md, benchmark.json and the jobs' outputs in {output}")
+    if sentence_transformer is not None:
+        compared = [keras_vs_sentence_transformers(spec, folders[spec.name], articles, sentence_transformer)
+                    for spec in specs if spec.name in folders]
+        text = sentence_transformers_markdown(compared)
+        write_text(FileSystems.join(output, "sentence-transformers.md"), text)
+        write_text(FileSystems.join(output, "sentence-transformers.json"), json.dumps(compared, indent=2) + "\n")
+        print(text)
     return rows
-
 
 if __name__ == "__main__":
     sys.exit(run_cli(main))

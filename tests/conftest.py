@@ -87,8 +87,22 @@ def tiny_model(embedded_pipeline_output, tmp_path_factory):
     return str(model_dir)
 
 
+@pytest.fixture(scope="session")
+def fine_tuned(embedded_pipeline_output, tmp_path_factory):
+    """A model dir of MiniLM fine-tuned for two steps (its Keras and sentence-transformers exports),
+    and model.train's summary."""
+    from model.config import TrainConfig
+    from model.train import train
+
+    model_dir = tmp_path_factory.mktemp("models") / "minilm-sen"
+    summary = train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
+                                           encoder="minilm", epochs=1, steps=2, batch_size=8, max_tokens=32,
+                                           warmup_triplets=8, evaluation_triplets=16, progress=False))
+    return model_dir, summary
+
+
 # Fixtures that run the real pipeline, train, or start the emulator: minutes, not seconds.
-SLOW_FIXTURES = {"embedded_pipeline_output", "tiny_model", "gcs_emulator"}
+SLOW_FIXTURES = {"embedded_pipeline_output", "tiny_model", "fine_tuned", "gcs_emulator"}
 
 
 def pytest_configure(config):

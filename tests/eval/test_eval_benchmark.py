@@ -1,9 +1,13 @@
 """eval.benchmark's clustering measurement on a small article: what it times and how it reports it."""
+import json
+import sys
+
 import numpy as np
 import pytest
 
-from eval.benchmark import clustering_markdown, clustering_seconds, matmul_peak_gflops
+from eval.benchmark import clustering_markdown, clustering_seconds, main, matmul_peak_gflops, speed_ratio
 from eval.iclust import IclustConfig, iclust_with_updates
+from pipeline.cli import run_cli
 from pipeline.records import ScbRecord
 
 
@@ -41,8 +45,6 @@ def test_the_matmul_peak_is_a_rate():
 
 @pytest.mark.slow   # the session's pipeline run
 def test_encode_only_times_each_method_on_the_sampled_articles(embedded_pipeline_output, tmp_path, capsys):
-    from eval.benchmark import main
-
     rows = main(["--data", str(embedded_pipeline_output), "--encoder", "mean-vectors", "--encoder", "tfidf",
                  "--max-articles", "2", "--encode-only", "true", "--output", str(tmp_path)])
     assert [row["method"] for row in rows] == ["mean-vectors", "tfidf"]
@@ -50,3 +52,39 @@ def test_encode_only_times_each_method_on_the_sampled_articles(embedded_pipeline
     printed = capsys.readouterr().out
     assert "| x the first method |" in printed and "| 1.000 |" in printed        # the first method against itself
     assert (tmp_path / "encoding.md").read_text().startswith("## Encoding speed")
+
+
+def test_without_sentence_transformers_the_flag_is_one_error_line_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)   # not installed, as in CI
+    status = run_cli(main, ["--data", str(tmp_path / "no-run"), "--model-dir", str(tmp_path / "no-model"),
+                            "--encode-only", "true", "--sentence-transformers", "true"])
+    error = capsys.readouterr().err
+    assert status == 2 and error.count("\n") == 1   # refused before the missing run or model dir is read
+    assert error.startswith("error: --sentence-transformers true needs sentence-transformers")
+
+
+def test_the_ratio_is_the_keras_exports_sentences_per_second_over_sentence_transformers():
+    row = speed_ratio("m", 300, keras_seconds=2.0, sentence_transformers_seconds=3.0,
+                      cosines=np.array([0.99, 1.0, 0.999]), threads={"tensorflow": 2, "torch": 2},
+                      max_seq_length={"keras": 64, "sentence_transformers": 64})
+    assert (row["keras_sentences_per_s"], row["sentence_transformers_sentences_per_s"]) == (150.0, 100.0)
+    assert row["keras_over_sentence_transformers"] == 1.5
+    assert (row["cosine_min"], row["cosine_median"]) == (0.99, 0.999)
+
+
+def test_sentence_transformers_is_timed_beside_the_keras_export_on_the_same_sentences(
+        fine_tuned, embedded_pipeline_output, tmp_path, capsys):
+    pytest.importorskip("sentence_transformers", reason="PyTorch is not installed: docs/export.md runs this")
+    model_dir, _ = fine_tuned
+    rows = main(["--data", str(embedded_pipeline_output), "--encoder", "mean-vectors", "--model-dir", str(model_dir),
+                 "--max-articles", "2", "--encode-only", "true", "--sentence-transformers", "true",
+                 "--output", str(tmp_path)])
+    [compared] = json.loads((tmp_path / "sentence-transformers.json").read_text())   # mean-vectors has no export
+    assert compared["method"] == "minilm-sen" and compared["sentences"] == rows[1]["sentences"] > 0
+    keras, theirs = (compared["sentences"] / compared[f"{side}_seconds"] for side in ("keras", "sentence_transformers"))
+    assert (compared["keras_sentences_per_s"], compared["sentence_transformers_sentences_per_s"]) == (keras, theirs)
+    assert compared["keras_over_sentence_transformers"] == keras / theirs
+    assert compared["threads"]["torch"] == compared["threads"]["tensorflow"]
+    assert compared["max_seq_length"] == {"keras": 32, "sentence_transformers": 32}
+    assert compared["cosine_min"] >= 0.9999   # the same weights: the same embeddings
+    assert "| Keras / sentence-transformers |" in capsys.readouterr().out

@@ -94,18 +94,6 @@ def test_the_transformer_kind_builds_its_net_as_the_flags_say():
     assert type(model.optimizer) is keras.optimizers.AdamW and model.optimizer.weight_decay == 0.01
 
 
-@pytest.fixture(scope="module")
-def fine_tuned(embedded_pipeline_output, tmp_path_factory):
-    """A model dir of MiniLM fine-tuned for two steps, and model.train's summary."""
-    from model.train import train
-
-    model_dir = tmp_path_factory.mktemp("models") / "minilm-sen"
-    summary = train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
-                                           encoder="minilm", epochs=1, steps=2, batch_size=8, max_tokens=32,
-                                           warmup_triplets=8, evaluation_triplets=16, progress=False))
-    return model_dir, summary
-
-
 def test_trainer_fine_tunes_the_transformer_and_exports_it(fine_tuned):
     model_dir, summary = fine_tuned
     assert summary["distance"] == "cosine" and summary["learning_rate"] == 5e-5
