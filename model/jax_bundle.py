@@ -14,8 +14,10 @@ without TensorFlow (an accelerator image with JAX), and its trained weights back
   weights in `Model.weights` order, as float16 (half the bytes, for the 64 MiB a device call
   carries; a relative rounding of 5e-4, below what fine-tuning moves them).
 
-`unpack` adds the trained deltas (`model.jax_train`'s `delta-*.npz`, float16) to those weights,
-loads them into the TensorFlow Net and writes MODEL/encoder (the strings-in SavedModel every
+`pack --start-from TRAINED --splits-from BUNDLE` packs a `model.jax_train` run's trained weights instead of the
+checkpoint's: the teacher of a `--distill-layers` student. `unpack` adds the trained deltas
+(`model.jax_train`'s `delta-*.npz`, float16) to the bundle's weights, loads them into the
+TensorFlow Net (or the layer-reduced student the run trained) and writes MODEL/encoder (the strings-in SavedModel every
 eval job reads), MODEL/sentence-transformers, history.json and the learning curve, as
 `model.train` does at the end of a run.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -45,6 +48,10 @@ class PackConfig:
     validation_triplets: int = flag(2000, help="validation triplets in the bundle (a seeded sample)")
     max_triplets: int | None = flag(None, help="train triplets in the bundle, the first of the written order; "
                                                "none = the whole split")
+    start_from: str | None = flag(None, help="a model.jax_train output (on a bundle of the same checkpoint): "
+                                             "its trained weights are the bundle's, a teacher for --distill-layers")
+    splits_from: str | None = flag(None, help="a bundle of the same --data and --dataset whose split files to copy "
+                                              "instead of reading the split again")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +103,12 @@ def pack(config: PackConfig) -> dict:
     if config.max_triplets:
         splits["train"] = splits["train"].take(config.max_triplets)
     counts = {}
+    if config.splits_from:
+        for name in SPLIT_FILES.values():
+            shutil.copyfile(os.path.join(config.splits_from, name), os.path.join(config.output, name))
+        with open(os.path.join(config.splits_from, BACKBONE), encoding="utf-8") as handle:
+            counts = json.load(handle)["splits"]
+        splits = {}
     for split, triplets in splits.items():
         sentences, rows = sentence_table(triplets.batch(4096))
         ids, starts = tokenized(sentences)
@@ -104,27 +117,43 @@ def pack(config: PackConfig) -> dict:
         print(f"{split}: {len(rows)} triplets over {len(sentences)} distinct sentences, {len(ids)} wordpieces")
     encoder = build_transformer_encoder(ENCODER)
     backbone = next(layer for layer in encoder.layers if isinstance(layer, keras.Model))
+    weights = [weight.numpy().astype(np.float16) for weight in encoder.weights]
+    if config.start_from:   # what the device trained from (these float16 weights) plus its deltas
+        deltas = read_deltas(config.start_from)
+        weights = [(weight.astype(np.float32) + deltas[index]).astype(np.float16)
+                   for index, weight in enumerate(weights)]
     np.savez_compressed(os.path.join(config.output, WEIGHTS),
-             **{f"w{index:04d}": weight.numpy().astype(np.float16) for index, weight in enumerate(encoder.weights)})
+                        **{f"w{index:04d}": weight for index, weight in enumerate(weights)})
     with open(os.path.join(config.output, BACKBONE), "w", encoding="utf-8") as handle:
         json.dump({"config": backbone.get_config(), "weights": [weight.path for weight in encoder.weights],
-                   "dataset": config.dataset, "splits": counts}, handle, indent=2)
+                   "dataset": config.dataset, "splits": counts, "start_from": config.start_from}, handle, indent=2)
     return counts
 
 
-def trained_weights(bundle: str, trained: str) -> list[np.ndarray]:
-    """The bundle's float16 weights plus the trained deltas (`model.jax_train.write_deltas`: a
-    weight `wNNNN`, or its row parts `wNNNN.P`), as float32, in `Model.weights` order."""
-    start = np.load(os.path.join(bundle, WEIGHTS))
-    parts: dict[str, dict[int, np.ndarray]] = {}
+def read_deltas(trained: str) -> dict[int, np.ndarray]:
+    """`model.jax_train.write_deltas`' float32 change of each weight by its index (`wNNNN`, or
+    joined from its row parts `wNNNN.P`)."""
+    parts: dict[int, dict[int, np.ndarray]] = {}
     for path in sorted(glob.glob(os.path.join(trained, DELTA_GLOB))):
         for key, value in np.load(path).items():
             name, _, part = key.partition(".")
-            parts.setdefault(name, {})[int(part or 0)] = value
-    if set(parts) != set(start.files):
-        raise UsageError(f"--trained {trained}: its deltas name {len(parts)} weights, the bundle {len(start.files)}")
-    deltas = {name: np.concatenate([pieces[part] for part in sorted(pieces)]) for name, pieces in parts.items()}
-    return [start[key].astype(np.float32) + deltas[key].astype(np.float32) for key in sorted(start.files)]
+            parts.setdefault(int(name[1:]), {})[int(part or 0)] = value
+    if not parts:
+        raise UsageError(f"{trained}: no {DELTA_GLOB} (a model.jax_train output)")
+    return {index: np.concatenate([pieces[part] for part in sorted(pieces)]).astype(np.float32)
+            for index, pieces in parts.items()}
+
+
+def trained_weights(bundle: str, trained: str, paths: list[str]) -> list[np.ndarray]:
+    """float32 weights of a Net whose weights have these `paths` (the bundle's, or a layer-reduced
+    student's): the bundle's float16 weight of each path plus the trained delta of the same index."""
+    with open(os.path.join(bundle, BACKBONE), encoding="utf-8") as handle:
+        index_of = {path: index for index, path in enumerate(json.load(handle)["weights"])}
+    start, deltas = np.load(os.path.join(bundle, WEIGHTS)), read_deltas(trained)
+    if sorted(deltas) != list(range(len(paths))) or any(path not in index_of for path in paths):
+        raise UsageError(f"--trained {trained}: its {len(deltas)} deltas are not of this Net's {len(paths)} "
+                         f"weights on --bundle {bundle}")
+    return [start[f"w{index_of[path]:04d}"].astype(np.float32) + deltas[index] for index, path in enumerate(paths)]
 
 
 def unpack(config: UnpackConfig) -> str:
@@ -140,8 +169,8 @@ def unpack(config: UnpackConfig) -> str:
     refuse_file_as_folder("--model-dir", config.model_dir)
     with open(os.path.join(config.trained, "history.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
-    encoder = build_transformer_encoder(ENCODER)
-    encoder.set_weights(trained_weights(config.bundle, config.trained))
+    encoder = build_transformer_encoder(ENCODER, layers=summary["config"].get("transformer_layers"))
+    encoder.set_weights(trained_weights(config.bundle, config.trained, [weight.path for weight in encoder.weights]))
     os.makedirs(config.model_dir, exist_ok=True)
     word_ids = token_ids(name=ENCODER)
     ExportableEncoder(word_ids, encoder, similarity=Similarity.COSINE).export(f"{config.model_dir}/encoder")

@@ -13,9 +13,12 @@ paper's (`model.losses.triplet_loss`) on `COSINE_SCALE` x (1 - cosine) distances
 norms), bfloat16 compute with float32 weights. The learning rate rises linearly over the first
 10 % of the run, then falls linearly to 0 at its end; the run's end is the smaller of `--epochs`
 passes and what `--budget-seconds` allows at the step time measured over the first steps, so a
-budget cut still ends the schedule. DIR gets `delta-*.npz` (each weight's change, float16, in
-files of at most 15 MiB) and `history.json`, which `python -m model.jax_bundle unpack` turns
-into a model dir every eval job reads. The device command is in docs/transformer.md.
+budget cut still ends the schedule. With `--distill-layers N`, the Net's lowest N layers
+are a student trained to reproduce the whole Net's embeddings (the bundle packed `--start-from` a
+fine-tuned run: sentence-transformers' layer-reduction distillation). DIR gets `delta-*.npz`
+(each weight's change, float16, in files of at most 15 MiB) and `history.json`, which
+`python -m model.jax_bundle unpack` turns into a model dir every eval job reads. The device
+commands are in docs/transformer.md.
 """
 from __future__ import annotations
 
@@ -51,6 +54,9 @@ class JaxTrainConfig:
     budget_seconds: float = flag(360.0, help="training seconds at most (compilation and validation not counted)")
     eval_every: int = flag(1000, help="steps between validation points")
     seed: int = flag(0, help="seed of the batch order")
+    distill_layers: int | None = flag(None, help="train the bundle Net's lowest this many layers (a student "
+                                                 "started from them) to reproduce the whole Net's embeddings "
+                                                 "(mean 1 - cosine) instead; none = fine-tune the Net on triplets")
 
 
 def padded_sentences(split: dict) -> np.ndarray:
@@ -81,8 +87,9 @@ def bundle_description(bundle: str) -> dict:
         return json.load(handle)
 
 
-def build(bundle: str):
-    """(Net over the bundle's checkpoint, its weights' paths)."""
+def build(bundle: str, layers: int | None = None):
+    """Net over the bundle's checkpoint, or over its lowest `layers` transformer layers (each weight
+    taken from the bundle's by its path)."""
     import keras
     import keras_hub
 
@@ -91,14 +98,16 @@ def build(bundle: str):
     described = bundle_description(bundle)
     keras.config.set_dtype_policy("mixed_bfloat16")
     # The checkpoint's config names float32: bfloat16 compute here, its float32 weights kept.
-    backbone = keras_hub.models.BertBackbone.from_config({**described["config"], "dtype": "mixed_bfloat16"})
-    encoder = mean_pooled_encoder(backbone)
-    paths = [weight.path for weight in encoder.weights]
-    if paths != described["weights"]:
-        raise SystemExit(f"{bundle}: its weights are not this keras-hub's BertBackbone's, in order "
-                         f"(first difference: {next(p for p, q in zip(paths, described['weights']) if p != q)})")
+    backbone_config = {**described["config"], "dtype": "mixed_bfloat16"}
+    if layers is not None:
+        backbone_config["num_layers"] = layers
+    encoder = mean_pooled_encoder(keras_hub.models.BertBackbone.from_config(backbone_config))
+    index_of = {path: index for index, path in enumerate(described["weights"])}
+    unknown = [weight.path for weight in encoder.weights if weight.path not in index_of]
+    if unknown:
+        raise SystemExit(f"{bundle}: no weight {unknown[0]} (a bundle of another keras-hub BertBackbone)")
     start = np.load(os.path.join(bundle, "weights.npz"))
-    encoder.set_weights([start[f"w{index:04d}"].astype(np.float32) for index in range(len(paths))])
+    encoder.set_weights([start[f"w{index_of[weight.path]:04d}"].astype(np.float32) for weight in encoder.weights])
     return encoder
 
 
@@ -113,29 +122,47 @@ def train(config: JaxTrainConfig) -> dict:
     validation_split = np.load(os.path.join(config.bundle, "validation.npz"))
     train_sentences, train_triplets = padded_sentences(train_split), train_split["triplets"]
     validation_ids = triplet_ids(padded_sentences(validation_split), validation_split["triplets"])
-    encoder = build(config.bundle)
+    encoder = build(config.bundle, config.distill_layers)
+    teacher = build(config.bundle) if config.distill_layers else None
+    teacher_weights = (([v.value for v in teacher.trainable_variables],
+                        [v.value for v in teacher.non_trainable_variables]) if teacher else None)
     optimizer = keras.optimizers.AdamW(config.learning_rate, weight_decay=config.weight_decay)
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
     optimizer.build(encoder.trainable_variables)
     rate_slot = next(slot for slot, variable in enumerate(optimizer.variables)
                      if variable.path.endswith("learning_rate"))
 
-    def distances(embeddings):
-        unit = embeddings.astype("float32")
-        unit = unit / jnp.maximum(jnp.linalg.norm(unit, axis=-1, keepdims=True), 1e-12)
-        anchor, positive, negative = jnp.split(unit, 3)
-        return COSINE_SCALE * (1.0 - jnp.stack([(anchor * positive).sum(-1), (anchor * negative).sum(-1)], axis=-1))
+    def unit(embeddings):
+        embeddings = embeddings.astype("float32")
+        return embeddings / jnp.maximum(jnp.linalg.norm(embeddings, axis=-1, keepdims=True), 1e-12)
 
-    def loss_of(trainable, non_trainable, ids):
+    def cosines(left, right):
+        return (unit(left) * unit(right)).sum(-1)
+
+    def distances(embeddings):
+        anchor, positive, negative = jnp.split(embeddings, 3)
+        return COSINE_SCALE * (1.0 - jnp.stack([cosines(anchor, positive), cosines(anchor, negative)], axis=-1))
+
+    def loss_of(trainable, non_trainable, ids, taught):
+        """The paper's loss on the batch's triplets, or with the teacher's embeddings `taught` the
+        mean cosine distance of each sentence's embedding to the teacher's (sentence-transformers'
+        distillation, with cosine so the student's norms are free, as `model.network`'s)."""
         embeddings, non_trainable = encoder.stateless_call(trainable, non_trainable, ids, training=True)
         pair = distances(embeddings)
-        return triplet_loss(None, pair).mean(), (non_trainable, (pair[:, 0] < pair[:, 1]).mean())
+        accuracy = (pair[:, 0] < pair[:, 1]).mean()
+        if teacher is None:
+            return triplet_loss(None, pair).mean(), (non_trainable, accuracy)
+        return (1.0 - cosines(embeddings, taught)).mean(), (non_trainable, accuracy)
 
     @jax.jit
-    def train_step(state, ids, rate):
+    def teach(weights, ids):
+        return teacher.stateless_call(*weights, ids, training=False)[0] if teacher else None
+
+    @jax.jit
+    def train_step(state, ids, rate, taught):
         trainable, non_trainable, optimizer_state = state
         gradient_of = jax.value_and_grad(loss_of, has_aux=True)
-        (loss, (non_trainable, accuracy)), grads = gradient_of(trainable, non_trainable, ids)
+        (loss, (non_trainable, accuracy)), grads = gradient_of(trainable, non_trainable, ids, taught)
         optimizer_state = [rate if slot == rate_slot else value for slot, value in enumerate(optimizer_state)]
         trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
         return (trainable, non_trainable, optimizer_state), loss, accuracy
@@ -166,7 +193,9 @@ def train(config: JaxTrainConfig) -> dict:
         batch = order[(step % per_epoch) * config.batch_size:][:config.batch_size]
         ids = triplet_ids(train_sentences, train_triplets[batch])
         began = time.perf_counter()
-        state, loss, accuracy = train_step(state, ids, jnp.float32(learning_rate_at(step, total, config.learning_rate)))
+        taught = teach(teacher_weights, ids) if teacher else None
+        state, loss, accuracy = train_step(state, ids, jnp.float32(learning_rate_at(step, total, config.learning_rate)),
+                                           taught)
         if step == 2:   # compiled and warm: time from here, then size the run to the budget
             jax.block_until_ready(loss)
             timed_from = time.perf_counter()
@@ -192,6 +221,7 @@ def train(config: JaxTrainConfig) -> dict:
     write_deltas(config.output, [np.asarray(weight) - start for weight, start in
                                  zip(encoder.get_weights(), start_weights)])
     summary = history(config, curve, untrained, jax.devices()[0].device_kind, count)
+    summary["weights"] = [weight.path for weight in encoder.weights]
     with open(os.path.join(config.output, "history.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     return summary
@@ -233,7 +263,8 @@ def history(config: JaxTrainConfig, curve: list[dict], untrained: float, device:
             "device": device, "triplets_seen": curve[-1]["triplets_seen"] if curve else 0,
             "config": {**asdict(config), "encoder": "minilm", "lstm_units": 0,
                        "dataset": bundle_description(config.bundle)["dataset"],
-                       "frozen_layers": 0, "trainer": "model.jax_train"}}
+                       "frozen_layers": 0, "transformer_layers": config.distill_layers,
+                       "teacher": config.bundle if config.distill_layers else None, "trainer": "model.jax_train"}}
 
 
 def main(argv: list[str] | None = None) -> dict:

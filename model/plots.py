@@ -63,9 +63,11 @@ def plot_learning_curve(summary: dict, path: str) -> Figure:
     config = summary["config"]
     kind = NetworkKind(config["encoder"])
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"),
-                             (axes[1], "cpu_seconds", "process CPU minutes")):
-        scale = 60 if key == "cpu_seconds" else 1
+    # a run on an accelerator (`model.jax_train`) is timed by its training minutes there
+    timed_by = (("wall_seconds", f"training minutes on {summary['device']}") if summary.get("device")
+                else ("cpu_seconds", "process CPU minutes"))
+    for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"), (axes[1], *timed_by)):
+        scale = 1 if key == "triplets_seen" else 60
         axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
         if summary["mean_vectors_val_triplet_accuracy"] is not None:
             axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")

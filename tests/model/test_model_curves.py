@@ -95,3 +95,11 @@ def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_it
     figure = plot_learning_curve(distilled, str(tmp_path / "distilled.png"))
     assert _legend(figure.axes[0]) == ["trained network", "minilm off the shelf"]
     assert "(minilm fine-tuned distilled from teacher, batch 64" in figure.get_suptitle()
+
+    # A run on an accelerator (model.jax_train): timed by its training minutes there, not CPU.
+    on_device = {**distilled, "device": "NVIDIA H200",
+                 "learning_curve": [{**point, "wall_seconds": seconds} for point, seconds
+                                    in zip(SUMMARY["learning_curve"], (30, 90))]}
+    timed = plot_learning_curve(on_device, str(tmp_path / "device.png")).axes[1]
+    assert timed.get_xlabel() == "training minutes on NVIDIA H200"
+    assert list(timed.lines[0].get_xdata()) == [0.5, 1.5]

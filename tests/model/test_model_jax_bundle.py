@@ -36,14 +36,20 @@ def test_deltas_written_in_pieces_add_back_to_the_trained_weights(tmp_path, monk
     rng = np.random.default_rng(0)
     start = [rng.standard_normal((100, 16)).astype(np.float16), rng.standard_normal(7).astype(np.float16)]
     np.savez(tmp_path / WEIGHTS, **{f"w{index:04d}": weight for index, weight in enumerate(start)})
+    (tmp_path / "backbone.json").write_text(json.dumps({"weights": ["big/kernel", "small/bias"]}))
     deltas = [rng.standard_normal(weight.shape).astype(np.float32) * 1e-3 for weight in start]
     files = jax_train.write_deltas(str(tmp_path / "trained"), deltas)
     assert len(files) > 1 and all((tmp_path / "trained" / name).stat().st_size <= 1024 + 1024
                                   for name in [f.rsplit("/", 1)[1] for f in files])
-    weights = trained_weights(str(tmp_path), str(tmp_path / "trained"))
+    weights = trained_weights(str(tmp_path), str(tmp_path / "trained"), ["big/kernel", "small/bias"])
     for got, begun, delta in zip(weights, start, deltas):
         assert got.dtype == np.float32 and got.shape == begun.shape
         np.testing.assert_allclose(got, begun.astype(np.float32) + delta, rtol=0, atol=1e-6)
+    # a student with the second weight alone: its delta 0 is added to the bundle's weight of that path
+    (tmp_path / "student").mkdir()
+    jax_train.write_deltas(str(tmp_path / "student"), [deltas[1]])
+    [student] = trained_weights(str(tmp_path), str(tmp_path / "student"), ["small/bias"])
+    np.testing.assert_allclose(student, start[1].astype(np.float32) + deltas[1], rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
