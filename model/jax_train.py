@@ -264,7 +264,9 @@ def history(config: JaxTrainConfig, curve: list[dict], untrained: float, device:
             "config": {**asdict(config), "encoder": "minilm", "lstm_units": 0,
                        "dataset": bundle_description(config.bundle)["dataset"],
                        "frozen_layers": 0, "transformer_layers": config.distill_layers,
-                       "teacher": config.bundle if config.distill_layers else None, "trainer": "model.jax_train"}}
+                       # the teacher: the run the bundle was packed from (`jax_bundle pack --start-from`)
+                       "teacher": (bundle_description(config.bundle).get("start_from") or config.bundle
+                                   if config.distill_layers else None), "trainer": "model.jax_train"}}
 
 
 def main(argv: list[str] | None = None) -> dict:

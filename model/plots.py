@@ -72,7 +72,8 @@ def plot_learning_curve(summary: dict, path: str) -> Figure:
         if summary["mean_vectors_val_triplet_accuracy"] is not None:
             axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
         axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",
-                     label=f"{kind} off the shelf" if kind.pretrained else "untrained")
+                     label=("the student before training" if config.get("teacher")
+                            else f"{kind} off the shelf" if kind.pretrained else "untrained"))
         axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     axes[0].xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:,.0f}k"))

@@ -89,11 +89,11 @@ def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_it
     assert seen.get_ylabel() == "validation triplet accuracy (cosine)"
     assert figure.get_suptitle() == ("triplets-sen: learning curve (BiLSTM 16, batch 64, 512 validation triplets)")
 
-    # A distilled transformer: no word vectors (no mean-vectors line), its checkpoint off the shelf.
+    # A distilled transformer: no word vectors (no mean-vectors line), the student before training.
     distilled = {**SUMMARY, "mean_vectors_val_triplet_accuracy": None,
                  "config": {**SUMMARY["config"], "encoder": "minilm", "teacher": "gs://b/teacher/"}}
     figure = plot_learning_curve(distilled, str(tmp_path / "distilled.png"))
-    assert _legend(figure.axes[0]) == ["trained network", "minilm off the shelf"]
+    assert _legend(figure.axes[0]) == ["trained network", "the student before training"]
     assert "(minilm fine-tuned distilled from teacher, batch 64" in figure.get_suptitle()
 
     # A run on an accelerator (model.jax_train): timed by its training minutes there, not CPU.
