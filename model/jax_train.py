@@ -33,7 +33,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import numpy as np  # noqa: E402
 
-from pipeline.cli import flag, parse_config, run_cli  # noqa: E402
+from pipeline.cli import UsageError, flag, parse_config, run_cli  # noqa: E402
 
 # Tokens per sentence, as the exported encoder keeps them (`model.transformer.BertIds`).
 MAX_TOKENS = 64
@@ -54,6 +54,8 @@ class JaxTrainConfig:
     budget_seconds: float = flag(360.0, help="training seconds at most (compilation and validation not counted)")
     eval_every: int = flag(1000, help="steps between validation points")
     seed: int = flag(0, help="seed of the batch order")
+    loss: str = flag("triplet", help="triplet (the paper's), in-batch (InfoNCE over every sentence of the batch, "
+                                     "the triplet's negative included) or sum; model.train's --loss")
     distill_layers: int | None = flag(None, help="train the bundle Net's lowest this many layers (a student "
                                                  "started from them) to reproduce the whole Net's embeddings "
                                                  "(mean 1 - cosine) instead; none = fine-tune the Net on triplets")
@@ -116,7 +118,12 @@ def train(config: JaxTrainConfig) -> dict:
     import jax.numpy as jnp
     import keras
 
-    from model.losses import COSINE_SCALE, triplet_loss
+    from model.config import LOSS_NAMES
+    from model.losses import COSINE_SCALE, MASKED_SCORE, in_batch_loss, triplet_and_in_batch_loss, triplet_loss
+
+    if config.loss not in LOSS_NAMES:
+        raise UsageError(f"--loss must be one of {', '.join(LOSS_NAMES)}, got {config.loss!r}")
+    paper_loss = dict(zip(LOSS_NAMES, (triplet_loss, in_batch_loss, triplet_and_in_batch_loss)))[config.loss]
 
     train_split = np.load(os.path.join(config.bundle, "train.npz"))
     validation_split = np.load(os.path.join(config.bundle, "validation.npz"))
@@ -139,19 +146,34 @@ def train(config: JaxTrainConfig) -> dict:
     def cosines(left, right):
         return (unit(left) * unit(right)).sum(-1)
 
+    def in_batch_scores(embeddings):
+        """[n, 1 + 3 n]: minus each anchor's scaled cosine distance to its positive, then to every
+        sentence of the batch (anchors, positives, negatives), its own anchor and positive left out
+        (`MASKED_SCORE`), as `model.network.in_batch_scores` leaves out the anchor's section. A
+        batch here is triplets drawn from the whole split, so another triplet of the anchor's
+        section is rare; without section keys in the bundle it is not masked."""
+        count = embeddings.shape[0] // 3
+        anchors, positives = unit(embeddings[:count]), unit(embeddings[count:2 * count])
+        candidates = -COSINE_SCALE * (1.0 - anchors @ unit(embeddings).T)
+        own = jnp.arange(count)
+        candidates = candidates.at[own, own].set(MASKED_SCORE).at[own, own + count].set(MASKED_SCORE)
+        positive = -COSINE_SCALE * (1.0 - (anchors * positives).sum(-1, keepdims=True))
+        return jnp.concatenate([positive, candidates], -1)
+
     def distances(embeddings):
         anchor, positive, negative = jnp.split(embeddings, 3)
         return COSINE_SCALE * (1.0 - jnp.stack([cosines(anchor, positive), cosines(anchor, negative)], axis=-1))
 
     def loss_of(trainable, non_trainable, ids, taught):
-        """The paper's loss on the batch's triplets, or with the teacher's embeddings `taught` the
+        """`--loss` on the batch's triplets, or with the teacher's embeddings `taught` the
         mean cosine distance of each sentence's embedding to the teacher's (sentence-transformers'
         distillation, with cosine so the student's norms are free, as `model.network`'s)."""
         embeddings, non_trainable = encoder.stateless_call(trainable, non_trainable, ids, training=True)
         pair = distances(embeddings)
         accuracy = (pair[:, 0] < pair[:, 1]).mean()
         if teacher is None:
-            return triplet_loss(None, pair).mean(), (non_trainable, accuracy)
+            outputs = pair if config.loss == "triplet" else jnp.concatenate([pair, in_batch_scores(embeddings)], -1)
+            return paper_loss(None, outputs).mean(), (non_trainable, accuracy)
         return (1.0 - cosines(embeddings, taught)).mean(), (non_trainable, accuracy)
 
     @jax.jit

@@ -28,7 +28,7 @@ import tensorflow as tf
 from keras import ops
 
 from model.config import LOSS_NAMES, NetworkKind, TrainConfig
-from model.losses import COSINE_SCALE, triplet_loss
+from model.losses import COSINE_SCALE, MASKED_SCORE, in_batch_loss, triplet_and_in_batch_loss, triplet_loss
 from model.similarity import Similarity
 
 # Net runs on the length-sorted distinct sentences of a batch in this many slices, each padded to
@@ -141,10 +141,6 @@ def pair_distances(left: tf.Tensor, right: tf.Tensor, distance: str) -> tf.Tenso
     return tf.reduce_sum(tf.abs(left - right), axis=-1)
 
 
-# The score of a left-out candidate: exp() of it is 0 next to any real score.
-MASKED_SCORE = -1e9
-
-
 def in_batch_scores(embeddings: tf.Tensor, roles: tf.Tensor, sections: tf.Tensor, distance: str) -> tf.Tensor:
     """[n, 1 + s]: per triplet, minus the anchor's distance to its positive, then to each of the
     block's `s` distinct sentences (`embeddings` [s, d], rows of unit length for cosine), where a
@@ -173,25 +169,8 @@ def distillation_distance(embeddings: tf.Tensor, teacher: tf.Tensor, sections: t
 
 
 # ------------------------------------------------------------------------------------ loss
-# The paper's loss, `triplet_loss`, is in `model.losses` (Keras ops alone, so the JAX trainer
-# `model.jax_train` shares it); the losses below need the batch's TensorFlow layout.
-
-
-@keras.saving.register_keras_serializable(package="wikisim")
-def in_batch_loss(positive_is_first, outputs):
-    """InfoNCE over `in_batch_scores` (outputs[..., 2:], the positive's score first): minus the
-    log of the positive's softmax probability among the anchor's candidates. Written here
-    because the masking needs the batch's section keys, which sentence-transformers'
-    MultipleNegativesRankingLoss (the same loss, without a mask) has no place for."""
-    del positive_is_first
-    scores = outputs[..., 2:]
-    return ops.logsumexp(scores, axis=-1) - scores[..., 0]
-
-
-@keras.saving.register_keras_serializable(package="wikisim")
-def triplet_and_in_batch_loss(positive_is_first, outputs):
-    """`--loss sum`: the paper's loss plus the in-batch loss."""
-    return triplet_loss(positive_is_first, outputs) + in_batch_loss(positive_is_first, outputs)
+# The paper's loss and the in-batch loss (and their sum) are in `model.losses`, in Keras ops alone,
+# so the JAX trainer `model.jax_train` shares them.
 
 
 @keras.saving.register_keras_serializable(package="wikisim")
