@@ -2,7 +2,7 @@
 without TensorFlow (an accelerator image with JAX), and its trained weights back into a model dir.
 
     python -m model.jax_bundle pack --data RUN --output BUNDLE [--dataset triplets-sen]
-        [--validation-triplets 2000] [--max-triplets N]
+        [--validation-triplets 2000] [--max-triplets N] [--start-from TRAINED --splits-from BUNDLE]
     python -m model.jax_bundle unpack --bundle BUNDLE --trained DIR --model-dir MODEL
 
 `pack` writes, in BUNDLE:
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
+from pipeline.records import PAPER_DATASET
 
 SPLIT_FILES = {"train": "train.npz", "validation": "validation.npz"}
 WEIGHTS, BACKBONE, DELTA_GLOB = "weights.npz", "backbone.json", "delta-*.npz"
@@ -44,7 +45,7 @@ ENCODER = "minilm"
 class PackConfig:
     data: str = flag(help="the pipeline's --output")
     output: str = flag(help="the bundle folder to write")
-    dataset: str = flag("triplets-sen", help="the triplet dataset")
+    dataset: str = flag(PAPER_DATASET, help="the triplet dataset")
     validation_triplets: int = flag(2000, help="validation triplets in the bundle (a seeded sample)")
     max_triplets: int | None = flag(None, help="train triplets in the bundle, the first of the written order; "
                                                "none = the whole split")
