@@ -29,11 +29,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from pipeline.cli import UsageError, flag, parse_config, run_cli  # noqa: E402
+from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 # Tokens per sentence, as the exported encoder keeps them (`model.transformer.BertIds`).
 MAX_TOKENS = 64
@@ -292,6 +290,9 @@ def history(config: JaxTrainConfig, curve: list[dict], untrained: float, device:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    # Keras picks its backend when it is first imported: JAX, unless the caller chose one.
+    # Set here, not at import, so importing this module leaves a TensorFlow process as it was.
+    os.environ.setdefault("KERAS_BACKEND", "jax")
     return train(parse_config(JaxTrainConfig, argv, "python -m model.jax_train", __doc__.split("\n\n")[0]))
 
 

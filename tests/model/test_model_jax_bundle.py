@@ -2,12 +2,17 @@
 (`model.jax_train`), its weight deltas written in pieces and added back (`model.jax_bundle`), and
 a real bundle of the excerpt packed and unpacked into an export that encodes as its weights say."""
 import json
+import os
 
 import numpy as np
 import pytest
 
 from model import jax_train
 from model.jax_bundle import WEIGHTS, trained_weights
+
+
+def test_importing_the_jax_trainer_leaves_the_keras_backend_alone():
+    assert os.environ.get("KERAS_BACKEND") != "jax"   # only its main() picks JAX, for its own process
 
 
 def test_padded_sentences_and_triplet_rows_come_from_the_flat_ids():
