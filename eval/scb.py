@@ -279,7 +279,8 @@ def ari_differences(rows: list[dict], seed: int = 0) -> list[dict]:
         for algorithm in ALGORITHMS:
             ari: dict[str, dict[int, float]] = {}   # method -> article id -> ARI
             for row in rows:
-                if row["variant"] == variant and row["algorithm"] == algorithm and "skipped" not in row:
+                # a skipped article-variant (fewer than 2 sections) has no algorithm
+                if "skipped" not in row and row["variant"] == variant and row["algorithm"] == algorithm:
                     ari.setdefault(row["method"], {})[row["article_id"]] = row["ARI"]
             if not ari:
                 continue

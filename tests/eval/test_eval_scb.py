@@ -47,6 +47,22 @@ def test_score_article_skips_a_variant_without_two_sections():
 
 
 @pytest.mark.slow   # seconds of real work: the fast tier stays under 3 minutes
+def test_ari_differences_pass_over_a_skipped_article_variant():
+    """A whole SCB run has articles whose openers span fewer than 2 sections: their skipped rows
+    carry no algorithm, and the paired differences are of the articles every method scored."""
+    from eval.intervals import REFERENCE_METHODS
+
+    reference = REFERENCE_METHODS[0]
+    rows = [{"article_id": article, "method": method, "variant": "all", "algorithm": "iclust", "ARI": ari}
+            for article, (ours, theirs) in enumerate([(0.5, 0.25), (0.75, 0.25), (0.25, 0.0)])
+            for method, ari in (("ours", ours), (reference, theirs))]
+    rows.append({"article_id": 3, "method": "ours", "variant": "openers", "skipped": "1 section(s) with openers"})
+    [difference] = scb.ari_differences(rows)
+    assert (difference["variant"], difference["algorithm"], difference["method"], difference["reference"]) == (
+        "all", "iclust", "ours", reference)
+    assert (difference["difference"], difference["n"]) == (pytest.approx(1 / 3), 3)
+
+
 def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     articles = write_scb(tmp_path / "data", extra_lines=("not json", json.dumps({"article_id": 99})))
     result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"),
