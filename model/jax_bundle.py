@@ -1,11 +1,11 @@
 """The transformer recipe's data and checkpoint as NumPy files, for `model.jax_train` on a machine
 without TensorFlow (an accelerator image with JAX), and its trained weights back into a model dir.
 
-    python -m model.jax_bundle pack --data RUN --output BUNDLE [--dataset triplets-sen]
+    python -m model.jax_bundle --data RUN --output BUNDLE [--dataset triplets-sen]
         [--validation-triplets 2000] [--max-triplets N] [--start-from TRAINED --splits-from BUNDLE]
-    python -m model.jax_bundle unpack --bundle BUNDLE --trained DIR --model-dir MODEL
+    python -m model.jax_unpack --bundle BUNDLE --trained DIR --model-dir MODEL
 
-`pack` writes, in BUNDLE:
+It writes, in BUNDLE:
 - `train.npz` and `validation.npz`: each split's distinct sentences as wordpiece ids (the
   exported encoder's own tokenizer, `model.transformer.token_ids`: [CLS] ... [SEP], at most 64),
   flat (`ids`, uint16) with row starts (`starts`), and the triplets as rows of them (`triplets`
@@ -14,8 +14,8 @@ without TensorFlow (an accelerator image with JAX), and its trained weights back
   weights in `Model.weights` order, as float16 (half the bytes, for the 64 MiB a device call
   carries; a relative rounding of 5e-4, below what fine-tuning moves them).
 
-`pack --start-from TRAINED --splits-from BUNDLE` packs a `model.jax_train` run's trained weights instead of the
-checkpoint's: the teacher of a `--distill-layers` student. `unpack` adds the trained deltas
+`--start-from TRAINED --splits-from BUNDLE` packs a `model.jax_train` run's trained weights instead of the
+checkpoint's: the teacher of a `--distill-layers` student. `model.jax_unpack` adds the trained deltas
 (`model.jax_train`'s `delta-*.npz`, float16) to the bundle's weights, loads them into the
 TensorFlow Net (or the layer-reduced student the run trained) and writes MODEL/encoder (the strings-in SavedModel every
 eval job reads), MODEL/sentence-transformers, history.json and the learning curve, as
@@ -53,13 +53,6 @@ class PackConfig:
                                              "its trained weights are the bundle's, a teacher for --distill-layers")
     splits_from: str | None = flag(None, help="a bundle of the same --data and --dataset whose split files to copy "
                                               "instead of reading the split again")
-
-
-@dataclass(frozen=True, kw_only=True)
-class UnpackConfig:
-    bundle: str = flag(help="the folder `pack` wrote")
-    trained: str = flag(help="the folder model.jax_train wrote (delta-*.npz, history.json)")
-    model_dir: str = flag(help="the model dir to write (encoder/, sentence-transformers/, history.json)")
 
 
 def sentence_table(triplets) -> tuple[list[str], np.ndarray]:
@@ -157,45 +150,8 @@ def trained_weights(bundle: str, trained: str, paths: list[str]) -> list[np.ndar
     return [start[f"w{index_of[path]:04d}"].astype(np.float32) + deltas[index] for index, path in enumerate(paths)]
 
 
-def unpack(config: UnpackConfig) -> str:
-    from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
-    from model.network import ExportableEncoder
-    from model.plots import plot_learning_curve
-    from model.similarity import Similarity
-    from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
-
-    for path in (os.path.join(config.bundle, WEIGHTS), os.path.join(config.trained, "history.json")):
-        if not os.path.exists(path):
-            raise UsageError(f"{path}: not found (--bundle / --trained)")
-    refuse_file_as_folder("--model-dir", config.model_dir)
-    with open(os.path.join(config.trained, "history.json"), encoding="utf-8") as handle:
-        summary = json.load(handle)
-    encoder = build_transformer_encoder(ENCODER, layers=summary["config"].get("transformer_layers"))
-    encoder.set_weights(trained_weights(config.bundle, config.trained, [weight.path for weight in encoder.weights]))
-    os.makedirs(config.model_dir, exist_ok=True)
-    word_ids = token_ids(name=ENCODER)
-    ExportableEncoder(word_ids, encoder, similarity=Similarity.COSINE).export(f"{config.model_dir}/encoder")
-    name = os.path.basename(config.model_dir.rstrip("/"))
-    card = model_card(summary, name, Similarity.COSINE, word_ids.max_tokens, [], int(encoder.output_shape[-1]))
-    write_sentence_transformers(encoder, checkpoint_dir(ENCODER), f"{config.model_dir}/{EXPORT_FOLDER}",
-                                max_tokens=word_ids.max_tokens, similarity=Similarity.COSINE, card=card)
-    with open(f"{config.model_dir}/history.json", "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2)
-    plot_learning_curve(summary, f"{config.model_dir}/learning_curve.png")
-    print(f"encoder at {config.model_dir}/encoder; validation triplet accuracy "
-          f"{summary['best_val_triplet_accuracy']:.4f} (untrained {summary['untrained_val_triplet_accuracy']:.4f})")
-    return config.model_dir
-
-
-def main(argv: list[str] | None = None):
-    argv = sys.argv[1:] if argv is None else argv
-    command = argv[0] if argv else None
-    prog = f"python -m model.jax_bundle {command}"
-    if command == "pack":
-        return pack(parse_config(PackConfig, argv[1:], prog, __doc__.split("\n\n")[0]))
-    if command == "unpack":
-        return unpack(parse_config(UnpackConfig, argv[1:], prog, __doc__.split("\n\n")[0]))
-    raise UsageError("python -m model.jax_bundle needs a command: pack or unpack")
+def main(argv: list[str] | None = None) -> dict:
+    return pack(parse_config(PackConfig, argv, "python -m model.jax_bundle", __doc__.split("\n\n")[0]))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ cannot run.
     python -m model.jax_train --bundle BUNDLE --output DIR [--epochs 2] [--batch-size 128]
         [--learning-rate 5e-5] [--budget-seconds 360]
 
-BUNDLE is `python -m model.jax_bundle pack`'s folder (the split's wordpiece ids and the
+BUNDLE is `python -m model.jax_bundle`'s folder (the split's wordpiece ids and the
 checkpoint, NumPy files): batches are read without TensorFlow, which accelerator images lack.
 The Net is `model.backbone.mean_pooled_encoder` over keras-hub's `BertBackbone`, the loss the
 paper's (`model.losses.triplet_loss`) on `COSINE_SCALE` x (1 - cosine) distances, as
@@ -17,7 +17,7 @@ budget cut still ends the schedule. With `--distill-layers N`, the Net's lowest 
 are a student trained to reproduce the whole Net's embeddings (the bundle packed `--start-from` a
 fine-tuned run: sentence-transformers' layer-reduction distillation). DIR gets `delta-*.npz`
 (each weight's change, float16, in files of at most 15 MiB) and `history.json`, which
-`python -m model.jax_bundle unpack` turns into a model dir every eval job reads. The device
+`python -m model.jax_unpack` turns into a model dir every eval job reads. The device
 commands are in docs/transformer.md.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ TIMED_STEPS = 30
 
 @dataclass(frozen=True, kw_only=True)
 class JaxTrainConfig:
-    bundle: str = flag(help="python -m model.jax_bundle pack's folder")
+    bundle: str = flag(help="python -m model.jax_bundle's folder")
     output: str = flag(help="where to write delta-*.npz and history.json")
     epochs: float = flag(2.0, help="passes over the bundle's train triplets at most")
     batch_size: int = flag(128, help="triplets per step")
@@ -284,7 +284,7 @@ def history(config: JaxTrainConfig, curve: list[dict], untrained: float, device:
             "config": {**asdict(config), "encoder": "minilm", "lstm_units": 0,
                        "dataset": bundle_description(config.bundle)["dataset"],
                        "frozen_layers": 0, "transformer_layers": config.distill_layers,
-                       # the teacher: the run the bundle was packed from (`jax_bundle pack --start-from`)
+                       # the teacher: the run the bundle was packed from (`model.jax_bundle --start-from`)
                        "teacher": (bundle_description(config.bundle).get("start_from") or config.bundle
                                    if config.distill_layers else None), "trainer": "model.jax_train"}}
 

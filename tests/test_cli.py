@@ -18,7 +18,8 @@ COMMANDS = {   # python -m module -> its config class
     "eval.benchmark": "ScbBenchmarkConfig", "eval.readme": "ReadmeConfig",
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
     "infra.recipe": "RecipeConfig", "model.export": "ExportConfig", "model.curves": "CurvesConfig",
-    "infra.scale_benchmark": "ScaleBenchmarkConfig",
+    "infra.scale_benchmark": "ScaleBenchmarkConfig", "model.jax_bundle": "PackConfig",
+    "model.jax_unpack": "UnpackConfig", "model.jax_train": "JaxTrainConfig",
 }
 DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}
 

@@ -66,7 +66,8 @@ def test_a_packed_bundle_holds_the_tokenized_triplets_and_unpacks_to_its_weights
 
     from model.data import open_run, triplet_strings
     from model.encoder import SavedModelEncoder
-    from model.jax_bundle import PackConfig, UnpackConfig, pack, unpack
+    from model.jax_bundle import PackConfig, pack
+    from model.jax_unpack import UnpackConfig, unpack
     from model.transformer import build_transformer_encoder, token_ids
 
     bundle = tmp_path / "bundle"
