@@ -89,6 +89,7 @@ def _fake_minilm_extra(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_importing_model_and_the_eval_jobs_loads_no_pytorch_even_with_the_extra(tmp_path):
     fake = _fake_minilm_extra(tmp_path / "site")
     done = _run(["-c", "import sys, importlib.util\n"

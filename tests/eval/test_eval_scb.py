@@ -63,6 +63,7 @@ def test_ari_differences_pass_over_a_skipped_article_variant():
     assert (difference["difference"], difference["n"]) == (pytest.approx(1 / 3), 3)
 
 
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     articles = write_scb(tmp_path / "data", extra_lines=("not json", json.dumps({"article_id": 99})))
     result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"),

@@ -55,6 +55,7 @@ def _decoded_triplets(inputs, weights, vocabulary):
 
 @pytest.mark.parametrize("options", [dict(article_chunk=4), dict(article_chunk=0),
                                      dict(article_chunk=0, group_by_length=False), dict(article_chunk=4, replicas=3)])
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_every_triplet_once_per_pass_with_its_roles_together(options):
     triplets = _triplets(300)
     word_ids = _word_ids(300)
@@ -169,6 +170,7 @@ def test_article_chunks_keep_an_article_together():
         assert len(shared_rows) <= 3
 
 
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_length_groups_pad_to_similar_lengths():
     triplets = _triplets(400)
     lengths = {t["anchor"].split()[0]: max(len(t[key].split()) for key in ROLES) for t in triplets}

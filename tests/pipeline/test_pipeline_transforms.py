@@ -256,6 +256,7 @@ def _check_triplet_counters(result, dataset: str, strategy: str, expected: dict,
     assert sum(written.values()) + unfilled == sum(triplet_slots(article.sections, RULES) for article in articles)
 
 
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 @pytest.mark.parametrize("strategy", ["adjacent", "same_article"])
 def test_sentence_triplets_are_the_rules_triplets_of_each_article_in_its_split(articles, strategy):
     make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
@@ -272,6 +273,7 @@ def test_sentence_triplets_are_the_rules_triplets_of_each_article_in_its_split(a
     _check_triplet_counters(result, DATASET_OF_STRATEGY[strategy], strategy, expected, unfilled, articles)
 
 
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 @pytest.mark.parametrize("bucket_size", [1000, 2], ids=["one-bucket", "buckets-of-about-2"])
 def test_other_article_triplets_draw_from_other_articles_of_the_bucket(articles, bucket_size):
     n_buckets = triplets.n_other_article_buckets(len(articles), bucket_size)
@@ -343,6 +345,7 @@ def _write(batches: dict, folder, seed: int = 0) -> None:
     run(p)
 
 
+@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_write_triplet_splits_writes_each_split_in_its_key_order_and_an_empty_split_as_an_empty_shard(articles,
                                                                                                      tmp_path):
     from pipeline import order
