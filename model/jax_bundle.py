@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -53,6 +54,15 @@ class PackConfig:
                                              "its trained weights are the bundle's, a teacher for --distill-layers")
     splits_from: str | None = flag(None, help="a bundle of the same --data and --dataset whose split files to copy "
                                               "instead of reading the split again")
+
+
+def _replace_with(path: str, write) -> None:
+    """Writes `path` whole or not at all: `write(handle)` into `<path>.partial`, then renamed, so a
+    kill mid-pack leaves no file that reads as complete (backbone.json, written last, marks a
+    finished bundle)."""
+    with open(f"{path}.partial", "wb") as handle:
+        write(handle)
+    os.replace(f"{path}.partial", path)
 
 
 def sentence_table(triplets) -> tuple[list[str], np.ndarray]:
@@ -106,7 +116,8 @@ def pack(config: PackConfig) -> dict:
     for split, triplets in splits.items():
         sentences, rows = sentence_table(triplets.batch(4096))
         ids, starts = tokenized(sentences)
-        np.savez_compressed(os.path.join(config.output, SPLIT_FILES[split]), ids=ids, starts=starts, triplets=rows)
+        _replace_with(os.path.join(config.output, SPLIT_FILES[split]),
+                      partial(np.savez_compressed, ids=ids, starts=starts, triplets=rows))
         counts[split] = {"triplets": len(rows), "sentences": len(sentences), "wordpieces": int(len(ids))}
         print(f"{split}: {len(rows)} triplets over {len(sentences)} distinct sentences, {len(ids)} wordpieces")
     encoder = build_transformer_encoder(ENCODER)
@@ -116,11 +127,12 @@ def pack(config: PackConfig) -> dict:
         deltas = read_deltas(config.start_from)
         weights = [(weight.astype(np.float32) + deltas[index]).astype(np.float16)
                    for index, weight in enumerate(weights)]
-    np.savez_compressed(os.path.join(config.output, WEIGHTS),
-                        **{f"w{index:04d}": weight for index, weight in enumerate(weights)})
-    with open(os.path.join(config.output, BACKBONE), "w", encoding="utf-8") as handle:
-        json.dump({"config": backbone.get_config(), "weights": [weight.path for weight in encoder.weights],
-                   "dataset": config.dataset, "splits": counts, "start_from": config.start_from}, handle, indent=2)
+    _replace_with(os.path.join(config.output, WEIGHTS), lambda handle: np.savez_compressed(
+        handle, **{f"w{index:04d}": weight for index, weight in enumerate(weights)}))
+    described = {"config": backbone.get_config(), "weights": [weight.path for weight in encoder.weights],
+                 "dataset": config.dataset, "splits": counts, "start_from": config.start_from}
+    _replace_with(os.path.join(config.output, BACKBONE),
+                  lambda handle: handle.write(json.dumps(described, indent=2).encode("utf-8")))
     return counts
 
 
