@@ -150,16 +150,18 @@ def read_deltas(trained: str) -> dict[int, np.ndarray]:
             for index, pieces in parts.items()}
 
 
-def trained_weights(bundle: str, trained: str, paths: list[str]) -> list[np.ndarray]:
+def trained_weights(bundle: str, trained: str, paths: list[str], scale: float = 1.0) -> list[np.ndarray]:
     """float32 weights of a Net whose weights have these `paths` (the bundle's, or a layer-reduced
-    student's): the bundle's float16 weight of each path plus the trained delta of the same index."""
+    student's): the bundle's float16 weight of each path plus `scale` times the trained delta of the
+    same index (`model.jax_soup`'s WiSE-FT interpolation where scale < 1)."""
     with open(os.path.join(bundle, BACKBONE), encoding="utf-8") as handle:
         index_of = {path: index for index, path in enumerate(json.load(handle)["weights"])}
     start, deltas = np.load(os.path.join(bundle, WEIGHTS)), read_deltas(trained)
     if sorted(deltas) != list(range(len(paths))) or any(path not in index_of for path in paths):
         raise UsageError(f"--trained {trained}: its {len(deltas)} deltas are not of this Net's {len(paths)} "
                          f"weights on --bundle {bundle}")
-    return [start[f"w{index_of[path]:04d}"].astype(np.float32) + deltas[index] for index, path in enumerate(paths)]
+    return [start[f"w{index_of[path]:04d}"].astype(np.float32) + scale * deltas[index]
+            for index, path in enumerate(paths)]
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -111,6 +111,48 @@ def build(bundle: str, layers: int | None = None):
     return encoder
 
 
+def unit(embeddings):
+    """float32 rows scaled to unit length (JAX)."""
+    import jax.numpy as jnp
+
+    embeddings = embeddings.astype("float32")
+    return embeddings / jnp.maximum(jnp.linalg.norm(embeddings, axis=-1, keepdims=True), 1e-12)
+
+
+def cosines(left, right):
+    return (unit(left) * unit(right)).sum(-1)
+
+
+def distances(embeddings):
+    """[n, 2]: the scaled cosine distances anchor-positive and anchor-negative of `triplet_ids` rows'
+    embeddings, as `model.network` scores a triplet."""
+    import jax.numpy as jnp
+
+    from model.losses import COSINE_SCALE
+
+    anchor, positive, negative = jnp.split(embeddings, 3)
+    return COSINE_SCALE * (1.0 - jnp.stack([cosines(anchor, positive), cosines(anchor, negative)], axis=-1))
+
+
+def triplet_scorer(encoder, ids: np.ndarray, batch: int = 500):
+    """A function of the encoder's (trainable, non-trainable) weights: the share of the triplets in
+    `ids` (`triplet_ids` rows) whose anchor is nearer its positive than its negative."""
+    import jax
+
+    @jax.jit
+    def embed(trainable, non_trainable, rows):
+        return encoder.stateless_call(trainable, non_trainable, rows, training=False)[0]
+
+    count = len(ids) // 3
+    roles = [ids[role * count:(role + 1) * count] for role in range(3)]
+
+    def accuracy(trainable, non_trainable) -> float:
+        pair = np.concatenate([np.asarray(distances(embed(trainable, non_trainable, np.concatenate(
+            [role[start:start + batch] for role in roles])))) for start in range(0, count, batch)])
+        return float((pair[:, 0] < pair[:, 1]).mean())
+    return accuracy
+
+
 def train(config: JaxTrainConfig) -> dict:
     import jax
     import jax.numpy as jnp
@@ -137,13 +179,6 @@ def train(config: JaxTrainConfig) -> dict:
     rate_slot = next(slot for slot, variable in enumerate(optimizer.variables)
                      if variable.path.endswith("learning_rate"))
 
-    def unit(embeddings):
-        embeddings = embeddings.astype("float32")
-        return embeddings / jnp.maximum(jnp.linalg.norm(embeddings, axis=-1, keepdims=True), 1e-12)
-
-    def cosines(left, right):
-        return (unit(left) * unit(right)).sum(-1)
-
     def in_batch_scores(embeddings):
         """[n, 1 + 3 n]: minus each anchor's scaled cosine distance to its positive, then to every
         sentence of the batch (anchors, positives, negatives), its own anchor and positive left out
@@ -157,10 +192,6 @@ def train(config: JaxTrainConfig) -> dict:
         candidates = candidates.at[own, own].set(MASKED_SCORE).at[own, own + count].set(MASKED_SCORE)
         positive = -COSINE_SCALE * (1.0 - (anchors * positives).sum(-1, keepdims=True))
         return jnp.concatenate([positive, candidates], -1)
-
-    def distances(embeddings):
-        anchor, positive, negative = jnp.split(embeddings, 3)
-        return COSINE_SCALE * (1.0 - jnp.stack([cosines(anchor, positive), cosines(anchor, negative)], axis=-1))
 
     def loss_of(trainable, non_trainable, ids, taught):
         """`--loss` on the batch's triplets, or with the teacher's embeddings `taught` the
@@ -187,17 +218,11 @@ def train(config: JaxTrainConfig) -> dict:
         trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
         return (trainable, non_trainable, optimizer_state), loss, accuracy
 
-    @jax.jit
-    def embed(trainable, non_trainable, ids):
-        return encoder.stateless_call(trainable, non_trainable, ids, training=False)[0]
-
     count = len(validation_ids) // 3
-    validation_roles = [validation_ids[role * count:(role + 1) * count] for role in range(3)]
+    score_validation = triplet_scorer(encoder, validation_ids)
 
     def validation_accuracy(state) -> float:
-        pair = np.concatenate([np.asarray(distances(embed(state[0], state[1], np.concatenate(
-            [role[start:start + 500] for role in validation_roles])))) for start in range(0, count, 500)])
-        return float((pair[:, 0] < pair[:, 1]).mean())
+        return score_validation(state[0], state[1])
 
     state = ([v.value for v in encoder.trainable_variables], [v.value for v in encoder.non_trainable_variables],
              [v.value for v in optimizer.variables])
@@ -223,7 +248,7 @@ def train(config: JaxTrainConfig) -> dict:
         if timed_from is not None and step == 3 + TIMED_STEPS:
             jax.block_until_ready(loss)
             seconds_per_step = (time.perf_counter() - timed_from) / TIMED_STEPS
-            total = min(total, int(config.budget_seconds / seconds_per_step))
+            total = max(step, min(total, int(config.budget_seconds / seconds_per_step)))
             print(f"{seconds_per_step * 1e3:.1f} ms per step of {config.batch_size}: {total} steps "
                   f"({total * config.batch_size} triplets)", flush=True)
         trained_seconds += time.perf_counter() - began

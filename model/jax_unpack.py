@@ -24,6 +24,8 @@ class UnpackConfig:
     trained: str = flag(help="the folder model.jax_train wrote (delta-*.npz, history.json)")
     model_dir: str = flag(help="the model dir to write (encoder/, sentence-transformers/, history.json)")
     overwrite: bool = flag(False, help="replace the encoder of a model dir that has one (else refused)")
+    scale: float = flag(1.0, help="add this multiple of the run's deltas: 1 = the run; below 1 interpolates "
+                                  "toward the bundle's checkpoint (WiSE-FT, model.jax_soup)")
 
 
 def unpack(config: UnpackConfig) -> str:
@@ -36,13 +38,17 @@ def unpack(config: UnpackConfig) -> str:
     for path in (os.path.join(config.bundle, WEIGHTS), os.path.join(config.trained, "history.json")):
         if not os.path.exists(path):
             raise UsageError(f"{path}: not found (--bundle / --trained)")
+    if not 0.0 <= config.scale <= 1.0:
+        raise UsageError(f"--scale must be within [0, 1], got {config.scale}")
     refuse_file_as_folder("--model-dir", config.model_dir)
     if os.path.exists(os.path.join(config.model_dir, "encoder")) and not config.overwrite:
         raise UsageError(f"--model-dir {config.model_dir} already has an encoder: --overwrite true replaces it")
     with open(os.path.join(config.trained, "history.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
     encoder = build_transformer_encoder(ENCODER, layers=summary["config"].get("transformer_layers"))
-    encoder.set_weights(trained_weights(config.bundle, config.trained, [weight.path for weight in encoder.weights]))
+    encoder.set_weights(trained_weights(config.bundle, config.trained, [weight.path for weight in encoder.weights],
+                                        config.scale))
+    summary["delta_scale"] = config.scale
     os.makedirs(config.model_dir, exist_ok=True)
     word_ids = token_ids(name=ENCODER)
     ExportableEncoder(word_ids, encoder, similarity=Similarity.COSINE).export(f"{config.model_dir}/encoder")

@@ -56,6 +56,25 @@ def test_deltas_written_in_pieces_add_back_to_the_trained_weights(tmp_path, monk
     [student] = trained_weights(str(tmp_path), str(tmp_path / "student"), ["small/bias"])
     np.testing.assert_allclose(student, start[1].astype(np.float32) + deltas[1], rtol=0, atol=1e-6)
 
+    # WiSE-FT: half the run's delta
+    halfway = trained_weights(str(tmp_path), str(tmp_path / "trained"), ["big/kernel", "small/bias"], scale=0.5)
+    np.testing.assert_allclose(halfway[1], start[1].astype(np.float32) + 0.5 * deltas[1], rtol=0, atol=1e-6)
+
+
+def test_a_soup_is_the_mean_of_its_runs_deltas_and_refuses_runs_of_other_weights():
+    from model.jax_soup import mean_deltas
+    from pipeline.cli import UsageError
+
+    rng = np.random.default_rng(1)
+    runs = [{0: rng.standard_normal((3, 2)).astype(np.float16), 1: rng.standard_normal(4).astype(np.float16)}
+            for _ in range(3)]
+    soup = mean_deltas(runs)
+    assert [delta.dtype for delta in soup] == [np.float32, np.float32]
+    for index, delta in enumerate(soup):
+        np.testing.assert_allclose(delta, sum(run[index].astype(np.float32) for run in runs) / 3, rtol=1e-6)
+    with pytest.raises(UsageError, match="different weights"):
+        mean_deltas([runs[0], {0: runs[1][0]}])
+
 
 @pytest.mark.slow
 def test_a_packed_bundle_holds_the_tokenized_triplets_and_unpacks_to_its_weights(embedded_pipeline_output, tmp_path):
