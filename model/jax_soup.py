@@ -87,6 +87,7 @@ def soup(config: SoupConfig) -> dict:
                "soup": {"runs": list(config.trained), "run_val_triplet_accuracy": run_accuracy,
                         "run_seeds": [history["config"]["seed"] for history in histories],
                         "run_learning_rates": [history["config"]["learning_rate"] for history in histories],
+                        "run_learning_curves": [history["learning_curve"] for history in histories],
                         "val_triplet_accuracy_by_scale": by_scale}}
     with open(os.path.join(config.output, "history.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)

@@ -48,7 +48,11 @@ def unpack(config: UnpackConfig) -> str:
     encoder = build_transformer_encoder(ENCODER, layers=summary["config"].get("transformer_layers"))
     encoder.set_weights(trained_weights(config.bundle, config.trained, [weight.path for weight in encoder.weights],
                                         config.scale))
-    summary["delta_scale"] = config.scale
+    if config.scale != 1.0:
+        # the validation accuracy at this scale, where model.jax_soup measured it
+        summary["delta_scale"] = config.scale
+        summary["best_val_triplet_accuracy"] = (summary.get("soup", {}).get("val_triplet_accuracy_by_scale", {})
+                                                .get(str(config.scale)))
     os.makedirs(config.model_dir, exist_ok=True)
     word_ids = token_ids(name=ENCODER)
     ExportableEncoder(word_ids, encoder, similarity=Similarity.COSINE).export(f"{config.model_dir}/encoder")
@@ -59,8 +63,10 @@ def unpack(config: UnpackConfig) -> str:
     with open(f"{config.model_dir}/history.json", "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     plot_learning_curve(summary, f"{config.model_dir}/learning_curve.png")
+    validation = summary["best_val_triplet_accuracy"]
     print(f"encoder at {config.model_dir}/encoder; validation triplet accuracy "
-          f"{summary['best_val_triplet_accuracy']:.4f} (untrained {summary['untrained_val_triplet_accuracy']:.4f})")
+          f"{'not measured' if validation is None else f'{validation:.4f}'} "
+          f"(untrained {summary['untrained_val_triplet_accuracy']:.4f})")
     return config.model_dir
 
 
