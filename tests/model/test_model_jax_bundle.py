@@ -128,3 +128,16 @@ def test_a_packed_bundle_holds_the_tokenized_triplets_and_unpacks_to_its_weights
     assert (tmp_path / "model" / "sentence-transformers" / "model.safetensors").exists()
     assert (tmp_path / "model" / "learning_curve.png").exists()
 
+
+
+def test_unpack_refuses_a_scale_outside_0_1_before_any_work(tmp_path):
+    from model.jax_unpack import main
+    from pipeline.cli import UsageError
+
+    (tmp_path / WEIGHTS).write_bytes(b"")
+    (tmp_path / "trained").mkdir()
+    (tmp_path / "trained" / "history.json").write_text("{}")
+    with pytest.raises(UsageError, match="--scale must be within"):
+        main(["--bundle", str(tmp_path), "--trained", str(tmp_path / "trained"), "--model-dir",
+              str(tmp_path / "model"), "--scale", "1.5"])
+    assert not (tmp_path / "model").exists()
