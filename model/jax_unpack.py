@@ -29,12 +29,6 @@ class UnpackConfig:
 
 
 def unpack(config: UnpackConfig) -> str:
-    from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
-    from model.network import ExportableEncoder
-    from model.plots import plot_learning_curve
-    from model.similarity import Similarity
-    from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
-
     for path in (os.path.join(config.bundle, WEIGHTS), os.path.join(config.trained, "history.json")):
         if not os.path.exists(path):
             raise UsageError(f"{path}: not found (--bundle / --trained)")
@@ -45,6 +39,13 @@ def unpack(config: UnpackConfig) -> str:
         raise UsageError(f"--model-dir {config.model_dir} already has an encoder: --overwrite true replaces it")
     with open(os.path.join(config.trained, "history.json"), encoding="utf-8") as handle:
         summary = json.load(handle)
+    # TensorFlow's import (seconds) after the flags' checks
+    from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
+    from model.network import ExportableEncoder
+    from model.plots import plot_learning_curve
+    from model.similarity import Similarity
+    from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
+
     encoder = build_transformer_encoder(ENCODER, layers=summary["config"].get("transformer_layers"))
     encoder.set_weights(trained_weights(config.bundle, config.trained, [weight.path for weight in encoder.weights],
                                         config.scale))
