@@ -39,7 +39,7 @@ def mean_deltas(runs: list[dict[int, np.ndarray]]) -> list[np.ndarray]:
     """The float32 mean of each weight's delta over the runs (`model.jax_bundle.read_deltas`' form)."""
     if any(sorted(run) != sorted(runs[0]) for run in runs):
         raise UsageError("the runs are not of one Net: their deltas are of different weights")
-    return [np.mean([run[index] for run in runs], axis=0, dtype=np.float32) for index in sorted(runs[0])]
+    return [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in sorted(runs[0])]
 
 
 def soup(config: SoupConfig) -> dict:
