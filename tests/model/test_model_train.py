@@ -1,6 +1,7 @@
 """The trainer on real TFRecord shards: outputs, gs:// input, mirrored over 2 CPUs, resume, e2e."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -96,6 +97,9 @@ def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
         claim_model_dir(config.with_flags(vocabulary="embeddings"), model_dir)
     claim_model_dir(config.with_flags(data=other, overwrite=True), model_dir)
     assert not (tmp_path / "m" / "vocabulary.txt").exists()           # the old id space is gone
+
+
+LOSSY = ("--max-lost-fraction", "0.01")   # the shards fixture plants a corrupt record
 
 
 def _train_cli(data, model_dir, *flags):
@@ -276,10 +280,10 @@ def _summary(result) -> dict:
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("SUMMARY"))[7:])
 
 
-@pytest.mark.parametrize("loss", ["triplet", "sum"])
-def test_mirrored_over_two_logical_cpus(shards, tmp_path, loss):
+def test_mirrored_over_two_logical_cpus(shards, tmp_path):
+    # the sum of the two losses: the paper's distances and the in-batch scores both go through the replicas
     config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "distribution_strategy": "mirrored",
-              "epochs": 1, "loss": loss}
+              "epochs": 1, "loss": "sum"}
     summary = _summary(_train_in_subprocess(config, tmp_path / "probe.json", logical_cpus=2))
     assert summary["replicas"] == 2 and summary["global_batch_size"] == 2 * TINY["batch_size"]
     assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
@@ -350,19 +354,28 @@ def test_a_kill_between_training_and_export_resumes_at_the_export(shards, tmp_pa
     assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder.partial").exists()
 
 
-def test_a_rerun_with_other_hyperparameters_is_refused_naming_them(shards, tmp_path):
-    lossy = ("--max-lost-fraction", "0.01")   # the fixture plants a corrupt record
-    assert _train_cli(shards, tmp_path / "m", *lossy).returncode == 0
-    done = _train_cli(shards, tmp_path / "m", *lossy, "--batch-size", "64", "--learning-rate", "0.5")
+@pytest.fixture(scope="module")
+def cli_trained(shards, tmp_path_factory):
+    """A model dir `python -m model.train` finished on the shards, trained once for the tests that
+    refuse to write over one (each gets its own copy)."""
+    model_dir = tmp_path_factory.mktemp("cli-trained") / "m"
+    done = _train_cli(shards, model_dir, *LOSSY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return model_dir
+
+
+def test_a_rerun_with_other_hyperparameters_is_refused_naming_them(shards, cli_trained, tmp_path):
+    shutil.copytree(cli_trained, tmp_path / "m")
+    done = _train_cli(shards, tmp_path / "m", *LOSSY, "--batch-size", "64", "--learning-rate", "0.5")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "holds a run with other flags" in last and "--batch-size 128 -> 64" in last
     assert "--learning-rate None -> 0.5" in last
-    assert _train_cli(shards, tmp_path / "m", *lossy, "--budget-minutes", "5").returncode == 0   # how long: may
+    assert _train_cli(shards, tmp_path / "m", *LOSSY, "--budget-minutes", "5").returncode == 0   # how long: may
 
 
-def test_model_pretrained_refuses_a_trained_model_dir(shards, tmp_path):
-    assert _train_cli(shards, tmp_path / "m", "--max-lost-fraction", "0.01").returncode == 0
+def test_model_pretrained_refuses_a_trained_model_dir(cli_trained, tmp_path):
+    shutil.copytree(cli_trained, tmp_path / "m")
     encoder = (tmp_path / "m" / "encoder" / "saved_model.pb").read_bytes()
     for flags in ([], ["--overwrite"]):
         done = subprocess.run([sys.executable, "-m", "model.pretrained", "--model-dir", str(tmp_path / "m"), *flags],
