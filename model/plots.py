@@ -58,8 +58,10 @@ def plot_learning_curve(summary: dict, path: str) -> Figure:
     from matplotlib.ticker import FuncFormatter
 
     plt = _pyplot()
-    points = summary["learning_curve"]
-    accuracy = [point["val_triplet_accuracy"] for point in points]
+    # a soup (`model.jax_soup`) draws each of its runs, and its own accuracy as a line
+    soup = summary.get("soup")
+    runs = ({f"run {number}": curve for number, curve in enumerate(soup["run_learning_curves"], 1)} if soup
+            else {"trained network": summary["learning_curve"]})
     config = summary["config"]
     kind = NetworkKind(config["encoder"])
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -68,7 +70,12 @@ def plot_learning_curve(summary: dict, path: str) -> Figure:
                 else ("cpu_seconds", "process CPU minutes"))
     for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"), (axes[1], *timed_by)):
         scale = 1 if key == "triplets_seen" else 60
-        axis.plot([point[key] / scale for point in points], accuracy, "o-", label="trained network")
+        for run, points in runs.items():
+            axis.plot([point[key] / scale for point in points], [point["val_triplet_accuracy"] for point in points],
+                      "o-", label=run)
+        if soup and summary["best_val_triplet_accuracy"] is not None:
+            axis.axhline(summary["best_val_triplet_accuracy"], color="black", label="their soup" + (
+                f" (x {summary['delta_scale']} of its change)" if summary.get("delta_scale") else ""))
         if summary["mean_vectors_val_triplet_accuracy"] is not None:
             axis.axhline(summary["mean_vectors_val_triplet_accuracy"], color="tab:red", ls="--", label="mean-vectors")
         axis.axhline(summary["untrained_val_triplet_accuracy"], color="grey", ls=":",

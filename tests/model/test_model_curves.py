@@ -103,3 +103,11 @@ def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_it
     timed = plot_learning_curve(on_device, str(tmp_path / "device.png")).axes[1]
     assert timed.get_xlabel() == "training minutes on NVIDIA H200"
     assert list(timed.lines[0].get_xdata()) == [0.5, 1.5]
+
+    # A soup (model.jax_soup): each run's curve, and the soup's accuracy as a line.
+    curves = on_device["learning_curve"]
+    soup = {**on_device, "best_val_triplet_accuracy": 0.9, "delta_scale": 0.8,
+            "soup": {"run_learning_curves": [curves, [{**point, "val_triplet_accuracy": 0.5} for point in curves]]}}
+    souped = plot_learning_curve(soup, str(tmp_path / "soup.png")).axes[0]
+    assert _legend(souped)[:3] == ["run 1", "run 2", "their soup (x 0.8 of its change)"]
+    assert list(souped.lines[1].get_ydata()) == [0.5, 0.5] and list(souped.lines[2].get_ydata()) == [0.9, 0.9]
