@@ -161,6 +161,7 @@ def test_each_sentence_carries_its_section_and_padding_none(replicas):
     assert (inputs["sections"].numpy() == NO_SECTION).sum() == replicas * max(per_block) - sum(per_block)
 
 
+@pytest.mark.slow   # seconds of tf.data
 def test_article_chunks_keep_an_article_together():
     triplets = sorted(_triplets(280, articles=7), key=lambda t: t["article_id"])   # as written: articles together
     batches = training_batches(_dataset(triplets), _word_ids(280), 8, shuffle_buffer=280, article_chunk=8)

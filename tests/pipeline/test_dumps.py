@@ -157,6 +157,7 @@ def test_reading_holds_one_page_not_the_dump(tmp_path):
     assert large_peak < large.stat().st_size / 4
 
 
+@pytest.mark.slow   # seconds: a real dump decompressed twice
 def test_read_ahead_gives_the_same_chunks_as_decompressing_in_line():
     path = embedded_dump_path()
     assert list(decompressed_chunks(path)) == list(bz2_chunks(raw_chunks(path)))

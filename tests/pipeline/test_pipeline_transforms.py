@@ -299,6 +299,7 @@ def test_other_article_triplets_draw_from_other_articles_of_the_bucket(articles,
                             articles)
 
 
+@pytest.mark.slow   # seconds: a Beam pipeline
 def test_title_triplets_pair_each_sections_first_sentence_with_its_title_against_a_neighbours(articles):
     expected = {split: [record for article in articles if article.split == split
                         for record in records.triplet_examples(triplets.title_triplets(article))] for split in SPLITS}
