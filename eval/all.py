@@ -15,7 +15,6 @@ wall time of each step (`seconds` in report.json). The whole sets by default; `-
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from model.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
+from pipeline.published import read_json_object
 
 if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
     from eval.triplets import TripletsConfig
@@ -50,8 +50,7 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
     for name, path in map(named_model_dir, model_dirs):
         history = f"{path.rstrip('/')}/history.json"
         if FileSystems.exists(history):
-            with FileSystems.open(history) as handle:
-                histories[name] = json.load(handle)
+            histories[name] = read_json_object(history)
     return histories
 
 

@@ -51,29 +51,48 @@ def recover_backup(folder: str) -> None:
 
 BACKUP_WEIGHTS = "latest.weights.h5"
 BACKUP_STATE = "training_state.json"   # {"epoch": epochs completed, "step": optimizer steps}
+# The completed epochs' record: {"history": {metric: [one value per completed epoch]}, "learning_curve":
+# [LearningCurve's points], "at_epoch_end": whether the backup was written at its last epoch's end}
+BACKUP_EPOCHS = "epochs.json"
 
 
 def read_backup_state(folder: str) -> dict | None:
-    """The state a backup holds, or None without a (complete) backup."""
+    """The state a backup holds, or None without a (complete) backup: "epoch" (the epochs
+    completed: trained and validated), "step" (the optimizer's steps), and the record of the
+    completed epochs (BACKUP_EPOCHS): "history" (their epoch-end logs, as Keras' History holds
+    them), "learning_curve" (their LearningCurve points) and "at_epoch_end" (whether its weights
+    are those the last completed epoch's validation scored). A backup written by an older version
+    has no record: "history" and "learning_curve" None, "at_epoch_end" False."""
     path = os.path.join(folder, BACKUP_STATE)
     if not (os.path.exists(path) and os.path.exists(os.path.join(folder, BACKUP_WEIGHTS))):
         return None
     with open(path) as handle:
-        return json.load(handle)
+        state = json.load(handle)
+    record = {"history": None, "learning_curve": None, "at_epoch_end": False}
+    if os.path.exists(os.path.join(folder, BACKUP_EPOCHS)):
+        with open(os.path.join(folder, BACKUP_EPOCHS)) as handle:
+            record.update(json.load(handle))
+    return {**state, **record}
 
 
 class AtomicBackup(keras.callbacks.Callback):
     """Backs the training up every `every` steps and at each epoch's end: the weights (with the
-    optimizer's state and step) and the epochs completed, replaced whole (`replace_whole`).
-    Keras' BackupAndRestore writes `latest.weights.h5` in place, so a kill mid-write left a
-    truncated file that every rerun failed to load. The trainer restores a backup itself before
-    `fit` (`model.train.restored_state`) and deletes it once the export is complete."""
+    optimizer's state and step), the epochs completed and their record (`read_backup_state`: the
+    epoch-end logs of every completed epoch, the points of `curve`, a LearningCurve placed before
+    it in the callbacks so that an epoch's point is in that epoch's backup), replaced whole
+    (`replace_whole`). The record goes on from the backup found in `folder` when it is created
+    (the one the run resumes from), so a resumed run's backups, and its history, hold every epoch
+    since the first run began. Keras' BackupAndRestore writes `latest.weights.h5` in place, so a
+    kill mid-write left a truncated file that every rerun failed to load. The trainer restores a
+    backup itself before `fit` (`model.train.restored_state`) and deletes it once the export is
+    complete."""
 
-    def __init__(self, folder: str, every: int):
+    def __init__(self, folder: str, every: int, curve: LearningCurve | None = None):
         super().__init__()
-        self.folder, self.every = folder, every
+        self.folder, self.every, self.curve = folder, every, curve
         self.epochs_done = 0
         self.since_backup = 0
+        self.history: dict[str, list[float]] = dict((read_backup_state(folder) or {}).get("history") or {})
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epochs_done = epoch
@@ -85,16 +104,22 @@ class AtomicBackup(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.epochs_done = epoch + 1
-        self.back_up()
+        for key, value in (logs or {}).items():   # what Keras' History appends for the epoch
+            self.history.setdefault(key, []).append(float(value))
+        self.back_up(at_epoch_end=True)
 
-    def back_up(self) -> None:
+    def back_up(self, at_epoch_end: bool = False) -> None:
         self.since_backup = 0
         state = {"epoch": self.epochs_done, "step": int(self.model.optimizer.iterations.numpy())}
+        record = {"history": self.history, "learning_curve": self.curve.points if self.curve is not None else None,
+                  "at_epoch_end": at_epoch_end}
 
         def write(partial):
             self.model.save_weights(os.path.join(partial, BACKUP_WEIGHTS), overwrite=True)
             with open(os.path.join(partial, BACKUP_STATE), "w") as handle:
                 json.dump(state, handle)
+            with open(os.path.join(partial, BACKUP_EPOCHS), "w") as handle:
+                json.dump(record, handle)
 
         replace_whole(self.folder, write)
 
@@ -193,15 +218,20 @@ class FirstStep(keras.callbacks.Callback):
 class LearningCurve(keras.callbacks.Callback):
     """Records, at each epoch's end, the training triplets seen so far (`global_batch` per
     optimizer step) and the process CPU and wall seconds, beside the epoch's validation accuracy
-    and learning rate: the points of the learning curve (`points`)."""
+    and learning rate: the points of the learning curve (`points`). `earlier`: the points of the
+    epochs a resumed run's backup holds (`read_backup_state`); the new points follow them, their
+    clocks going on from the last one's (the time between that epoch's end and the kill is not
+    counted)."""
 
-    def __init__(self, global_batch: int):
+    def __init__(self, global_batch: int, earlier: list[dict] | None = None):
         super().__init__()
         self.global_batch = global_batch
-        self.points: list[dict] = []
+        self.points: list[dict] = list(earlier or [])
 
     def on_train_begin(self, logs=None):
-        self.cpu_start, self.wall_start = time.process_time(), time.monotonic()
+        last = self.points[-1] if self.points else {}
+        self.cpu_start = time.process_time() - last.get("cpu_seconds", 0.0)
+        self.wall_start = time.monotonic() - last.get("wall_seconds", 0.0)
 
     def on_epoch_end(self, epoch, logs=None):   # the optimizer's step counts a resumed run's earlier steps too
         self.points.append({

@@ -254,13 +254,17 @@ class TrainConfig:
             raise ValueError(f"--teacher trains on the teacher's embeddings: --loss {self.optimizer.loss} does not "
                              "apply")
 
-    def resolved(self, name: str) -> Any:
-        """A flag's value, or the encoder's default where it is left at none (with a teacher, the
-        distance is cosine, the similarity distillation fits)."""
-        value = self.flags()[name]
-        if value is None and name == "distance" and self.optimizer.teacher:
+    def default(self, name: str) -> Any:
+        """The value the flag `name` takes when left at none: the encoder's default (with a
+        teacher, the distance is cosine, the similarity distillation fits)."""
+        if name == "distance" and self.optimizer.teacher:
             return Similarity.COSINE
-        return self.network.kind.defaults[name] if value is None else value
+        return self.network.kind.defaults[name]
+
+    def resolved(self, name: str) -> Any:
+        """A flag's value, or its `default` where it is left at none."""
+        value = self.flags()[name]
+        return self.default(name) if value is None else value
 
 
 def vertex_model_dir() -> str | None:

@@ -11,13 +11,13 @@ are printed too, side by side by triplets seen.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import sys
 import textwrap
 from dataclasses import dataclass
 
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.published import read_json_object
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ def run_curve(entry: str) -> tuple[str, list[dict]]:
     model_dir, _, per_epoch = target.partition("@")
     history = os.path.join(model_dir, "history.json")
     if os.path.exists(history):
-        with open(history, encoding="utf-8") as handle:
-            return label, json.load(handle)["learning_curve"]
+        return label, read_json_object(history, {"learning_curve": list})["learning_curve"]
     if not per_epoch:
         raise UsageError(f"--run {entry}: {model_dir} has no history.json: give @TRIPLETS_PER_EPOCH to read its "
                          "TensorBoard log")

@@ -360,7 +360,8 @@ def article_chunks(triplets: tf.data.Dataset, chunk: int) -> tf.data.Dataset:
 
 def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int, *,
                      shuffle_buffer: int = 0, seed: int = 0, article_chunk: int = 16, group_by_length: bool = True,
-                     replicas: int = 1, static_shapes: bool = False, teacher=None) -> tf.data.Dataset:
+                     replicas: int = 1, static_shapes: bool = False, teacher=None,
+                     skip_batches: int = 0) -> tf.data.Dataset:
     """(inputs, labels, weights) batches for Keras (`shared_sentences`), `batch_size` triplets
     per replica (`replicas` blocks per batch); every triplet of `triplets` appears once, its
     three roles together.
@@ -377,7 +378,10 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
 
     With `static_shapes`, batches are padded to a few fixed shapes (`static_batch`): string work
     stays here, in the input pipeline, and the device gets ints. A `teacher` adds its embeddings
-    of the sentences (`shared_sentences`), computed here, beside the training step."""
+    of the sentences (`shared_sentences`), computed here, beside the training step.
+
+    `skip_batches` drops that many batches first (a resumed run's, trained before: see
+    `model.train.training_stream`), as they are grouped, before they are turned into model inputs."""
     global_batch = batch_size * replicas
     if article_chunk:
         blocks = triplets.batch(article_chunk)
@@ -398,7 +402,7 @@ def training_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: i
                 bucket_batch_sizes=[global_batch] * (len(LENGTH_BOUNDARIES) + 1), no_padding=True)
         else:
             batches = triplets.batch(global_batch)
-    batches = batches.map(lambda batch: shared_sentences(batch, word_ids, replicas, teacher),
+    batches = batches.skip(skip_batches).map(lambda batch: shared_sentences(batch, word_ids, replicas, teacher),
                                              num_parallel_calls=tf.data.AUTOTUNE)
     if static_shapes:
         batches = batches.map(lambda inputs, labels, weights: static_batch(inputs, labels, weights, batch_size,

@@ -10,9 +10,11 @@ a pipeline run's `scb/` (every sentence; id `article_id:index`) or `passages/` (
 of the kept sections; id `article_id:section:paragraph`), the latter two listed from the run's
 manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id` (string), `text`
 (string) and `embedding` (fixed-size list of float32, the encoder's width), written by Beam's
-`WriteToParquet` (pyarrow). A JSON line that is not JSON, lacks the text field, or breaks the
-run's record contract (`pipeline.records`) is counted (`embed_lines_set_aside`) and set aside in
-`DIR/dead_letters-*.jsonl` with its file and reason, never fatal; the summary line names them.
+`WriteToParquet` (pyarrow). A JSON line that is not JSON, lacks the text field, breaks the
+run's record contract (`pipeline.records`), or whose text or id is not valid Unicode (a lone
+surrogate such as JSON's `\\ud800`, which UTF-8 cannot encode) is counted (`embed_lines_set_aside`)
+and set aside in `DIR/dead_letters-*.jsonl` with its file and reason, never fatal; the summary
+line names them.
 
 `model.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
 encoder (`eval.scb` embeds its articles with it too): Beam batches sentences (`BatchElements`,
@@ -78,6 +80,7 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from model.embedding_cache import parquet_schema  # noqa: E402
+from model.encoder import not_utf8  # noqa: E402
 from model.storage import claim_folder  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
@@ -112,9 +115,22 @@ def sentence_of_json_line(file_name: str, line: str, text_field: str, id_field: 
     return [(str(record[id_field]) if id_field in record else line_id(file_name, text), text)]
 
 
+def utf8_pairs(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The (id, text) pairs, when each can be encoded as UTF-8 (Beam's coders, Parquet and
+    TensorFlow take only that); a ValueError naming the field that cannot (a lone surrogate,
+    which a JSON line's valid `\\ud800` escape gives)."""
+    for key, text in pairs:
+        for field, value in (("id", key), ("text", text)):
+            why = not_utf8(value)
+            if why:
+                raise ValueError(f"its {field} {why}")
+    return pairs
+
+
 class SentencesOfLinesFn(beam.DoFn):
     """(file, line) -> its (id, text) pairs by `parse(file, line)`; a line `parse` refuses (ValueError,
-    which RecordError and JSONDecodeError are) -> the `dead_letters` output, counted."""
+    which RecordError and JSONDecodeError are), or whose id or text is not valid Unicode
+    (`utf8_pairs`) -> the `dead_letters` output, counted."""
 
     def __init__(self, parse: Callable[[str, str], list[tuple[str, str]]]):
         self.parse = parse
@@ -123,12 +139,14 @@ class SentencesOfLinesFn(beam.DoFn):
     def process(self, named_line: tuple[str, str]):
         file_name, line = named_line
         try:
-            yield from self.parse(file_name, line)
+            pairs = utf8_pairs(self.parse(file_name, line))
         except ValueError as error:
             self.set_aside.inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, {
                 "stage": "embed", "source": file_name, "page_id": None, "title": None,
                 "reason": type(error).__name__, "detail": f"{error}: {line[:200]}"})
+            return
+        yield from pairs
 
 
 def read_inputs(pipeline: beam.Pipeline, args: EmbedConfig) -> tuple[beam.PCollection, beam.PCollection | None]:

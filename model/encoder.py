@@ -54,7 +54,32 @@ def sentence_list(sentences) -> list[str]:
     for index, sentence in enumerate(listed):
         if not isinstance(sentence, str):
             raise TypeError(f"encode takes strings: item {index} is a {type(sentence).__name__} ({sentence!r:.40})")
-    return listed
+    return utf8_sentences(listed)
+
+
+def not_utf8(text: str) -> str | None:
+    """Why `text` cannot be encoded as UTF-8, or None when it can. A Python string can hold a lone
+    surrogate (JSON's `"\\ud800"` escape gives one), which UTF-8 cannot encode, and TensorFlow's
+    and Beam's strings are UTF-8 bytes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return (f"{text!r:.60} holds the lone surrogate {text[error.start]!r} at character {error.start}, "
+                "not valid Unicode (UTF-8 cannot encode it)")
+    return None
+
+
+def utf8_sentences(sentences: list[str]) -> list[str]:
+    """The sentences, when every one can be encoded as UTF-8; a ValueError naming the first that
+    cannot, by its index (`not_utf8`). One encode of them all when they can."""
+    try:
+        "".join(sentences).encode("utf-8")
+    except UnicodeEncodeError:
+        for index, sentence in enumerate(sentences):
+            why = not_utf8(sentence)
+            if why:
+                raise ValueError(f"encode takes valid Unicode text: item {index} {why}") from None
+    return sentences
 
 
 def _encoder_dir(path: str) -> str:
@@ -190,8 +215,9 @@ class SavedModelEncoder:
 def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
     """float32 [n, d] embeddings at `precision`, as sentence-transformers' `quantize_embeddings`
     does without calibration data (written here: that library brings PyTorch): int8/uint8 map each
-    dimension's range over these embeddings onto 256 steps; binary/ubinary pack the signs (> 0)
-    into bits, 8 dimensions per byte (binary: offset by -128 into int8)."""
+    dimension's range over these embeddings onto 256 steps; binary/ubinary pack each row's signs
+    (> 0) into bits, 8 dimensions per byte, its last byte padded with 0 bits: [n, ceil(d / 8)]
+    (binary: offset by -128 into int8)."""
     if precision == "float32" or not len(embeddings):
         return embeddings.astype(np.float32) if precision == "float32" else embeddings
     if precision in ("int8", "uint8"):
@@ -199,7 +225,7 @@ def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
         steps = (ends - starts) / 255
         scaled = (embeddings - starts) / np.where(steps > 0, steps, 1.0)
         return (scaled - 128).astype(np.int8) if precision == "int8" else scaled.astype(np.uint8)
-    packed = np.packbits(embeddings > 0).reshape(embeddings.shape[0], -1)
+    packed = np.packbits(embeddings > 0, axis=1)   # each row on its own, its last byte padded with 0 bits
     return (packed.astype(np.int16) - 128).astype(np.int8) if precision == "binary" else packed
 
 

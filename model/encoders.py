@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from model.encoder import SavedModelEncoder, SentenceEncoder
+from model.encoder import SavedModelEncoder, SentenceEncoder, utf8_sentences
 from model.storage import exists
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
@@ -127,8 +127,9 @@ class MeanVectorsEncoder:
     def encode(self, sentences: list[str]) -> np.ndarray:
         from model.text import tokenize
 
+        sentences = utf8_sentences(list(sentences))   # a ValueError naming the one TensorFlow cannot take
         embeddings = np.zeros((len(sentences), self._matrix.shape[1]), np.float32)
-        for position, tokens in enumerate(tokenize(list(sentences))):
+        for position, tokens in enumerate(tokenize(sentences)):
             rows = [self._row_of[token] for token in tokens if token in self._row_of]
             if rows:
                 embeddings[position] = self._matrix[rows].mean(axis=0)
@@ -160,9 +161,11 @@ class TfidfEncoder:
 
         if not sentences:
             return sparse.csr_matrix((0, 0), dtype=np.float32)
+        # Checked first: tokenize's ValueError for one would read as the empty vocabulary's below.
+        tokenized = tokenize(utf8_sentences(list(sentences)))
         vectorizer = TfidfVectorizer(analyzer=lambda tokens: tokens, dtype=np.float32)
         try:
-            return vectorizer.fit_transform(tokenize(list(sentences))).tocsr()
+            return vectorizer.fit_transform(tokenized).tocsr()
         except ValueError:  # not a single token in any sentence: an empty vocabulary
             return sparse.csr_matrix((len(sentences), 1), dtype=np.float32)
 
@@ -199,7 +202,7 @@ class MiniLMEncoder:
 
     def encode(self, sentences: list[str]) -> np.ndarray:
         return np.asarray(
-            self._model.encode(list(sentences), batch_size=self.batch_size, show_progress_bar=False),
+            self._model.encode(utf8_sentences(list(sentences)), batch_size=self.batch_size, show_progress_bar=False),
             dtype=np.float32,
         )
 

@@ -2,7 +2,11 @@
 (`model.hf`), as `model.train` does at the end of a run.
 
     python -m model.export --model-dir MODEL --output DIR [--format sentence-transformers]
-        [--report EVAL_REPORT_DIR]
+        [--report EVAL_REPORT_DIR] [--overwrite true]
+
+`--output` is claimed as every writing command claims its folder (`claim.json`): a folder
+holding anything an export does not write (a `NOTES.md`, an `onnx/`) is refused, an earlier
+export is replaced only with `--overwrite true`, and only its own files are deleted.
 
 The network is rebuilt from the flags the model dir records (`inputs.json`) and its best
 checkpoint loaded; `--report` adds an `eval.all` report's scores, with their intervals, to the
@@ -12,15 +16,17 @@ SCB sentences.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from model.hf import FORMATS, model_card, report_scores, write_sentence_transformers
+from model.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
+
+if TYPE_CHECKING:
+    from model.config import TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,49 +39,60 @@ class ExportConfig:
                                              "sentence-transformers and with the Keras export, print their cosines "
                                              "(needs sentence-transformers installed)")
     check_sentences: int = flag(3000, help="--check-data: how many distinct SCB sentences")
+    overwrite: bool = flag(False, help="replace an earlier model.export's folder at --output (only its files); a "
+                                       "folder holding anything else is refused either way")
 
     def __post_init__(self):
         if self.format not in FORMATS:
             raise ValueError(f"--format must be one of {FORMATS}, got {self.format!r}")
 
 
+def recorded_config(model_dir: str) -> tuple[dict, TrainConfig]:
+    """The flags a model dir's `inputs.json` records, and the TrainConfig they make; a UsageError
+    naming the file for a truncated one, one without flags, or flags this version cannot run
+    (an unknown flag, a bad value)."""
+    from model.config import TrainConfig
+    from pipeline.published import read_json_object
+
+    path = os.path.join(model_dir, "inputs.json")
+    if not os.path.exists(path):
+        raise UsageError(f"--model-dir {model_dir}: no inputs.json (not a model.train model dir)")
+    flags = read_json_object(path, {"flags": dict})["flags"]
+    try:
+        return flags, TrainConfig.from_flags(**{**flags, "model_dir": model_dir})
+    except (TypeError, ValueError, KeyError) as error:
+        raise UsageError(f"{path}: its flags are not ones this version can rebuild the network from "
+                         f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+
+
 def export_model_dir(config: ExportConfig) -> str:
-    """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint and
-    writes the folder."""
-    from model.config import NetworkKind, TrainConfig
+    """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint, claims
+    `--output` (`model.storage.claim_folder`: a folder holding anything an export does not write is
+    refused, an earlier export replaced only with `--overwrite`) and writes the folder."""
+    from model.storage import claim_folder
+    from pipeline.published import read_json_object
 
     refuse_file_as_folder("--output", config.output)
-
-    inputs_path, best = os.path.join(config.model_dir, "inputs.json"), os.path.join(
-        config.model_dir, "checkpoints", "best.weights.h5")
-    for path in (inputs_path, best):
-        if not os.path.exists(path):
-            raise UsageError(f"--model-dir {config.model_dir}: no {os.path.relpath(path, config.model_dir)}")
-    with open(inputs_path, encoding="utf-8") as handle:
-        flags = json.load(handle).get("flags")
-    if not flags:
-        raise UsageError(f"--model-dir {config.model_dir}: inputs.json records no flags (a run before they were)")
-    if not NetworkKind(flags["encoder"]).exports_sentence_transformers:
+    best = os.path.join(config.model_dir, "checkpoints", "best.weights.h5")
+    flags, train_config = recorded_config(config.model_dir)
+    if not os.path.exists(best):
+        raise UsageError(f"--model-dir {config.model_dir}: no checkpoints/best.weights.h5")
+    if not train_config.network.kind.exports_sentence_transformers:
         raise UsageError(f"--model-dir {config.model_dir} holds a bilstm encoder: only transformer encoders "
                          "export to sentence-transformers")
-    if os.path.exists(config.output) and os.listdir(config.output) and not os.path.exists(
-            os.path.join(config.output, "modules.json")):
-        raise UsageError(f"--output {config.output} is a folder that is not an export: refusing to replace it")
+    history_path = os.path.join(config.model_dir, "history.json")
+    summary = read_json_object(history_path) if os.path.exists(history_path) else {"config": flags}
+    name = os.path.basename(config.model_dir.rstrip("/"))
+    report_lines = report_scores(config.report, name)
+    claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
     from model.train import build_models
     from model.transformer import checkpoint_dir
 
-    train_config = TrainConfig.from_flags(**{**flags, "model_dir": config.model_dir})
     encoder, model = build_models(train_config, None, global_batch=1)
     model.load_weights(best)
-    history_path = os.path.join(config.model_dir, "history.json")
-    summary = {"config": flags}
-    if os.path.exists(history_path):
-        with open(history_path, encoding="utf-8") as handle:
-            summary = json.load(handle)
     similarity = train_config.resolved("distance")
-    name = os.path.basename(config.model_dir.rstrip("/"))
-    card = model_card(summary, name, similarity, train_config.inputs.max_tokens,
-                      report_scores(config.report, name), int(encoder.output_shape[-1]))
+    card = model_card(summary, name, similarity, train_config.inputs.max_tokens, report_lines,
+                      int(encoder.output_shape[-1]))
     return write_sentence_transformers(encoder, checkpoint_dir(flags["encoder"]), config.output,
                                        max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
 

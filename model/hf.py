@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 
@@ -106,62 +105,84 @@ def sentence_transformers_files(dim: int, max_tokens: int, similarity: str) -> d
     }
 
 
+def export_entries() -> tuple[str, ...]:
+    """The top-level entries `write_sentence_transformers` writes: what `model.export` claims
+    its `--output` for, and all `--overwrite` deletes there."""
+    return (*TOKENIZER_FILES, "config.json", "model.safetensors", "README.md",
+            *sorted({path.split("/")[0] for path in sentence_transformers_files(1, 1, Similarity.COSINE)}))
+
+
 def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_tokens: int, similarity: str,
                                 card: str) -> str:
-    """Writes the folder to `<output>.partial`, then renames it into place (a kill leaves the
-    previous export or none). `checkpoint`: the pre-trained checkpoint's folder, whose
-    `config.json` (with the backbone's layer count) and tokenizer files the fine-tuned model keeps.
-    Returns `output`."""
-    from safetensors.numpy import save_file
+    """Writes the folder's files into the existing folder `output`, each whole (a temporary file,
+    then a rename: `pipeline.published.write_complete`, mode 0644) and `modules.json`, what
+    sentence-transformers reads first, last: a killed export is never a loadable half.
+    `checkpoint`: the pre-trained checkpoint's folder, whose `config.json` (with the backbone's
+    layer count) and tokenizer files the fine-tuned model keeps. Returns `output`."""
+    from safetensors.numpy import save
+
+    from pipeline.published import read_json_object, write_complete
 
     backbone = backbone_of(encoder)
-    partial = f"{output.rstrip('/')}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(f"{partial}/1_Pooling")
+    files: dict[str, bytes] = {}
     for name in TOKENIZER_FILES:
-        shutil.copyfile(os.path.join(checkpoint, name), os.path.join(partial, name))
-    with open(os.path.join(checkpoint, "config.json"), encoding="utf-8") as handle:
-        config = json.load(handle)
+        with open(os.path.join(checkpoint, name), "rb") as handle:
+            files[name] = handle.read()
+    config = read_json_object(os.path.join(checkpoint, "config.json"))
     config["num_hidden_layers"] = backbone.num_layers   # fewer than the checkpoint's for a layer-reduced student
-    with open(f"{partial}/config.json", "w", encoding="utf-8") as handle:
-        json.dump(config, handle, indent=2)
-    save_file(hf_bert_weights(backbone), f"{partial}/model.safetensors", metadata={"format": "pt"})
-    for path, value in sentence_transformers_files(int(encoder.output_shape[-1]), max_tokens, similarity).items():
-        with open(f"{partial}/{path}", "w", encoding="utf-8") as handle:
-            json.dump(value, handle, indent=2)
-    with open(f"{partial}/README.md", "w", encoding="utf-8") as handle:
-        handle.write(card)
-    if os.path.exists(output):
-        shutil.rmtree(output)
-    os.replace(partial, output)
+    files["config.json"] = json.dumps(config, indent=2).encode()
+    files["model.safetensors"] = save(hf_bert_weights(backbone), metadata={"format": "pt"})
+    files["README.md"] = card.encode("utf-8")
+    settings = sentence_transformers_files(int(encoder.output_shape[-1]), max_tokens, similarity)
+    files.update({path: json.dumps(value, indent=2).encode() for path, value in settings.items()})
+    os.makedirs(os.path.join(output, "1_Pooling"), exist_ok=True)
+    for path in sorted(files, key=lambda path: path == "modules.json"):
+        write_complete(os.path.join(output, path), files[path])
     return output
 
 
 def report_scores(report: str | None, method: str) -> list[str]:
     """Lines of the model card for `method`'s rows in an eval report folder (`eval.all`'s
-    triplets.json and scb.json), with their 95 % intervals."""
+    triplets.json and scb.json), with their 95 % intervals; a file that is not such a report
+    is a JsonFileError naming it."""
+    from pipeline.published import JsonFileError, read_json_object
+
     if not report:
         return []
-    lines = []
+    lines: list[str] = []
     triplets_path, scb_path = os.path.join(report, "triplets.json"), os.path.join(report, "scb.json")
-    if os.path.exists(triplets_path):
-        with open(triplets_path, encoding="utf-8") as handle:
-            result = json.load(handle)
-        for entry in result["methods"]:
-            if entry["method"] == method:
-                for distance in REPORTED:
-                    low, high = entry[f"interval_{distance}"]["low"], entry[f"interval_{distance}"]["high"]
-                    lines.append(f"- triplet accuracy ({distance}), {result['dataset']} {result['split']}, "
-                                 f"n = {result['triplets']}: {entry[f'accuracy_{distance}']:.3f} "
-                                 f"(95 % interval {low:.3f}-{high:.3f})")
-    if os.path.exists(scb_path):
-        with open(scb_path, encoding="utf-8") as handle:
-            result = json.load(handle)
-        for entry in result["summary"]:
-            if entry["method"] == method and entry["variant"] == "all":
-                interval = entry["ARI_interval"]
-                lines.append(f"- SCB {entry['algorithm']} ARI, all sentences, n = {entry['articles']} articles: "
-                             f"{entry['ARI']:.3f} (95 % interval {interval['low']:.3f}-{interval['high']:.3f})")
+    try:
+        if os.path.exists(triplets_path):
+            lines += _triplet_lines(read_json_object(triplets_path, {"methods": list}), method)
+        if os.path.exists(scb_path):
+            lines += _scb_lines(read_json_object(scb_path, {"summary": list}), method)
+    except JsonFileError:
+        raise
+    except (KeyError, TypeError, ValueError) as error:
+        raise JsonFileError(f"--report {report}: its triplets.json or scb.json lacks a field an eval.all report "
+                            f"holds ({type(error).__name__}: {error})") from None
+    return lines
+
+
+def _triplet_lines(result: dict, method: str) -> list[str]:
+    lines = []
+    for entry in result["methods"]:
+        if entry["method"] == method:
+            for distance in REPORTED:
+                low, high = entry[f"interval_{distance}"]["low"], entry[f"interval_{distance}"]["high"]
+                lines.append(f"- triplet accuracy ({distance}), {result['dataset']} {result['split']}, "
+                             f"n = {result['triplets']}: {entry[f'accuracy_{distance}']:.3f} "
+                             f"(95 % interval {low:.3f}-{high:.3f})")
+    return lines
+
+
+def _scb_lines(result: dict, method: str) -> list[str]:
+    lines = []
+    for entry in result["summary"]:
+        if entry["method"] == method and entry["variant"] == "all":
+            interval = entry["ARI_interval"]
+            lines.append(f"- SCB {entry['algorithm']} ARI, all sentences, n = {entry['articles']} articles: "
+                         f"{entry['ARI']:.3f} (95 % interval {interval['low']:.3f}-{interval['high']:.3f})")
     return lines
 
 

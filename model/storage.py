@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 
 LOG = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ def staged(path: str, push: bool = True):
 
 
 # What a command that writes a folder (not the trainer: `model.train.claim_model_dir`) records
-# there, so that another command, or a rerun, knows whose the folder is.
+# there, so that another command, or a rerun, knows whose the folder is and whether it still runs.
 CLAIM_FILE = "claim.json"
 
 
@@ -165,34 +166,78 @@ def _top_level_entries(path: str) -> list[str]:
     return sorted({relative.split("/", 1)[0] for relative in list_tree(path)})
 
 
+def refuse_links(path: str, flag: str) -> None:
+    """UsageError naming the first symbolic link at or under the local folder `path`: a command
+    deletes and writes only its own files, never through a link into another folder."""
+    from pipeline.cli import UsageError
+
+    if is_remote(path):
+        return
+    if os.path.islink(path.rstrip("/") or path):
+        raise UsageError(f"{flag} {path} is a symbolic link; a command writes only a real folder: pass the folder "
+                         "it points to, or another one")
+    for folder, names, files in os.walk(path):
+        for name in names + files:
+            if os.path.islink(os.path.join(folder, name)):
+                raise UsageError(f"{flag} {path} holds a symbolic link "
+                                 f"({os.path.relpath(os.path.join(folder, name), path)}); a command never writes "
+                                 "one, so nothing is replaced through it: remove it or choose another folder")
+
+
+def claim_is_live(claim: dict) -> bool:
+    """Whether a live process other than this one holds the claim (`process_alive`; another
+    host's cannot be checked from here, and a finished command's claim stays: taken as ended)."""
+    from pipeline.published import process_alive
+
+    ours = claim.get("pid") == os.getpid() and claim.get("host") == socket.gethostname()
+    return not ours and bool(process_alive(claim))
+
+
 def claim_folder(path: str, command: str, writes: tuple[str, ...], flag: str, overwrite: bool | None) -> None:
     """Claims the folder `path` for `command`, which writes entries whose names start with one
     of `writes`, as `model.train` claims its model dir: a folder holding anything else, or
     another command's output (no `claim.json` of `command`), is refused (a UsageError naming
-    `flag`), before any work, with or without `overwrite`. `overwrite` None: the command
-    replaces its own files as it writes (an eval report); False: a folder with its earlier
-    output is refused; True: that output is deleted first (only the entries `writes` names)."""
-    from apache_beam.io.filesystems import FileSystems
-
+    `flag`), before any work, with or without `overwrite`; so is one a live process still
+    writes (its claim names host, pid and the process's start: `pipeline.published.owner_record`;
+    a claim of another host cannot be checked and is taken as ended). The claim decides under an
+    exclusive flock of the (local) folder, so of two commands started together one is refused.
+    `overwrite` None: the command replaces its own files as it writes (an eval report); False: a
+    folder with its earlier output is refused; True: that output is deleted first (only the
+    entries `writes` names, never through a symbolic link)."""
     from pipeline.cli import UsageError
-    from pipeline.outputs import check_output_path
-    from pipeline.published import write_complete
+    from pipeline.outputs import check_output_path, claiming
 
     check_output_path(path, flag)
     if not is_remote(path) and os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a file, not a folder")
+    refuse_links(path, flag)
+    created = False
+    try:
+        with claiming(path.rstrip("/")) as created:
+            _claim(path, command, writes, flag, overwrite)
+    except UsageError:
+        if created:   # a refused claim leaves nothing behind
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
+
+
+def _claim(path: str, command: str, writes: tuple[str, ...], flag: str, overwrite: bool | None) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
+    from pipeline.cli import UsageError
+    from pipeline.published import owner_record, read_json_object, write_complete
+
     root = path.rstrip("/")
     found = _top_level_entries(path)
-    if not is_remote(path) and any(os.path.islink(os.path.join(path, name)) for name in found):
-        raise UsageError(f"{flag} {path} holds a symbolic link; {command} never writes one: choose another folder")
     entries = [name for name in found if name != CLAIM_FILE]
-    owner = None
-    if CLAIM_FILE in found:
-        with contextlib.suppress(ValueError, OSError):
-            with FileSystems.open(f"{root}/{CLAIM_FILE}") as handle:
-                owner = json.loads(handle.read()).get("command")
+    previous = read_json_object(f"{root}/{CLAIM_FILE}", {"command": str}) if CLAIM_FILE in found else None
+    if previous and claim_is_live(previous):
+        raise UsageError(f"{flag} {path} is being written by {previous['command']} (pid {previous.get('pid')} on "
+                         f"{previous.get('host')}, since {previous.get('started')}); wait for it or choose another "
+                         "folder")
     foreign = [name for name in entries if not name.startswith(writes)]
-    if entries and (foreign or owner != command):
+    if entries and (foreign or (previous or {}).get("command") != command):
         raise UsageError(f"{flag} {path} holds files {command} does not write ({', '.join((foreign or entries)[:3])})"
                          "; choose an empty or new folder")
     if entries and overwrite is False:
@@ -202,4 +247,4 @@ def claim_folder(path: str, command: str, writes: tuple[str, ...], flag: str, ov
         FileSystems.delete([f"{root}/{name}" for name in entries])
     if not is_remote(path):
         os.makedirs(path, exist_ok=True)
-    write_complete(f"{root}/{CLAIM_FILE}", json.dumps({"command": command, "pid": os.getpid()}).encode())
+    write_complete(f"{root}/{CLAIM_FILE}", json.dumps(owner_record(command=command)).encode())

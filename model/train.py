@@ -38,6 +38,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
@@ -66,10 +67,10 @@ from model.data import (  # noqa: E402
 from model.encoder import SavedModelEncoder, load_encoder  # noqa: E402
 from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.similarity import Similarity  # noqa: E402
-from model.storage import TreeMirror, staged  # noqa: E402
+from model.storage import TreeMirror, claim_is_live, staged  # noqa: E402
 from model.text import WordIds  # noqa: E402
 from model.vectors import load_word_vectors  # noqa: E402
-from pipeline.published import Run, write_complete  # noqa: E402
+from pipeline.published import Run, owner_record, read_json_object, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
 if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
@@ -167,49 +168,82 @@ RUN_ENTRIES = (CLAIM, "vocabulary.txt", "vocabulary.txt.partial", BACKUP, f"{BAC
                "sentence-transformers.partial")
 
 
+PATH_FLAGS = ("data", "embeddings", "teacher")   # compared without a trailing slash
+
+
+def recorded_flags(config: TrainConfig, flags: dict | None = None) -> dict:
+    """The flags a model dir's state depends on, as they take effect: a flag left at none is its
+    default (`TrainConfig.default`), a path has no trailing slash; so a rerun that spells a
+    default out (`--dropout 0.2`) or ends `--data` with `/` continues the same run. `flags`:
+    recorded ones (an earlier `inputs.json`) instead of `config`'s."""
+    recorded = {}
+    for name, value in (config.flags() if flags is None else flags).items():
+        if value is None and name in config.network.kind.defaults:
+            value = config.default(name)
+        if name in PATH_FLAGS and isinstance(value, str):
+            value = value.rstrip("/") or value
+        recorded[name] = str(value) if isinstance(value, Enum) else value
+    return recorded
+
+
 def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None) -> None:
-    """Ties `model_dir` to its inputs in `inputs.json` (the config fields of STATE_INPUTS and the
-    SHA-256 of the data's manifest). Refused (TripletDataError naming the folder): a non-empty
-    folder that is not a model dir (no claim, or entries a run does not write: the user's files, a
-    dataset), and one holding state from other inputs, with the first difference named, unless
-    `--overwrite`, which deletes what a run wrote (RUN_ENTRIES) and nothing else. `run`: the data,
-    opened (by default, opened here)."""
+    """Ties `model_dir` to its inputs in `inputs.json` (the config fields of STATE_INPUTS, the
+    SHA-256 of the data's manifest, `recorded_flags` and the training process: `owner_record`).
+    Refused (a UsageError naming the folder or file): a non-empty folder that is not a model dir
+    (no claim, or entries a run does not write: the user's files, a dataset), one that holds a
+    symbolic link anywhere, one a live training process writes, and one holding state from other
+    inputs, with the first difference named, unless `--overwrite`, which deletes what a run wrote
+    (RUN_ENTRIES) and nothing else. The claim decides under an exclusive flock of the folder.
+    `run`: the data, opened (by default, opened here)."""
+    from model.storage import refuse_links
+    from pipeline.outputs import claiming
+
     digest = (run or open_run(config.inputs.data)).sha256
-    flags = config.flags()
+    flags = recorded_flags(config)
     inputs = {**{name: flags[name] for name in STATE_INPUTS}, "manifest_sha256": digest,
-              "flags": {name: value for name, value in flags.items() if name not in RESUME_MAY_CHANGE}}
-    path = f"{model_dir}/{CLAIM}"
-    leftovers = [name.rstrip("/") for name in tf.io.gfile.listdir(model_dir)] if tf.io.gfile.exists(model_dir) else []
-    foreign = [name for name in leftovers if name not in RUN_ENTRIES]
-    if leftovers and (foreign or CLAIM not in leftovers):
+              "flags": {name: value for name, value in flags.items() if name not in RESUME_MAY_CHANGE},
+              "owner": owner_record()}
+    refuse_links(model_dir, "--model-dir")
+    with claiming(model_dir):
+        leftovers = sorted(name.rstrip("/") for name in os.listdir(model_dir))
+        foreign = [name for name in leftovers if name not in RUN_ENTRIES]
+        if leftovers and (foreign or CLAIM not in leftovers):
+            raise TripletDataError(
+                f"--model-dir {config.runtime.model_dir} holds files a training run does not write "
+                f"({', '.join((foreign or leftovers)[:3])}); choose an empty or new folder")
+        previous = read_json_object(f"{model_dir}/{CLAIM}") if leftovers else {}
+        if claim_is_live(previous.get("owner") or {}):
+            raise TripletDataError(f"--model-dir {config.runtime.model_dir} is being trained by pid "
+                                   f"{previous['owner'].get('pid')} (since {previous['owner'].get('started')}); wait "
+                                   "for it, or use another --model-dir")
+        if config.runtime.overwrite:
+            for name in leftovers:
+                entry = f"{model_dir}/{name}"
+                shutil.rmtree(entry) if os.path.isdir(entry) else os.remove(entry)
+        elif leftovers:
+            _refuse_other_inputs(config, inputs, previous)
+        write_complete(f"{model_dir}/{CLAIM}", json.dumps(inputs, indent=2).encode())
+
+
+def _refuse_other_inputs(config: TrainConfig, inputs: dict, previous: dict) -> None:
+    """TripletDataError naming the first input or flag in which a resume differs from the run
+    its model dir holds (`previous`: that run's inputs.json)."""
+    changed = [name for name in STATE_INPUTS + ("manifest_sha256",)
+               if recorded_flags(config, {name: previous.get(name)}).get(name) != inputs[name]]
+    if changed:
+        name = changed[0]
         raise TripletDataError(
-            f"--model-dir {config.runtime.model_dir} holds files a training run does not write "
-            f"({', '.join((foreign or leftovers)[:3])}); choose an empty or new folder")
-    if config.runtime.overwrite:
-        for name in leftovers:
-            entry = f"{model_dir}/{name}"
-            tf.io.gfile.rmtree(entry) if tf.io.gfile.isdir(entry) else tf.io.gfile.remove(entry)
-        leftovers = []
-    if leftovers:
-        previous = json.loads(tf.io.gfile.GFile(path).read()) if tf.io.gfile.exists(path) else {}
-        changed = [name for name in STATE_INPUTS + ("manifest_sha256",) if previous.get(name) != inputs[name]]
-        if changed:
-            name = changed[0]
-            raise TripletDataError(
-                f"--model-dir {config.runtime.model_dir} holds a run on other inputs ({name}: "
-                f"{previous.get(name)!r} -> {inputs[name]!r}); pass --overwrite true to start over, or use a new "
-                "--model-dir")
-        before = previous.get("flags", inputs["flags"])
-        differing = [f"--{name.replace('_', '-')} {before.get(name)} -> {value}" for name, value in
-                     inputs["flags"].items() if name not in STATE_INPUTS and before.get(name) != value]
-        if differing:
-            raise TripletDataError(
-                f"--model-dir {config.runtime.model_dir} holds a run with other flags ({', '.join(differing)}); "
-                "resuming it so would train another run than its history records: pass the same flags, "
-                "--overwrite true to start over, or a new --model-dir")
-    tf.io.gfile.makedirs(model_dir)
-    with tf.io.gfile.GFile(path, "w") as handle:
-        json.dump(inputs, handle, indent=2)
+            f"--model-dir {config.runtime.model_dir} holds a run on other inputs ({name}: "
+            f"{previous.get(name)!r} -> {inputs[name]!r}); pass --overwrite true to start over, or use a new "
+            "--model-dir")
+    before = recorded_flags(config, previous.get("flags", inputs["flags"]))
+    differing = [f"--{name.replace('_', '-')} {before.get(name)} -> {value}" for name, value in
+                 inputs["flags"].items() if name not in STATE_INPUTS and before.get(name) != value]
+    if differing:
+        raise TripletDataError(
+            f"--model-dir {config.runtime.model_dir} holds a run with other flags ({', '.join(differing)}); "
+            "resuming it so would train another run than its history records: pass the same flags, "
+            "--overwrite true to start over, or a new --model-dir")
 
 
 def check_lost_records(config: TrainConfig, run: Run, counts: dict[str, dict]) -> None:
@@ -292,18 +326,34 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
     """The training batches: each input pipeline (one per worker) streams its own shards of the
     train split (`model.data.streamed_triplets`), one replica's batch per element
     (`distribute_datasets_from_function`: no worker reads, parses or tokenises another's data).
-    A resumed run starts each pipeline's stream at the record its backup's step reached."""
+
+    A resumed run (`resume_at_step`: the backup's optimizer step) continues each pipeline's
+    stream at its first batch not yet trained on (a step takes one batch per replica of the
+    pipeline), the same batches as an unbroken run whatever the buffer and chunking. Where batches
+    are consecutive records (`--article-chunk` > 0, or no length groups, and no `--shuffle-buffer`)
+    the stream starts at that record (`streamed_triplets(start=...)`: what came before is not
+    read). Otherwise (a shuffle buffer, or length groups, reorder the records across batches) it
+    is built from its first record and the batches trained are dropped
+    (`training_batches(skip_batches=...)`) before they are turned into model inputs: what came
+    before is read, parsed and, with length groups, tokenised again."""
     inputs, optimizer = config.inputs, config.optimizer
+    consecutive = not inputs.shuffle_buffer and (inputs.article_chunk > 0 or not inputs.group_by_length)
+    if resume_at_step:
+        LOG.info("resuming the training stream after step %d: %s", resume_at_step,
+                 "starting it at the first record not trained on (its batches are consecutive records)" if consecutive
+                 else "reading it from its first record and dropping the batches trained (--shuffle-buffer or "
+                      "--article-chunk 0 reorder records across batches)")
 
     def pipeline_batches(context: tf.distribute.InputContext) -> tf.data.Dataset:
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
+        trained = resume_at_step * replicas_here   # this pipeline's batches already trained on
         triplets = streamed_triplets(run, inputs.dataset, "train", config.runtime.seed, context.input_pipeline_id,
                                      context.num_input_pipelines,
-                                     start=resume_at_step * optimizer.batch_size * replicas_here)
+                                     start=trained * optimizer.batch_size if consecutive else 0)
         return training_batches(triplets, word_ids, optimizer.batch_size, shuffle_buffer=inputs.shuffle_buffer,
                                 seed=config.runtime.seed, article_chunk=inputs.article_chunk,
                                 group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_shapes,
-                                teacher=teacher)
+                                teacher=teacher, skip_batches=0 if consecutive else trained)
 
     if strategy.num_replicas_in_sync == 1 and getattr(strategy, "cluster_resolver", None) is None:
         return pipeline_batches(tf.distribute.InputContext())
@@ -358,19 +408,21 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
     return correct / max(total, 1.0)
 
 
-def restored_state(model, backup_dir: str) -> tuple[int, int]:
-    """(optimizer step, epochs completed) of a killed run's backup, loaded into `model` (the
-    weights and the optimizer's state); (0, 0) without one. Read before `fit` so the training
-    stream continues at the first batch not yet trained on."""
+def restored_state(model, backup_dir: str) -> dict:
+    """The state of a killed run's backup (`model.callbacks.read_backup_state`: "epoch" completed,
+    "step", and the completed epochs' "history", "learning_curve" and "at_epoch_end"), loaded into
+    `model` (the weights and the optimizer's state; "step" is the optimizer's step); without one,
+    the state of a run at its start. Read before `fit` so the training stream continues at the
+    first batch not yet trained on."""
     from model.callbacks import BACKUP_WEIGHTS, read_backup_state, recover_backup
 
     recover_backup(backup_dir)
     state = read_backup_state(backup_dir)
     if state is None:
-        return 0, 0
+        return {"epoch": 0, "step": 0, "history": {}, "learning_curve": [], "at_epoch_end": False}
     model.optimizer.build(model.trainable_variables)
     model.load_weights(f"{backup_dir}/{BACKUP_WEIGHTS}")
-    return int(model.optimizer.iterations.numpy()), int(state["epoch"])
+    return {**state, "epoch": int(state["epoch"]), "step": int(model.optimizer.iterations.numpy())}
 
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
@@ -504,60 +556,103 @@ def _model(job: _Job, data: _Data):
 def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
          started: float) -> tuple[dict, BestCheckpoint]:
     """(the fit's record: history, learning curve, budget stop, time to the first step; the best
-    epoch's checkpoint). Resumes at the backup's step; a backup that holds a complete fit
-    (FIT_RECORD) is not fitted again."""
-    from model.callbacks import BestCheckpoint, FirstStep, LearningCurve, TimeBudget
+    epoch's checkpoint). A backup that holds a complete fit (FIT_RECORD) is not fitted again.
+
+    Resuming from a backup (`restored_state`): `fit` starts at the epoch after the backup's last
+    completed (trained and validated) one, `initial_epoch` = its "epoch", whatever its step: an
+    epoch the job was killed in, even in its validation after its last step, is run again, a full
+    `--steps` from the stream position the backup's step reached (`training_stream`: no batch
+    trained twice or skipped). The backup holds the completed epochs' history and learning-curve
+    points (`model.callbacks.AtomicBackup`), which the new epochs' follow: the record covers every
+    epoch since the first run began. When no epoch is left to fit (a rerun with fewer `--epochs`,
+    or a job that failed after its last epoch's backup, e.g. a full disk writing the best
+    checkpoint), `fit` is not called and the backup's record is the fit's (`_fitted_before`)."""
+    from model.callbacks import BestCheckpoint
+
+    backup = f"{job.model_dir}/{BACKUP}"
+    state = restored_state(model, backup)
+    best = BestCheckpoint(f"{job.model_dir}/checkpoints")
+    fitted = f"{backup}/{FIT_RECORD}"
+    if os.path.exists(fitted):   # a run killed after training, before its export: straight to test and export
+        LOG.info("training was complete in the backup (%s); testing and exporting it", fitted)
+        with open(fitted) as handle:
+            return json.load(handle), best
+    if state["epoch"] >= job.config.optimizer.epochs:
+        fit_record = _fitted_before(job, model, state, best)
+    else:
+        fit_record = _fit_epochs(job, data, model, state, best, extra_callbacks, started)
+    os.makedirs(backup, exist_ok=True)
+    write_complete(fitted, json.dumps(fit_record).encode())
+    return fit_record, best
+
+
+def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint, extra_callbacks: list | None,
+                started: float) -> dict:
+    """`_fit`'s `fit`, from the epoch after the backup's completed ones (`state`) to `--epochs`."""
+    from model.callbacks import FirstStep, LearningCurve, TimeBudget
 
     config, optimizer, runtime = job.config, job.config.optimizer, job.config.runtime
-    backup = f"{job.model_dir}/{BACKUP}"
-    step, epochs_done = restored_state(model, backup)
+    step, epochs_done = state["step"], state["epoch"]
     train_batches = training_stream(config, job.run, data.word_ids, job.strategy, resume_at_step=step,
                                     teacher=data.embed_by_teacher)
     # `--steps none`: an epoch is one pass over the train split, by the manifest's count.
     pass_steps = max(1, -(-triplet_split(job.run, config.inputs.dataset, "train").records // job.global_batch))
     first_step = FirstStep(started)
     if step:
-        LOG.info("resuming from the backup at step %d", step)
-
-    curve = LearningCurve(job.global_batch)
-    best = BestCheckpoint(f"{job.model_dir}/checkpoints")
+        LOG.info("resuming from the backup at step %d: %d epoch(s) completed, epoch %d of %d begins", step,
+                 epochs_done, epochs_done + 1, optimizer.epochs)
+    curve = LearningCurve(job.global_batch, state["learning_curve"])
     budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
     callbacks = _callbacks(job, best, curve, budget, extra_callbacks)
-    fitted = f"{backup}/{FIT_RECORD}"
-    if os.path.exists(fitted):   # a run killed after training, before its export: straight to test and export
-        LOG.info("training was complete in the backup (%s); testing and exporting it", fitted)
-        with open(fitted) as handle:
-            return json.load(handle), best
     fit = model.fit(train_batches, validation_data=data.validation_batches, epochs=optimizer.epochs,
-                    initial_epoch=step // optimizer.steps if optimizer.steps else epochs_done,
-                    steps_per_epoch=optimizer.steps or pass_steps, callbacks=[*callbacks, first_step],
+                    initial_epoch=epochs_done, steps_per_epoch=optimizer.steps or pass_steps,
+                    callbacks=[*callbacks, first_step],
                     verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
                     shuffle=False)   # the stream is in its written order
-    fit_record = {"history": {key: [float(v) for v in values] for key, values in fit.history.items()},
-                  "stopped_by_budget": bool(budget and budget.stopped), "learning_curve": curve.points,
-                  "seconds_to_first_step": first_step.seconds}
-    os.makedirs(backup, exist_ok=True)
-    write_complete(fitted, json.dumps(fit_record).encode())
-    return fit_record, best
+    earlier = state["history"] or {}   # a backup of an older version has none
+    history = {key: [*earlier.get(key, []), *(float(v) for v in values)] for key, values in fit.history.items()}
+    return {"history": history, "stopped_by_budget": bool(budget and budget.stopped),
+            "learning_curve": curve.points, "seconds_to_first_step": first_step.seconds}
+
+
+def _fitted_before(job: _Job, model, state: dict, best: BestCheckpoint) -> dict:
+    """The fit's record when the backup holds every epoch `--epochs` allows (`_fit`): its history
+    and learning curve. A backup written at its last epoch's end holds the weights that epoch's
+    validation scored, offered again to `best` (a job that failed writing the best checkpoint
+    keeps that epoch). A backup without a history (an older version's) is one clear error."""
+    epochs, done, history = job.config.optimizer.epochs, state["epoch"], state["history"]
+    if not history or len(history.get("loss", ())) != done:
+        raise TripletDataError(
+            f"--model-dir {job.config.runtime.model_dir}: its backup holds {done} trained epoch(s) but not their "
+            f"history, and --epochs {epochs} leaves none to train; pass --epochs {done + 1} or more to train on, or "
+            "--overwrite true to start over")
+    LOG.info("the backup holds %d trained epoch(s), --epochs %d: none left to train; testing and exporting it",
+             done, epochs)
+    if state["at_epoch_end"]:
+        best.set_model(model)
+        best.on_epoch_end(done - 1, {key: values[-1] for key, values in history.items()})
+    return {"history": history, "stopped_by_budget": False, "learning_curve": state["learning_curve"] or [],
+            "seconds_to_first_step": None}
 
 
 def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: TimeBudget | None,
                extra_callbacks: list | None) -> list:
-    """The fit's callbacks: backups (mirrored up at once), the best epoch, early stopping,
-    TensorBoard, the learning curve, the time budget, and the caller's."""
+    """The fit's callbacks: the learning curve (first: an epoch's point goes into its backup),
+    backups (mirrored up at once), the best epoch, early stopping, TensorBoard, the time budget,
+    and the caller's."""
     import keras
 
     from model.callbacks import AtomicBackup, MirrorBackups
 
     optimizer, runtime, mirror = job.config.optimizer, job.config.runtime, job.mirror
     return [
-        AtomicBackup(f"{job.model_dir}/{BACKUP}", runtime.checkpoint_every),
+        curve,   # before the backup: an epoch's learning-curve point is in its epoch-end backup
+        AtomicBackup(f"{job.model_dir}/{BACKUP}", runtime.checkpoint_every, curve),
         *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
         # scalars every N steps and per epoch
         keras.callbacks.TensorBoard(f"{job.model_dir}/logs", update_freq=runtime.checkpoint_every),
-        curve,
         *([budget] if budget else []),
         *(extra_callbacks or []),
     ]
@@ -622,8 +717,7 @@ def _export(job: _Job, word_ids: WordIds, encoder, summary: dict) -> None:
             exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
         if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
             exportable.export(f"{model_dir}/model")
-        with tf.io.gfile.GFile(f"{model_dir}/history.json", "w") as handle:
-            json.dump(summary, handle, indent=2)
+        write_complete(f"{model_dir}/history.json", json.dumps(summary, indent=2).encode())
         plot_history(summary, f"{model_dir}/training_curve.png")
         plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
     shutil.rmtree(f"{model_dir}/{BACKUP}", ignore_errors=True)   # only now: a kill before this resumes at the export
@@ -640,8 +734,13 @@ def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, mo
     similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
     card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [],
                       int(encoder.output_shape[-1]))
-    write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder), f"{model_dir}/{EXPORT_FOLDER}",
+    final, partial = f"{model_dir}/{EXPORT_FOLDER}", f"{model_dir}/{EXPORT_FOLDER}.partial"
+    shutil.rmtree(partial, ignore_errors=True)   # the trainer's own (RUN_ENTRIES); swapped in whole below
+    os.makedirs(partial)
+    write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder), partial,
                                 max_tokens=max_tokens, similarity=similarity, card=card)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -5,17 +5,22 @@
   previous run lists as its own: the files of its manifest (`pipeline.published.Manifest`), or,
   for a run that ended unpublished or was killed, the files its record (`_UNPUBLISHED`, or its
   stale `_RUNNING` lock) names: its top-level files and what Beam's sinks wrote in its output
-  folders (`part-*`, `beam-temp-part-*`). Nothing is deleted because of its name alone: a
+  folders (`part-*`, `beam-temp-part-*`), and a temporary `write_complete` left beside one of
+  these or a record (`_UNPUBLISHED.<pid>-<hex>.partial`). Nothing is deleted because of its name alone: a
   folder `triplets-sen-backup` of the user's is a file no run lists, so the folder is refused.
   A symbolic link anywhere in the folder is refused before anything is deleted.
 * The `_RUNNING` lock is written whole in one step (a temporary file, then `os.link`), under
   an exclusive `flock` of the folder while the claim decides, so of two runs one gets it; it
-  records the run's pid, host, output folders and files. A reader's live lease
+  records the run's pid, host, output folders and files. A dead run's stale lock is replaced in
+  one step by one that also lists the files being deleted, until they are. A reader's live lease
   (`pipeline.published.Run.reading`) makes `--overwrite` refuse: no reader sees two runs' data.
 * `publish_manifest` writes `manifest.json` last: every shard of every output with its size and
   the record count the run's counters give, read back from the files. Then the lock goes. A run
   that ends without publishing (`end_unpublished`) writes `_UNPUBLISHED` (what it wrote) and
-  removes its lock.
+  removes its lock; when `_UNPUBLISHED` cannot be written (a full disk) the lock stays, stale
+  once the run's process is gone, and lists the same files.
+* A folder the claim cannot write (read-only, no permission, no space for the lock) is refused
+  naming it, before any work.
 
 Beam's file sinks already write each output to a temp folder and rename it into place when the
 step finishes; the manifest makes the whole run appear at once.
@@ -23,9 +28,9 @@ step finishes; the manifest makes the whole run appear at once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator
 
@@ -44,6 +49,8 @@ from pipeline.published import (
     count_shard_records,
     live_lock_owner,
     live_readers,
+    owner_record,
+    partial_of,
     read_bytes,
     write_complete,
 )
@@ -54,6 +61,7 @@ TRIPLETS_PLOT = "triplets.png"
 LOG = "pipeline.log"   # Beam's log of a local run (`pipeline.progress`)
 UNPUBLISHED = "_UNPUBLISHED"   # what a run that ended without a manifest wrote
 RUN_FILES = (STATS, TRIPLETS_PLOT, LOG)   # a run's top-level files besides its outputs and manifest
+RECORD_FILES = (MANIFEST, UNPUBLISHED, LOCK)   # the files that list what a run wrote
 SINK_PREFIXES = ("part-", "beam-temp-part-")   # what Beam's sinks name in an output folder
 GLOB_CHARACTERS = "*?[]{}"
 
@@ -71,13 +79,10 @@ def check_output_path(out: str, flag: str = "--output") -> None:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    """Writes exactly `data` (no compression chosen by extension) through Beam's FileSystems, so
-    `path` may be local or gs://. The one such helper: eval and model import it."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(data)
+    """Writes exactly `data` (no compression chosen by extension) to `path`, local or gs://, whole
+    or not at all (`write_complete`: a kill mid-write leaves the earlier file, never half of
+    one). The one such helper: eval and model import it."""
+    write_complete(path, data)
 
 
 def _files(out: str) -> list[str]:
@@ -107,30 +112,33 @@ def _record_of(out: str, name: str) -> dict:
 
 
 def listed_files(out: str, files: list[str]) -> set[str]:
-    """The files of `files` (all under `out`) that the previous run there lists as its own."""
-    listed: set[str] = set()
+    """The files of `files` (all under `out`) that the previous run there lists as its own: its
+    records (`RECORD_FILES`), what they list, and a temporary `write_complete` left beside any of
+    these (`_UNPUBLISHED.<pid>-<hex>.partial`: a kill mid-write, or an older version's failed
+    write), read as the record it was meant to be when it is whole."""
     present = set(files)
+    names: set[str] = set(RECORD_FILES)
     if MANIFEST in present:
         try:
-            listed |= set(Manifest.parse(read_bytes(f"{out}/{MANIFEST}"), f"{out}/{MANIFEST}").written_files())
+            names |= set(Manifest.parse(read_bytes(f"{out}/{MANIFEST}"), f"{out}/{MANIFEST}").written_files())
         except ManifestError as error:
             raise OutputInUseError(f"--output {out}: its previous run's manifest is not valid, so what that run "
                                    f"wrote is unknown and nothing is replaced ({error})") from None
-    for record_name in (UNPUBLISHED, LOCK):
-        if record_name not in present:
-            continue
+    for record_name in (path for path in files if (partial_of(path) or path) in (UNPUBLISHED, LOCK)):
         record = _record_of(out, record_name)
+        listed = record.get("files", [])
         folders = [folder for folder in record.get("folders", []) if isinstance(folder, str)]
-        listed |= {record_name, *(name for name in record.get("files", []) if name in present)}
-        listed |= {path for path in files for folder in folders
-                   if path.startswith(folder + "/") and path[len(folder) + 1:].startswith(SINK_PREFIXES)}
-    return listed & present
+        names |= {name for name in (listed if isinstance(listed, list) else []) if isinstance(name, str)}
+        names |= {path for path in files for folder in folders
+                  if path.startswith(folder + "/") and path[len(folder) + 1:].startswith(SINK_PREFIXES)}
+    names |= {path for path in files if partial_of(path) in names}
+    return names & present
 
 
 @contextlib.contextmanager
-def _claiming(out: str) -> Iterator[bool]:
+def claiming(out: str) -> Iterator[bool]:
     """An exclusive `flock` of the local folder while a claim decides (yields whether this call
-    created the folder); nothing for a remote one."""
+    created the folder); nothing for a remote one. Every command's claim decides under it."""
     if "://" in out:
         yield False
         return
@@ -155,10 +163,8 @@ def claim_output(out: str, overwrite: bool, folders: list[str]) -> None:
         raise OutputInUseError(f"--output {out} is a file, not a folder")
     created = False
     try:
-        with _claiming(out) as created:
+        with _unwritable_refused(out), claiming(out) as created:
             _claim(out, overwrite, folders)
-    except PermissionError as err:
-        raise OutputInUseError(f"--output {out} is not writable ({err.strerror})") from err
     except OutputInUseError:
         if created:   # a refused claim leaves nothing behind
             with contextlib.suppress(OSError):
@@ -171,14 +177,29 @@ def claim_output(out: str, overwrite: bool, folders: list[str]) -> None:
                                f"{str(err).splitlines()[0][:300] if str(err) else ''}") from err
 
 
+@contextlib.contextmanager
+def _unwritable_refused(out: str) -> Iterator[None]:
+    """A folder the claim cannot write (a read-only mount, no permission, no space left for the
+    lock): OutputInUseError naming it, before any work."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise OutputInUseError(f"--output {out} is not writable ({err.strerror})") from err
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise OutputInUseError(f"--output {out} has no room for the run's {LOCK} lock ({err.strerror}); free "
+                                   "space there or choose another folder") from err
+        raise
+
+
 def _claim(out: str, overwrite: bool, folders: list[str]) -> None:
     owner = live_lock_owner(out)
     if owner:   # never replaced, even with --overwrite: the run writing there would crash or be mixed
         raise OutputInUseError(f"--output {out} is being written by another run ({owner}, its {LOCK} lock); "
                                "wait for it or choose another folder")
     files = [path for path in _files(out) if not path.startswith(READERS + "/")]
-    previous = listed_files(out, files)
-    others = [path for path in files if path not in previous]
+    listed = listed_files(out, files)
+    others = [path for path in files if path not in listed]
     if others:
         raise OutputInUseError(f"--output {out} holds files no run of this pipeline lists as its own "
                                f"({', '.join(others[:3])}); choose an empty or new folder")
@@ -186,21 +207,24 @@ def _claim(out: str, overwrite: bool, folders: list[str]) -> None:
         what = "a stale lock of a run that died" if LOCK in files else "a run"
         raise OutputInUseError(f"--output {out} already holds {what} ({', '.join(files[:3])}...); pass "
                                "--overwrite to replace it, or choose an empty or new folder")
-    lock = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       "folders": folders, "files": list(RUN_FILES)}).encode()
-    if LOCK in files:   # stale (checked above), replaced under the folder's flock
-        _delete_files(out, [LOCK])
-    try:
-        write_complete(f"{out}/{LOCK}", lock, exclusive=True)
+    stale = read_bytes(f"{out}/{LOCK}") if LOCK in files else None   # checked above
+    previous = sorted(set(files) - {LOCK})
+    lock = json.dumps(owner_record(folders=folders, files=sorted({*RUN_FILES, *previous}))).encode()
+    try:   # a stale lock is replaced in one step, under the folder's flock: a failed write keeps it
+        write_complete(f"{out}/{LOCK}", lock, exclusive=stale is None)
     except FileExistsError as err:
         raise OutputInUseError(f"--output {out}: another run took it a moment ago") from err
     readers = live_readers(out)
     if readers:
-        _delete_files(out, [LOCK])
+        if stale is None:
+            _delete_files(out, [LOCK])
+        else:   # the dead run's lock back, as it was
+            write_complete(f"{out}/{LOCK}", stale)
         raise OutputInUseError(f"--output {out} is being read ({len(readers)} reader(s), e.g. {readers[0]}); "
                                "replacing it now would mix two runs' data under them: wait for them to finish")
-    _delete_files(out, sorted(set(files) - {LOCK}))
+    _delete_files(out, previous)   # the lock lists them until they are gone
+    if previous:
+        write_complete(f"{out}/{LOCK}", json.dumps(owner_record(folders=folders, files=list(RUN_FILES))).encode())
 
 
 def _delete_files(out: str, relative: list[str]) -> None:
@@ -261,12 +285,16 @@ def write_manifest(out: str, counts: dict[str, int], orders: dict[str, dict] | N
 
 def end_unpublished(out: str, why: str) -> None:
     """The run is over without a manifest: `_UNPUBLISHED` keeps its lock's record of what it
-    writes (so a rerun with `--overwrite` deletes exactly that), and the lock is removed."""
+    writes (so a rerun with `--overwrite` deletes exactly that), and the lock is removed. When
+    that record cannot be written (the disk is full), the lock stays: once this process is gone
+    it is a dead run's stale lock, which lists the same files."""
     from apache_beam.io.filesystems import FileSystems
 
     if not FileSystems.exists(f"{out}/{LOCK}"):
         return
     record = {**_record_of(out, LOCK), "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "why": why}
-    with contextlib.suppress(OSError):
+    try:
         write_complete(f"{out}/{UNPUBLISHED}", json.dumps(record).encode())
+    except Exception:   # the error that ended the run is the one reported, not this one
+        return
     _delete_files(out, [LOCK])

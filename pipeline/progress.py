@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -128,9 +129,15 @@ def private_tempdir() -> Iterator[str]:
     """A temporary folder of this run's own, made the process's (and its worker processes')
     TMPDIR while the block runs, then removed: Beam's local runners leave empty `tmp*`,
     `beam-temp*` and `beam-requirements-cache` folders in the system's temporary folder on
-    every run, which piled up."""
+    every run, which piled up. A run killed before it removes its folder (SIGKILL, a lost
+    machine) leaves it; the next run removes it (`remove_dead_runs_folders`)."""
+    from pipeline.published import owner_record, write_complete
+
+    remove_dead_runs_folders(tempfile.gettempdir())
     previous_env, previous_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
     folder = tempfile.mkdtemp(prefix=f"wikisim-run-{os.getpid()}-")
+    with contextlib.suppress(OSError):   # no room: without it, the pid in the folder's name tells its run
+        write_complete(os.path.join(folder, RUN_OWNER), json.dumps(owner_record()).encode())
     os.environ["TMPDIR"], tempfile.tempdir = folder, folder
     try:
         yield folder
@@ -141,6 +148,52 @@ def private_tempdir() -> Iterator[str]:
         else:
             os.environ["TMPDIR"] = previous_env
         shutil.rmtree(folder, ignore_errors=True)
+
+
+RUN_FOLDER = re.compile(r"wikisim-run-(?P<pid>[0-9]+)-")   # `private_tempdir`'s folders
+RUN_OWNER = "wikisim-run-owner.json"   # in each: `pipeline.published.owner_record` of the run that made it
+
+
+def remove_dead_runs_folders(parent: str) -> list[str]:
+    """Removes the folders `private_tempdir` made in `parent` for runs whose process is gone (this
+    user's, on this host); returns them. A folder is its run's while its process lives
+    (`pipeline.published.process_alive` of the owner record inside; without one, written by an
+    older wikisim or being written now, while a process of the pid in its name runs)."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = RUN_FOLDER.match(entry.name)
+        try:
+            mine = entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+        except OSError:   # removed meanwhile
+            continue
+        if match and mine and not _run_alive(entry.path, int(match.group("pid"))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+def _run_alive(folder: str, pid: int) -> bool:
+    """Whether the run that made `folder` (a `private_tempdir`) may still be running."""
+    from pipeline.published import process_alive
+
+    try:
+        with open(os.path.join(folder, RUN_OWNER)) as handle:
+            owner = json.load(handle)
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict) and owner.get("pid") == pid:
+        return process_alive(owner) is not False   # another host's (a shared TMPDIR) is left alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # alive, another user's
+        pass
+    return True
 
 
 def progress_folder() -> str:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import socket
 import time
 import uuid
@@ -186,6 +187,36 @@ def read_bytes(path: str) -> bytes:
         return handle.read()
 
 
+class JsonFileError(UsageError):
+    """A JSON file a command reads back (a claim, a model dir's inputs or history, a report) is
+    truncated, not JSON, or lacks a field its writer writes."""
+
+
+def read_json_object(path: str, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict:
+    """The JSON object in the file `path` (local or remote), checked to hold `fields` (name:
+    type): the one reader of every JSON file a command reads back. JsonFileError, one line
+    naming the file and the field, for a truncated or non-JSON file, another JSON value than an
+    object, or a missing or mistyped field: what a kill in the middle of a write by an older
+    version, or an edit, leaves."""
+    try:
+        value = json.loads(read_bytes(path).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise JsonFileError(f"{path}: not a complete JSON file ({type(error).__name__}: {error}); it was cut "
+                            "short or edited: restore it, or rerun the command that wrote it") from None
+    if not isinstance(value, dict):
+        raise JsonFileError(f"{path}: holds a JSON {type(value).__name__}, not an object; it was edited or is "
+                            "not this file: restore it, or rerun the command that wrote it")
+    for name, kind in (fields or {}).items():
+        if name not in value:
+            raise JsonFileError(f"{path}: field {name} is missing; restore the file, or rerun the command that "
+                                "wrote it")
+        if not isinstance(value[name], kind) or (isinstance(value[name], bool) and kind in (int, float)):
+            raise JsonFileError(f"{path}: field {name} is {type(value[name]).__name__} {str(value[name])[:60]!r}, "
+                                f"not {getattr(kind, '__name__', kind)}; restore the file, or rerun the command "
+                                "that wrote it")
+    return value
+
+
 def file_sizes(paths: list[str]) -> dict[str, int | None]:
     """{path: size in bytes, or None when it does not exist}, local or remote (one listing per folder)."""
     from apache_beam.io.filesystems import FileSystems
@@ -236,6 +267,59 @@ def check_record_count(where: str, read: int, expected: int, max_lost_fraction: 
     return lost
 
 
+STORAGE_WAIT_S = 30.0   # how long a reader waits for a gs:// path's storage to answer before refusing it
+_REACHED_BUCKETS: set[str] = set()   # buckets this process has reached (`check_storage`: once each)
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:limit]}"
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """What reaching a file can raise besides a wrong path: OSError (Beam's BeamIOError, a
+    local permission), Google's API errors (RetryError, Forbidden, ...) and auth errors."""
+    try:
+        from google.api_core.exceptions import GoogleAPIError
+        from google.auth.exceptions import GoogleAuthError
+    except ImportError:   # without Beam's gcp extra there is no gs:// either
+        return (OSError,)
+    return (OSError, GoogleAPIError, GoogleAuthError)
+
+
+def check_storage(path: str) -> None:
+    """Before a reader touches a `gs://` path: there are credentials (unless STORAGE_EMULATOR_HOST
+    points the clients at an emulator) and the path's bucket answers within STORAGE_WAIT_S, or a
+    UsageError naming `path`, in seconds; not Beam's minutes of retries (its credentials 4
+    times, then every request for 2 minutes, anonymously) ending in a RetryError. Once per
+    bucket and process. A bucket read without credentials (a public one) is refused too; local
+    paths and other schemes are not checked."""
+    if not path.startswith("gs://"):
+        return
+    bucket, _, name = path[len("gs://"):].partition("/")
+    if bucket in _REACHED_BUCKETS:
+        return
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud.storage import Client
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    try:
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            client = Client(project=None)
+        else:
+            credentials, project = google.auth.default()
+            client = Client(credentials=credentials, project=project)
+        client.bucket(bucket).blob(name or MANIFEST).exists(timeout=STORAGE_WAIT_S / 3,
+                                                            retry=DEFAULT_RETRY.with_timeout(STORAGE_WAIT_S))
+    except DefaultCredentialsError:
+        raise UsageError(f"{path}: no Google Cloud credentials to read it with (set GOOGLE_APPLICATION_CREDENTIALS "
+                         "to a service account key, or run gcloud auth application-default login)") from None
+    except storage_errors() as error:
+        raise UsageError(f"{path}: its storage did not answer within {STORAGE_WAIT_S:.0f} s or refused it "
+                         f"({_one_line(error)})") from None
+    _REACHED_BUCKETS.add(bucket)
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
     """A published pipeline run, opened once (`open`): its folder and its validated manifest."""
@@ -247,15 +331,21 @@ class Run:
     @classmethod
     def open(cls, data: str) -> Run:
         """ManifestError naming the folder when it holds no manifest (a run that failed or still
-        runs, or a wrong path), or naming the field of one that is not valid."""
+        runs, or a wrong path), or naming the field of one that is not valid; a UsageError naming
+        the manifest when its storage cannot be reached or read (`check_storage`)."""
         from apache_beam.io.filesystems import FileSystems
 
         root = data.rstrip("/")
         path = f"{root}/{MANIFEST}"
-        if not FileSystems.exists(path):
+        check_storage(path)
+        try:
+            found = FileSystems.exists(path)
+            raw = read_bytes(path) if found else b""
+        except storage_errors() as error:
+            raise ManifestError(f"{path}: cannot be read ({_one_line(error)})") from None
+        if not found:
             raise ManifestError(f"{data} has no {MANIFEST}: not the output of a finished pipeline.run "
                                 "(it failed, still runs, or the path is wrong)")
-        raw = read_bytes(path)
         return cls(root, Manifest.parse(raw, path), hashlib.sha256(raw).hexdigest())
 
     def output(self, folder: str) -> Output:
@@ -287,8 +377,10 @@ class Run:
     def verify(self, folder: str, max_lost_fraction: float = 0.0) -> int:
         """What a consumer checks before it reads an output whole: each shard there with its size,
         then its records counted and compared with the manifest, both ways, shard by shard
-        (ShardError naming the shard or the folder). Returns the records lost to shards that
-        break off, allowed up to `max_lost_fraction` of the output."""
+        (ShardError naming the shard or the folder). A shard of the size the run wrote that reads
+        whole but holds another count of records is not the run's (another run's shard of the
+        same size): refused naming it, whatever `max_lost_fraction`. Returns the records lost to
+        shards that break off, allowed up to `max_lost_fraction` of the output."""
         self.check_sizes(folder)
         output = self.output(folder)
         lost = 0
@@ -297,9 +389,10 @@ class Run:
             if shard.records is None:   # a version-1 manifest: the folder's total only
                 lost -= read
                 continue
-            if read > shard.records:
-                raise ShardError(f"{self.path(shard.path)}: {read:,} records where the run wrote {shard.records:,} "
-                                 "(mixed or replaced shards)")
+            if read > shard.records or (broken is None and read != shard.records):
+                raise ShardError(f"{self.path(shard.path)}: {read:,} records where the run wrote {shard.records:,}, "
+                                 "at the same size: a shard of another run (mixed or replaced shards); rerun the "
+                                 "pipeline or restore the shard")
             lost += shard.records - read
         if output.shards and output.shards[0].records is None:
             lost += output.records
@@ -324,16 +417,34 @@ def reading_if_run(source: str) -> contextlib.AbstractContextManager:
     """A reader's lease when `source` is a run folder (it holds a manifest), nothing for a glob of files."""
     from apache_beam.io.filesystems import FileSystems
 
-    if FileSystems.exists(f"{source.rstrip('/')}/{MANIFEST}"):
+    path = f"{source.rstrip('/')}/{MANIFEST}"
+    check_storage(path)
+    if FileSystems.exists(path):
         return Run.open(source).reading()
     return contextlib.nullcontext()
 
 
 # ------------------------------------------------------------------ locks and leases
 
-def _owner_record() -> bytes:
-    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                       "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+def _process_start(pid: int) -> str | None:
+    """What tells this process `pid` from a later one given the same pid: the boot's id and the
+    process's start time in clock ticks since boot (`/proc/PID/stat`, field 22). None where
+    there is no /proc (not Linux) or no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            boot = handle.read().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}:{int(fields[19])}"   # fields[0] is field 3 (state): starttime is field 22
+
+
+def owner_record(**extra: Any) -> dict:
+    """Who writes or reads a folder: host, pid and the process's start (`_process_start`), so a
+    live process that reused a dead owner's pid is not taken for it; `extra` adds fields."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra}
 
 
 def _delete(path: str) -> None:
@@ -344,17 +455,24 @@ def _delete(path: str) -> None:
 
 
 def process_alive(owner: dict) -> bool | None:
-    """Whether the process an owner record names is alive: None when it runs on another host
-    (which cannot be checked from here)."""
+    """Whether the process an owner record (`owner_record`) names is alive: None when it runs on
+    another host (which cannot be checked from here). Where /proc tells a process's start, a
+    record is alive only if its pid runs and started when the record says: a record without that
+    start (written by hand, or by an older wikisim) names no process that can be told from a
+    later holder of its pid, so it is stale."""
     if owner.get("host") != socket.gethostname():
         return None
     try:
-        os.kill(int(owner["pid"]), 0)
+        pid = int(owner["pid"])
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return False
+    except PermissionError:   # alive, another user's
         pass
-    return True
+    start = _process_start(pid)
+    return start is None or owner.get("process_start") == start
 
 
 def _owner_of(path: str) -> tuple[dict | None, float | None]:
@@ -379,22 +497,41 @@ def _owner_of(path: str) -> tuple[dict | None, float | None]:
     return (owner if isinstance(owner, dict) and owner.get("pid") else None), age
 
 
+def record_is_stale(owner: dict | None, age: float | None) -> bool:
+    """A lock, lease or claim record no live process holds: its process is dead (or its pid was
+    reused), or it is empty or invalid (a writer killed between create and write) and older
+    than STALE_EMPTY_LOCK_S."""
+    if owner is None:
+        return age is not None and age > STALE_EMPTY_LOCK_S
+    return process_alive(owner) is False
+
+
 def live_lock_owner(out: str) -> str | None:
     """'pid N on HOST' when the folder's `_RUNNING` lock belongs to a live run (or one on another
-    host, which cannot be checked from here); None without a lock or with a stale one: its process
-    is dead, or it is empty (killed between create and write) and older than a minute."""
+    host, which cannot be checked from here); None without a lock or with a stale one
+    (`record_is_stale`)."""
     from apache_beam.io.filesystems import FileSystems
 
     path = f"{out}/{LOCK}"
     if not FileSystems.exists(path):
         return None
     owner, age = _owner_of(path)
-    if owner is None:
-        return None if age is None or age > STALE_EMPTY_LOCK_S else "a run starting now (its lock is being written)"
-    alive = process_alive(owner)
-    if alive is False:
+    if record_is_stale(owner, age):
         return None
+    if owner is None:
+        return "a run starting now (its lock is being written)"
     return f"pid {owner['pid']} on {owner.get('host')}"
+
+
+# `write_complete`'s temporary beside `path`: `path.<pid>-<8 hex digits>.partial`; one that stays
+# (a kill mid-write, or an older wikisim) is a file of whoever lists `path` (`pipeline.outputs`).
+PARTIAL = re.compile(r"(?P<of>.+)\.[0-9]+-[0-9a-f]{8}\.partial")
+
+
+def partial_of(path: str) -> str | None:
+    """The path whose `write_complete` temporary `path` is, or None when it is none."""
+    match = PARTIAL.fullmatch(path)
+    return match.group("of") if match else None
 
 
 def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
@@ -408,17 +545,19 @@ def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
         with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             handle.write(data)
         return
-    temporary = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"
+    temporary = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"   # `PARTIAL` tells it
     fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+    try:   # whatever fails (disk full, a file size limit, a kill's KeyboardInterrupt), no temporary stays
+        try:
+            written = memoryview(data)
+            while written:   # a full disk first writes short, then fails: never a truncated file
+                written = written[os.write(fd, written):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.link(temporary, path) if exclusive else os.replace(temporary, path)
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):   # gone once replaced; the error that got here is the one raised
             os.unlink(temporary)
 
 
@@ -430,7 +569,7 @@ def take_lease(root: str) -> str | None:
             if "://" not in root:
                 os.makedirs(f"{root}/{READERS}", exist_ok=True)
             try:
-                write_complete(path, _owner_record())
+                write_complete(path, json.dumps(owner_record()).encode())
                 break
             except FileNotFoundError:
                 if attempt == 2:
@@ -452,7 +591,7 @@ def release_lease(path: str) -> None:
 
 def live_readers(root: str) -> list[str]:
     """The lease files of live readers of the folder (another host's count as live); stale ones
-    (their process is dead) are removed."""
+    (`record_is_stale`) are removed."""
     from apache_beam.io.filesystems import FileSystems
 
     folder = f"{root}/{READERS}"
@@ -460,8 +599,7 @@ def live_readers(root: str) -> list[str]:
         return []
     live = []
     for meta in FileSystems.match([f"{folder}/*.json"])[0].metadata_list:
-        owner, _ = _owner_of(meta.path)
-        if owner is not None and process_alive(owner) is False:
+        if record_is_stale(*_owner_of(meta.path)):
             _delete(meta.path)
             continue
         live.append(meta.path)

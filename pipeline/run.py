@@ -17,6 +17,7 @@ import io
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pipeline import counters as counter_names
@@ -52,6 +53,22 @@ def io_failure(error: BaseException | None) -> OSError | None:
             return error
         error = error.__cause__ or error.__context__
     return None
+
+
+@contextlib.contextmanager
+def writes_of(out: str) -> Iterator[None]:
+    """A write of the run that fails (disk full, a permission, credentials), in Beam's job or of
+    the run's own files: OutputWriteError naming `out`, one line; any other error as it is."""
+    try:
+        yield
+    except (UsageError, DataLossError):
+        raise
+    except Exception as error:
+        failure = io_failure(error) or (error if "[Errno" in str(error) else None)
+        if failure is None:
+            raise
+        first = (str(failure).splitlines() or [type(failure).__name__])[0]
+        raise OutputWriteError(f"writing {out} failed: {first[:300]}; nothing was published") from error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,16 +372,9 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
             print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
             shown = progress.show_progress(folder, indexes, log_path)
-        try:
-            with shown:
-                result = pipeline.run()
-                result.wait_until_finish()
-        except Exception as error:
-            failure = io_failure(error) or (error if "[Errno" in str(error) else None)
-            if failure is None:
-                raise
-            raise OutputWriteError(f"writing {out} failed: {str(failure).splitlines()[0][:300]}; nothing was "
-                                   "published") from error
+        with writes_of(out), shown:
+            result = pipeline.run()
+            result.wait_until_finish()
         counters = counters_of(result, config)
         stats: dict[str, Any] = {
             "counters": counters,
@@ -374,8 +384,10 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             "runner": runner or "DirectRunner",
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
-        outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode("utf-8"))
-        outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", triplets_plot_png(counters, config.triplet_datasets()))
+        plot = triplets_plot_png(counters, config.triplet_datasets())
+        with writes_of(out):
+            outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
+            outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", plot)
         print(summary_table(counters))
         print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
               f"wall time {stats['wall_seconds']} s; outputs in {out}")
@@ -388,8 +400,9 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
     from pipeline.order import order_record
 
     triplet_folders = [folder for folder in output_counters(config) if folder.split("/")[0] in records.TRIPLET_DATASETS]
-    outputs.publish_manifest(out, output_records(counters, config),
-                             dict.fromkeys(triplet_folders, order_record(config.seed)))
+    with writes_of(out):
+        outputs.publish_manifest(out, output_records(counters, config),
+                                 dict.fromkeys(triplet_folders, order_record(config.seed)))
     return stats
 
 

@@ -155,3 +155,57 @@ def test_an_empty_split_or_a_folder_that_is_not_a_report_is_one_error_line(tmp_p
     assert done.returncode == 2 and "holds files eval does not write" in done.stderr.strip().splitlines()[-1]
     assert cli("--output", str(tmp_path / "report")).returncode == 0
     assert cli("--output", str(tmp_path / "report")).returncode == 0    # its own report: replaced
+
+
+def _no_google_credentials(home) -> dict:
+    """This environment without any Google credentials or emulator: no key file, a HOME and a
+    gcloud config without application default credentials, and no metadata server lookup
+    (NO_GCE_CHECK), so nothing waits on the network."""
+    import os
+
+    gone = ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "CLOUDSDK_CONFIG", "API_ENDPOINT_OVERRIDE")
+    return {**{key: value for key, value in os.environ.items() if key not in gone}, "HOME": str(home),
+            "CLOUDSDK_CONFIG": str(home / "gcloud"), "NO_GCE_CHECK": "true", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def test_a_gs_run_without_credentials_is_one_error_line_naming_it_in_seconds(tmp_path):
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "eval.triplets", "--data", "gs://no-such-bucket/run", "--output",
+                           str(tmp_path / "report")], capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).resolve().parents[2], env=_no_google_credentials(tmp_path))
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "error: gs://no-such-bucket/run/manifest.json: no Google Cloud credentials to read it with (set "
+        "GOOGLE_APPLICATION_CREDENTIALS to a service account key, or run gcloud auth application-default login)"]
+    assert took < 120 and not (tmp_path / "report").exists()   # was a RetryError traceback after 133 s
+
+
+def test_a_gs_path_whose_storage_does_not_answer_is_refused_after_a_bounded_wait(tmp_path, monkeypatch):
+    import socket
+    import time
+
+    from pipeline import published
+    from pipeline.cli import UsageError
+
+    with socket.socket() as closed:   # a loopback port nothing listens on: refused at once, no network
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    key = tmp_path / "adc.json"          # credentials whose token endpoint does not answer
+    key.write_text(json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s",
+                               "refresh_token": "r", "token_uri": f"http://127.0.0.1:{port}/token"}))
+    for name, value in _no_google_credentials(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    monkeypatch.setattr(published, "STORAGE_WAIT_S", 3.0)
+    started = time.monotonic()
+    with pytest.raises(UsageError, match=r"^gs://no-such-bucket/run/manifest.json: its storage did not answer "
+                                         r"within 3 s or refused it \(RetryError: "):
+        published.Run.open("gs://no-such-bucket/run")
+    assert time.monotonic() - started < 30 and "no-such-bucket" not in published._REACHED_BUCKETS

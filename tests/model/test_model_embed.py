@@ -214,3 +214,55 @@ def test_encode_takes_sentence_transformers_arguments(tiny_model, capsys):
     np.testing.assert_allclose(pairwise, -np.abs(plain[:2] - plain[2:]).sum(axis=1), rtol=1e-5)
     with pytest.raises(ValueError, match="one shape"):
         encoder.similarity_pairwise(plain[:2], plain)
+
+
+def test_a_json_line_with_a_lone_surrogate_is_set_aside_and_the_others_embedded(tiny_model, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = tmp_path / "sentences.jsonl"   # `\ud800` is a valid JSON escape, but no UTF-8 text
+    source.write_text(json.dumps({"id": "a", "text": "The striker scored."}) + "\n"
+                      + '{"id":"bad","text":"lone \\ud800 x"}\n' + '{"id":"\\udfff","text":"fine text"}\n'
+                      + json.dumps({"id": "b", "text": "Bake the bread."}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "model.embed", "--model-dir", tiny_model, "--input", str(source),
+                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 sentences embedded" in done.stdout and "2 malformed line(s) set aside" in done.stdout
+    rows, _ = _rows(tmp_path / "out")
+    assert sorted(rows) == ["a", "b"]
+    letters = [json.loads(line) for path in (tmp_path / "out").glob("dead_letters-*.jsonl")
+               for line in path.read_text().splitlines()]
+    details = sorted(letter["detail"] for letter in letters)
+    assert len(details) == 2 and details[0].startswith("its id '\\udfff' holds the lone surrogate '\\udfff' at "
+                                                       "character 0")
+    assert details[1].startswith("its text 'lone \\ud800 x' holds the lone surrogate '\\ud800' at character 5")
+    assert all(letter["source"] == str(source) and letter["reason"] == "ValueError" for letter in letters)
+    assert any('"id":"bad"' in letter["detail"] for letter in letters)   # the line itself, as read
+
+
+def test_encode_names_the_sentence_that_is_not_valid_unicode(tiny_model):
+    import pytest
+
+    encoder = load_encoder(tiny_model)
+    with pytest.raises(ValueError, match=r"item 1 'lone \\ud800 x' holds the lone surrogate '\\ud800' at character 5"):
+        encoder.encode(["ok", "lone \ud800 x"])
+    with pytest.raises(ValueError, match="item 0 "):
+        encoder.encode("\udfff")
+
+
+def test_binary_precision_packs_each_row_for_a_width_not_a_multiple_of_8():
+    from model.encoder import quantize
+
+    embeddings = np.random.default_rng(0).normal(size=(5, 13)).astype(np.float32)
+    per_row = np.stack([np.packbits(row > 0) for row in embeddings])   # each row padded to 2 bytes on its own
+    ubinary = quantize(embeddings, "ubinary")
+    assert ubinary.dtype == np.uint8 and ubinary.shape == (5, 2)
+    np.testing.assert_array_equal(ubinary, per_row)
+    np.testing.assert_array_equal(np.unpackbits(ubinary, axis=1)[:, :13], embeddings > 0)
+    assert not (np.unpackbits(ubinary, axis=1)[:, 13:]).any()            # the padding bits are 0
+    binary = quantize(embeddings, "binary")
+    assert binary.dtype == np.int8 and binary.shape == (5, 2)
+    np.testing.assert_array_equal(binary.astype(int), per_row.astype(int) - 128)

@@ -132,3 +132,9 @@ def test_minilm_embeds_related_sentences_closer():
     unit = embedding / np.linalg.norm(embedding, axis=1, keepdims=True)
     assert embedding.shape == (3, 384)
     assert unit[0] @ unit[1] > unit[0] @ unit[2]
+
+
+def test_the_baselines_name_a_sentence_that_is_not_valid_unicode(mean_vectors):
+    for encoder in (mean_vectors, TfidfEncoder()):   # TF-IDF took TensorFlow's refusal for an empty vocabulary
+        with pytest.raises(ValueError, match=r"item 2 'lone \\ud800 x' holds the lone surrogate '\\ud800'"):
+            encoder.encode(["ok", "fine", "lone \ud800 x"])

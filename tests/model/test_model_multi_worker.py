@@ -179,7 +179,7 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
         assert json.loads((tmp_path / "resumed" / f"worker{task}" / "probe.json").read_text()) == {"iterations": 3}
         (first,) = [entry for entry in _shards_read(tmp_path / "resumed" / f"worker{task}")][:1]
         assert first[2] == 3 * COMMON["batch_size"]          # 3 steps of 4 of this worker's records: not read again
-    assert [s["epochs_run"] for s in summaries] == [1, 1]
+    assert [s["epochs_run"] for s in summaries] == [2, 2]   # epoch 1 from the chief's backup, then epoch 2
     assert summaries[0]["learning_curve"][-1]["triplets_seen"] == 6 * 2 * COMMON["batch_size"]
     for mine, theirs in zip(*(_weights(tmp_path / "resumed" / f"worker{task}") for task in range(2))):
         np.testing.assert_array_equal(mine, theirs)

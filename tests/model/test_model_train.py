@@ -2,6 +2,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -319,12 +320,12 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
     resumed = json.loads((tmp_path / "second.json").read_text())
     assert resumed == {"iterations": 6, "epoch": 1}      # continues in epoch 2 with the optimizer state
-    assert summary["epochs_run"] == 2                      # only the remaining epochs 2 and 3
+    assert summary["epochs_run"] == 3                      # epoch 1 from the backup's history, then 2 and 3
     batch = TINY["batch_size"]                             # the stream went on from step 6, 4 steps per epoch
-    assert [point["triplets_seen"] for point in summary["learning_curve"]] == [10 * batch, 14 * batch]
+    assert [point["triplets_seen"] for point in summary["learning_curve"]] == [4 * batch, 10 * batch, 14 * batch]
     # the decay is a function of the restored step, so it goes on where the killed run left it
     assert [point["learning_rate"] for point in summary["learning_curve"]] == pytest.approx(
-        [1e-3 * 0.5 ** (10 / 8), 1e-3 * 0.5 ** (14 / 8)], rel=1e-5)
+        [1e-3 * 0.5 ** (4 / 8), 1e-3 * 0.5 ** (10 / 8), 1e-3 * 0.5 ** (14 / 8)], rel=1e-5)
     assert summary["best_val_triplet_accuracy"] == 1.0     # the killed run's best epoch is what was exported
     with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
         assert handle.read() == best_weights
@@ -340,7 +341,7 @@ def test_a_kill_between_two_backups_renames_resumes_from_the_last_good_one(shard
     (tmp_path / "m" / "backup.partial").mkdir()
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
     assert json.loads((tmp_path / "second.json").read_text()) == {"iterations": 6, "epoch": 1}
-    assert summary["epochs_run"] == 1
+    assert summary["epochs_run"] == 2                      # epoch 1 from the backup's history
     assert sorted(os.listdir(tmp_path / "m")) == sorted(
         ["inputs.json", "vocabulary.txt", "checkpoints", "logs", "history.json", "training_curve.png",
          "learning_curve.png", "encoder"])
@@ -359,6 +360,119 @@ def test_a_kill_between_training_and_export_resumes_at_the_export(shards, tmp_pa
     assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder.partial").exists()
 
 
+DIE_IN_THE_LAST_EPOCH = textwrap.dedent("""
+    import errno, os, signal, sys
+    import keras
+    from model.callbacks import BestCheckpoint
+    from model.config import parse_args
+    from model.train import train
+
+    fault, argv = sys.argv[1], sys.argv[2:]
+
+    class KilledInLastValidation(keras.callbacks.Callback):
+        '''SIGKILL as the last epoch's validation begins, after its last step and its step backup.'''
+        last = False
+        def on_epoch_begin(self, epoch, logs=None):
+            self.last = epoch == self.params["epochs"] - 1
+        def on_test_begin(self, logs=None):
+            if fault == "killed in the last validation" and self.last:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    keep = BestCheckpoint.on_epoch_end
+    def disk_full(self, epoch, logs=None):   # the disk fills up as the last epoch's best checkpoint is written
+        if fault == "disk full writing the last best checkpoint" and epoch == self.params["epochs"] - 1:
+            raise OSError(errno.ENOSPC, "No space left on device", "best.partial.weights.h5")
+        keep(self, epoch, logs)
+    BestCheckpoint.on_epoch_end = disk_full
+    train(parse_args(argv), extra_callbacks=[KilledInLastValidation()])
+""")
+
+
+@pytest.mark.parametrize("fault", ["killed in the last validation", "disk full writing the last best checkpoint"])
+def test_a_job_that_died_in_its_last_epoch_is_finished_by_the_same_command(shards, tmp_path, fault):
+    """Defect 3: a backup holding the last epoch's last step (killed in its validation) or every
+    epoch (the disk full after the epoch-end backup) once left a model dir every rerun failed on
+    (zero epochs to fit, KeyError: 'loss'). The same command reruns the unvalidated epoch, or
+    fits nothing and takes the backup's history, and exports; history.json covers both epochs."""
+    model_dir = tmp_path / "m"
+    argv = ["--data", shards, "--model-dir", str(model_dir), "--vocabulary", "train", "--lstm-units", "8",
+            "--attention-size", "4", "--batch-size", "16", "--epochs", "2", "--steps", "3", "--checkpoint-every", "3",
+            "--progress", "false", *LOSSY]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    died = subprocess.run([sys.executable, "-c", DIE_IN_THE_LAST_EPOCH, fault, *argv], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=600)
+    killed = fault.startswith("killed")
+    assert died.returncode == (-signal.SIGKILL if killed else 1), died.stderr[-3000:]
+    assert killed or "No space left on device" in died.stderr
+    backup = model_dir / "backup"
+    assert json.loads((backup / "training_state.json").read_text()) == {"epoch": 1 if killed else 2, "step": 6}
+    record = json.loads((backup / "epochs.json").read_text())
+    assert len(record["history"]["val_triplet_accuracy"]) == len(record["learning_curve"]) == (1 if killed else 2)
+    assert record["at_epoch_end"] is not killed and not (model_dir / "encoder").exists()
+    if not killed:   # a backup without the epochs' record (an older version's): one clear error, not a KeyError
+        shutil.copytree(model_dir, tmp_path / "old")
+        (tmp_path / "old" / "backup" / "epochs.json").unlink()
+        old = subprocess.run([sys.executable, "-m", "model.train", *argv[:2], "--model-dir", str(tmp_path / "old"),
+                              *argv[4:]], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+        assert old.returncode == 2 and "Traceback" not in old.stderr, old.stderr[-3000:]
+        assert "its backup holds 2 trained epoch(s) but not their history" in old.stderr.strip().splitlines()[-1]
+
+    rerun = subprocess.run([sys.executable, "-m", "model.train", *argv], capture_output=True, text=True, cwd=REPO,
+                           env=env, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert ("resuming from the backup at step 6" if killed else "none left to train") in rerun.stderr
+    history = json.loads((model_dir / "history.json").read_text())
+    assert history["epochs_run"] == 2 and len(history["loss"]) == len(history["val_triplet_accuracy"]) == 2
+    assert history["val_triplet_accuracy"][:len(record["learning_curve"])] == record["history"]["val_triplet_accuracy"]
+    curve = history["learning_curve"]   # killed: epoch 2 ran again from the stream's step 6, 3 steps
+    assert [point["epoch"] for point in curve] == [1, 2]
+    assert [point["triplets_seen"] for point in curve] == [3 * 16, (9 if killed else 6) * 16]
+    assert curve[0]["cpu_seconds"] <= curve[1]["cpu_seconds"]      # the clocks go on across the runs
+    assert history["best_val_triplet_accuracy"] == max(history["val_triplet_accuracy"])   # every epoch offered
+    assert (model_dir / "encoder" / "saved_model.pb").is_file() and not backup.exists()
+
+
+def _batches(stream, count: int) -> list:
+    """The first `count` batches of a training stream, each as its flattened arrays."""
+    import tensorflow as tf
+
+    return [[tensor.numpy() for tensor in tf.nest.flatten(batch)] for batch in stream.take(count)]
+
+
+@pytest.mark.parametrize("flags", [{}, {"shuffle_buffer": 100}, {"article_chunk": 0}],
+                         ids=["defaults", "shuffle-buffer", "article-chunk-0"])
+def test_a_resumed_training_stream_replays_the_unbroken_one(embedded_pipeline_output, tmp_path, caplog, flags):
+    """Defect 7: a resumed run's stream, at step k, is the unbroken stream's batches k, k+1, ...
+    whatever the buffer and chunking: consecutive records are skipped unread (the defaults);
+    a shuffle buffer or length groups reorder records across batches, so the stream is read
+    from its start and the k batches trained are dropped."""
+    import logging
+
+    import tensorflow as tf
+
+    from model.text import WordIds
+    from model.train import training_stream
+
+    config = TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(tmp_path / "m"), batch_size=16,
+                                    **flags)
+    run = open_run(config.inputs.data)
+    word_ids = WordIds(["the", "of", "and", "in", "a", "is", "was"], config.inputs.num_oov_buckets,
+                       config.inputs.max_tokens)
+    strategy = tf.distribute.get_strategy()
+    k = 7
+    unbroken = _batches(training_stream(config, run, word_ids, strategy), k + 20)
+    with caplog.at_level(logging.INFO, logger="model.train"):
+        resumed = _batches(training_stream(config, run, word_ids, strategy, resume_at_step=k), 20)
+    consecutive = not flags
+    assert ("starting it at the first record" if consecutive else "dropping the batches trained") in caplog.text
+    assert len(unbroken) == k + 20 and len(resumed) == 20
+    for step, (expected, got) in enumerate(zip(unbroken[k:], resumed), start=k):
+        assert len(expected) == len(got)
+        for want, have in zip(expected, got):
+            np.testing.assert_array_equal(have, want, err_msg=f"batch {step}")
+    assert not all(np.array_equal(a, b) for a, b in zip(unbroken[0], resumed[0]))   # it did not start over
+
+
 @pytest.fixture(scope="module")
 def cli_trained(shards, tmp_path_factory):
     """A model dir `python -m model.train` finished on the shards, trained once for the tests that
@@ -375,7 +489,7 @@ def test_a_rerun_with_other_hyperparameters_is_refused_naming_them(shards, cli_t
     assert done.returncode == 2 and "Traceback" not in done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "holds a run with other flags" in last and "--batch-size 128 -> 64" in last
-    assert "--learning-rate None -> 0.5" in last
+    assert "--learning-rate 0.001 -> 0.5" in last    # a flag left at none is its default
     assert _train_cli(shards, tmp_path / "m", *LOSSY, "--budget-minutes", "5").returncode == 0   # how long: may
 
 

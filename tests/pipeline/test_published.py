@@ -107,7 +107,7 @@ def test_a_reader_lease_is_taken_and_released_and_a_dead_readers_lease_is_stale(
 
 
 def test_a_reader_refuses_a_folder_a_run_is_writing(run_folder):
-    (run_folder / published.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+    (run_folder / published.LOCK).write_text(json.dumps(published.owner_record()))   # this live process
     with pytest.raises(published.FolderBusyError, match=f"{run_folder} is being written by a pipeline run"):
         with Run.open(str(run_folder)).reading():
             pass
@@ -119,3 +119,37 @@ def test_an_output_path_with_glob_characters_is_refused_before_anything_is_claim
     with pytest.raises(outputs.OutputInUseError, match="which Beam reads as a glob pattern"):
         outputs.claim_output(str(tmp_path / path), overwrite=True, folders=["scb"])
     assert os.listdir(tmp_path) == []
+
+
+def test_a_record_names_a_live_process_by_its_pid_and_start_not_its_pid_alone(run_folder):
+    """Real processes: a live one is live; once dead it is stale; PID 1 is alive, but a record
+    naming it without its start (written by hand, or an older wikisim) or with another start is
+    not its: a reused pid never blocks a folder for ever."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    record = {**published.owner_record(), "pid": process.pid, "process_start": published._process_start(process.pid)}
+    assert published.process_alive(record) is True
+    assert published.process_alive({**record, "pid": 1}) is False
+    assert published.process_alive({"host": socket.gethostname(), "pid": 1}) is False
+    assert published.process_alive({**record, "host": "elsewhere"}) is None     # another host: cannot tell
+    process.kill()
+    process.wait()
+    assert published.process_alive(record) is False
+    (run_folder / published.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": 1}))
+    assert published.live_lock_owner(str(run_folder)) is None
+    with Run.open(str(run_folder)).reading():     # a reader does not refuse a stale lock
+        pass
+
+
+@pytest.mark.parametrize("content", [b"", b"[]", b"{not json", json.dumps({"host": socket.gethostname(),
+                                                                            "pid": 1}).encode()])
+def test_a_stale_lease_empty_invalid_or_of_a_reused_pid_never_blocks_overwrite(run_folder, content):
+    (run_folder / published.READERS).mkdir()
+    lease = run_folder / published.READERS / "host-1-abc.json"
+    lease.write_bytes(content)
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(lease, (two_days_ago, two_days_ago))
+    assert published.live_readers(str(run_folder)) == [] and not lease.exists()
+    files = {path.relative_to(run_folder).as_posix() for path in run_folder.rglob("*") if path.is_file()}
+    (run_folder / outputs.UNPUBLISHED).write_text(json.dumps({"files": sorted(files), "folders": ["scb"]}))
+    outputs.claim_output(str(run_folder), overwrite=True, folders=["scb"])   # not refused as being read
+    assert json.loads((run_folder / published.LOCK).read_text())["pid"] == os.getpid()

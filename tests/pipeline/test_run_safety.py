@@ -4,6 +4,8 @@ excerpt (a few of its streams)."""
 import bz2
 import json
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -433,3 +435,179 @@ def test_ctrl_c_is_one_line_exit_130_with_the_lock_released_and_no_temporary_fol
     refused = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "x[1]"), *FAST],
                              cwd=REPO, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(temporary)})
     assert refused.returncode == 2 and os.listdir(temporary) == []          # a refusal leaves none either
+
+
+# ---------------------------------------------------------------- full disks, read-only mounts, kills
+
+def _limited(max_bytes: int):
+    """A preexec_fn: every file the process writes stops at `max_bytes` (a write beyond fails with
+    EFBIG, as one on a full disk fails with ENOSPC: short first, then an error)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+def _left(out: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*")) if path.is_file()}
+
+
+def test_a_full_disk_that_fails_the_unpublished_record_keeps_the_lock_and_overwrite_recovers(
+        small_multistream, tmp_path):
+    """The full disk fails the shards, then `_UNPUBLISHED` too (larger than the lock: its `why` is
+    300 characters here, the output's path being long): the lock stays, whole, with no temporary
+    beside it, and lists what the run wrote, so `--overwrite` replaces it once there is room."""
+    dump, _ = small_multistream
+    out = tmp_path / ("o" * 200)
+    config, _ = run.parse_args(["--output", str(out), *FAST])
+    lock = json.dumps(published.owner_record(folders=list(run.output_counters(config)), files=list(outputs.RUN_FILES)))
+    args = [sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump), *FAST]
+    full = subprocess.run(args, cwd=REPO, capture_output=True, text=True, preexec_fn=_limited(len(lock) + 150))
+    last = full.stderr.strip().splitlines()[-1]
+    assert full.returncode == 1 and last.startswith(f"error: writing {out} failed") and "File too large" in last
+    assert "Traceback" not in full.stderr
+    left = _left(out)
+    assert outputs.LOCK in left and outputs.UNPUBLISHED not in left and not any(".partial" in name for name in left)
+    assert json.loads(left[outputs.LOCK])["folders"] == list(run.output_counters(config))
+    # No room even for the next run's lock: one line, exit 2, the dead run's lock kept as it was.
+    no_room = subprocess.run([*args, "--overwrite"], cwd=REPO, capture_output=True, text=True, preexec_fn=_limited(64))
+    assert no_room.returncode == 2 and "Traceback" not in no_room.stderr
+    assert no_room.stderr.strip().splitlines()[-1].startswith(f"error: --output {out} has no room for the run's")
+    assert _left(out) == left
+    rerun = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)     # room again
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert not any("beam-temp" in name for name in _left(out)) and published.Run.open(str(out)).verify("scb") == 0
+
+
+def test_a_full_disk_when_the_run_writes_its_own_files_after_the_job_is_one_error_line(tmp_path):
+    """The job's shards fit (a dump of redirects only: empty shards), its plot (about 20 kB) does
+    not: one line, exit 1, no temporary left, and the run recorded unpublished."""
+    header, pages = dump_writers.dump_parts(embedded_dump_path())
+    dump = tmp_path / "redirects.xml"
+    dump.write_bytes(header + b"".join(page for page in (next(pages) for _ in range(PAGES)) if b"<redirect" in page)
+                     + b"</mediawiki>\n")
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump), *FAST],
+                            cwd=REPO, capture_output=True, text=True, preexec_fn=_limited(12_000))
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert last.startswith(f"error: writing {out} failed") and "File too large" in last
+    left = _left(out)
+    assert outputs.STATS in left and outputs.TRIPLETS_PLOT not in left and not any(".partial" in n for n in left)
+    assert outputs.UNPUBLISHED in left and outputs.LOCK not in left
+
+
+def test_temporaries_an_older_version_left_beside_its_records_are_its_own_but_a_users_file_is_not(tmp_path):
+    """An older version's failed write of `_UNPUBLISHED` on a full disk left its temporary (here
+    whole: killed after writing it, before the rename) and no lock; `--overwrite` reads it as
+    the record it was meant to be, and deletes it with the run's files and other temporaries."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    (out / "scb").mkdir(parents=True)
+    (out / "scb" / "part-00000-of-00001.jsonl.gz").write_bytes(b"partial")
+    (out / outputs.LOG).write_text("log")
+    record = {"host": socket.gethostname(), "pid": dead.pid, "folders": ["scb"], "files": list(outputs.RUN_FILES)}
+    (out / f"{outputs.UNPUBLISHED}.{dead.pid}-0a1b2c3d.partial").write_text(json.dumps(record))
+    (out / f"{published.MANIFEST}.{dead.pid}-89abcdef.partial").write_bytes(b"")     # cut short: empty
+    (out / f"{outputs.STATS}.{dead.pid}-01234567.partial").write_bytes(b"{")
+    mine = out / f"{outputs.UNPUBLISHED}.mine.partial"          # not a temporary of the run's: the user's
+    mine.write_text("keep")
+    with pytest.raises(outputs.OutputInUseError, match=r"_UNPUBLISHED\.mine\.partial"):
+        outputs.claim_output(str(out), overwrite=True, folders=["scb"])
+    assert len(os.listdir(out)) == 6
+    mine.unlink()
+    with pytest.raises(outputs.OutputInUseError, match="already holds a run"):
+        outputs.claim_output(str(out), overwrite=False, folders=["scb"])
+    outputs.claim_output(str(out), overwrite=True, folders=["scb"])
+    assert sorted(os.listdir(out)) == [outputs.LOCK]
+    assert json.loads((out / outputs.LOCK).read_text())["files"] == list(outputs.RUN_FILES)
+
+
+def _in_mount_namespace(shell: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`shell` run in a private mount namespace (its mounts vanish with it); skips where none can be made."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    prefix = [unshare, "--mount"] if os.geteuid() == 0 else [unshare, "--mount", "--map-root-user"]
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not unshare or subprocess.run([*prefix, "mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(probe)],
+                                     capture_output=True).returncode:
+        pytest.skip("no private mount namespace here (unshare --mount is refused): a read-only mount needs one")
+    return subprocess.run([*prefix, "sh", "-c", shell], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("where", ["the mount itself", "a folder to create in it"])
+def test_a_read_only_mount_is_one_error_line_naming_output_exit_2(small_multistream, tmp_path, where):
+    """A real read-only file system (a tmpfs mounted `ro` in a private mount namespace): EROFS,
+    which no file permission (root ignores those) gives."""
+    dump, _ = small_multistream
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    out = mount if where == "the mount itself" else mount / "out"
+    command = shlex.join([sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump), *FAST])
+    result = _in_mount_namespace(f"mount -t tmpfs -o ro tmpfs {shlex.quote(str(mount))} && exec {command}", tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == f"error: --output {out} is not writable (Read-only file system)"
+
+
+def _gzip_of_size(data: bytes, size: int) -> bytes:
+    """`data` gzipped into exactly `size` bytes: the header's file name field takes the rest."""
+    import gzip
+    import io
+
+    def compressed(name: str) -> bytes:
+        buffer = io.BytesIO()
+        with gzip.GzipFile(filename=name, mode="wb", fileobj=buffer, mtime=0) as handle:
+            handle.write(data)
+        return buffer.getvalue()
+
+    shortest = len(compressed("x"))
+    assert size >= shortest
+    return compressed("x" * (1 + size - shortest))
+
+
+@pytest.mark.parametrize("max_lost_fraction", [0.0, 1.0])
+def test_a_foreign_shard_of_the_same_size_is_refused_naming_the_shard(tmp_path, max_lost_fraction):
+    """Another run's shard of the same size, whole but with fewer records, is not a loss to allow:
+    `verify` names it, whatever --max-lost-fraction."""
+    shard = tmp_path / "scb" / "part-00000-of-00002.jsonl.gz"
+    shard.parent.mkdir()
+    shard.write_bytes(_gzip_of_size(b"".join(b'{"article": %d}\n' % i for i in range(5)), 120))
+    (tmp_path / "scb" / "part-00001-of-00002.jsonl.gz").write_bytes(_gzip_of_size(b'{"article": 9}\n', 120))
+    outputs.write_manifest(str(tmp_path), {"scb": 6})
+    assert published.Run.open(str(tmp_path)).verify("scb") == 0
+    shard.write_bytes(_gzip_of_size(b'{"article": 7}\n{"article": 8}\n', 120))    # another run's, same size
+    with pytest.raises(published.ShardError, match=rf"^{re.escape(str(shard))}: 2 records where the run wrote 5, at"):
+        published.Run.open(str(tmp_path)).verify("scb", max_lost_fraction)
+
+
+def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run(small_multistream, tmp_path):
+    """SIGKILL leaves the run's private TMPDIR folder (nothing of it runs to remove it); the next
+    run removes it, and leaves a live process's folder alone."""
+    import signal
+    import time
+
+    dump, _ = small_multistream
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    out = tmp_path / "out"
+    killed = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *FAST], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)   # the whole excerpt
+    deadline = time.monotonic() + 300
+    while not (out / outputs.LOCK).exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "the run never took the folder"
+        time.sleep(0.1)
+    time.sleep(1)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    left = [name for name in os.listdir(temporary) if name.startswith(f"wikisim-run-{killed.pid}-")]
+    assert len(left) == 1
+    live = temporary / f"wikisim-run-{os.getpid()}-live"          # a live process's (this one's): kept
+    live.mkdir()
+    rerun = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump),
+                            "--overwrite", *FAST], cwd=REPO, capture_output=True, text=True, env=env)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert os.listdir(temporary) == [live.name]
