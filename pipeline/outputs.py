@@ -81,7 +81,10 @@ def check_output_path(out: str, flag: str = "--output") -> None:
 def write_bytes(path: str, data: bytes) -> None:
     """Writes exactly `data` (no compression chosen by extension) to `path`, local or gs://, whole
     or not at all (`write_complete`: a kill mid-write leaves the earlier file, never half of
-    one). The one such helper: eval and model import it."""
+    one). Creates a local file's folder, as Beam's `FileSystems.create` does. The one such
+    helper: eval and model import it."""
+    if "://" not in path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_complete(path, data)
 
 
