@@ -160,7 +160,7 @@ class TimeBudget(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         expired = time.monotonic() >= self.deadline
-        strategy = self.model.distribute_strategy
+        strategy = getattr(self.model, "distribute_strategy", None)   # tf.distribute's (TensorFlow backend)
         # workers stop at the same step, or the first to stop leaves the others hanging
         if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             votes = strategy.run(lambda: tf.constant(float(expired)))

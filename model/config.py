@@ -28,7 +28,12 @@ from model.similarity import Similarity
 from pipeline.cli import config_flags, config_from_flags, flag, parse_config
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
-DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu", "data-parallel")
+# `--backend`: the Keras backend the trainer runs under (KERAS_BACKEND, set before Keras loads).
+BACKENDS = ("tensorflow", "jax")
+# The strategies of each backend: tf.distribute's, and keras.distribution's DataParallel.
+BACKEND_STRATEGIES = {"tensorflow": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
+                      "jax": ("auto", "one_device", "data-parallel")}
 VOCABULARIES = ("embeddings", "train")
 
 
@@ -202,8 +207,12 @@ class OptimizerConfig:
 class RuntimeConfig:
     model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
     overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
-    distribution_strategy: str = flag("auto", help="tf.distribute strategy: one of "
-                                                   f"{', '.join(DISTRIBUTION_STRATEGIES)}")
+    backend: str = flag("tensorflow", help="Keras backend: tensorflow, or jax (Keras `fit` under JAX, with "
+                                           "--static-shapes batches; tf.data still reads the shards)")
+    distribution_strategy: str = flag("auto", help="with --backend tensorflow, a tf.distribute strategy: auto, "
+                                                   "one_device, mirrored, multi_worker, tpu; with --backend jax: "
+                                                   "auto or one_device (one device), data-parallel "
+                                                   "(keras.distribution.DataParallel over every local device)")
     jit_compile: bool = flag(False, help="XLA for the training step (slower on CPU)")
     static_shapes: bool = flag(False, help="every batch of a few fixed shapes (token widths bucketed, distinct "
                                            "sentences and triplets padded to fixed counts, one Net call): the "
@@ -220,6 +229,11 @@ class RuntimeConfig:
         if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
             raise ValueError(f"--distribution-strategy must be one of {DISTRIBUTION_STRATEGIES}, "
                              f"got {self.distribution_strategy!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.distribution_strategy not in BACKEND_STRATEGIES[self.backend]:
+            raise ValueError(f"--distribution-strategy {self.distribution_strategy} is not one of --backend "
+                             f"{self.backend}'s: {', '.join(BACKEND_STRATEGIES[self.backend])}")
         if self.distribution_strategy == "tpu" and not self.static_shapes:
             raise ValueError("--distribution-strategy tpu needs --static-shapes true (a TPU compiles one "
                              "program per input shape)")
@@ -227,6 +241,12 @@ class RuntimeConfig:
             raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
         _check_at_least_one(self, ("checkpoint_every",))
         _check_at_least_one_or_none(self, ("serving_version",))
+
+    @property
+    def static_batches(self) -> bool:
+        """Batches of a few fixed shapes (`--static-shapes`): asked for, or under JAX, which
+        compiles every step and cannot cut a batch to a width that depends on its data."""
+        return self.static_shapes or self.backend == "jax"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -234,8 +234,8 @@ def section_keys(triplets: dict) -> tf.Tensor:
 
 def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """(int ids [s, t] of the distinct sentences, shortest first; rows [n, 3] of each triplet's
-    anchor, positive and negative among them; the section key [s] of each distinct sentence; the
-    sentences [s] themselves, in the same order)."""
+    anchor, positive and negative among them; the section [s] of each distinct sentence, numbered
+    within the block; the sentences [s] themselves, in the same order)."""
     stacked = tf.concat([triplets[key] for key in ROLES], axis=0)
     distinct, row_of_sentence = tf.unique(stacked)
     ids = word_ids.ragged(distinct)
@@ -243,8 +243,11 @@ def _distinct_sentences(triplets: dict, word_ids: WordIds) -> tuple[tf.Tensor, t
     sentences = pad_ids(tf.gather(ids, order).to_tensor(0))
     rank = tf.math.invert_permutation(order)                 # distinct sentence -> its sorted row
     sections = tf.math.unsorted_segment_max(section_keys(triplets), row_of_sentence, tf.size(distinct))
+    # int32 section numbers of this block (0, 1, ...), for the int64 keys: only their equality
+    # counts, and JAX (without x64) would truncate int64 keys, some to negative "padding".
+    _, section_numbers = tf.unique(tf.gather(sections, order), out_idx=tf.int32)
     return (sentences, tf.transpose(tf.reshape(tf.gather(rank, row_of_sentence), [3, -1])),
-            tf.gather(sections, order), tf.gather(distinct, order))
+            section_numbers, tf.gather(distinct, order))
 
 
 def shared_sentences(batch: dict, word_ids: WordIds, replicas: int = 1,

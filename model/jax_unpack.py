@@ -41,8 +41,8 @@ def unpack(config: UnpackConfig) -> str:
         summary = json.load(handle)
     # TensorFlow's import (seconds) after the flags' checks
     from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
-    from model.network import ExportableEncoder
     from model.plots import plot_learning_curve
+    from model.saved_model import ExportableEncoder
     from model.similarity import Similarity
     from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
 

@@ -24,11 +24,19 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from model.config import LOSS_NAMES, NetworkKind, TrainConfig
-from model.losses import COSINE_SCALE, MASKED_SCORE, in_batch_loss, triplet_and_in_batch_loss, triplet_loss
+from model.config import NetworkKind, TrainConfig
+from model.head import (
+    LOSSES,
+    distillation_distance,
+    distillation_loss,
+    in_batch_scores,
+    triplet_accuracy,
+    triplet_distances,
+    triplet_loss,
+    unit_rows,
+)
 from model.similarity import Similarity
 
 # Net runs on the length-sorted distinct sentences of a batch in this many slices, each padded to
@@ -72,19 +80,23 @@ class AttentionPooling(keras.layers.Layer):
 @keras.saving.register_keras_serializable(package="wikisim")
 class SharedSentenceDistances(keras.layers.Layer):
     """[d+, d-] per triplet: distances of the anchor embedding to the positive and the negative,
-    L1 (the paper's) or `COSINE_SCALE` x (1 - cosine), by `distance` (a `Similarity`'s name).
+    L1 (the paper's) or `COSINE_SCALE` x (1 - cosine), by `distance` (a `Similarity`'s name);
+    the head (`model.head`) is Keras ops alone, the same under every backend.
 
-    Inputs carry a leading replica axis of size 1 (`model.data.shared_sentences` stacks one
-    self-contained block per replica, so `tf.distribute` can split a global batch on axis 0):
-    `sentences` [1, s, t] int ids of the batch's distinct sentences, shortest first, and
-    `roles` [1, n, 3] the rows of each triplet's anchor, positive and negative, and `sections`
-    [1, s] each sentence's section key. Net runs on `slices` length slices of the sentences,
-    each cut to its longest sentence. Output: [n, 2] (labels and sample weights are flat,
-    [replicas * n], so Keras weighs every triplet alike); with `in_batch`, [n, 2 + 1 + s]: the
-    distances, then `in_batch_scores`; with `distill`, [n, 3]: the distances, then the block's
-    `distillation_distance` to `teacher` [1, s, d], the teacher's embeddings of the sentences.
-    With `static_shapes`, Net runs once on the sentences as given (`model.data.static_batch`
-    padded them to fixed shapes): no shape depends on the data, as XLA on a TPU requires."""
+    Inputs carry a leading block axis (`model.data.shared_sentences` stacks one self-contained
+    block per replica: one under `tf.distribute`, which splits a global batch on axis 0; all of
+    them under `keras.distribution.DataParallel`, whose one program sees the global batch):
+    `sentences` [blocks, s, t] int ids of each block's distinct sentences, shortest first,
+    `roles` [blocks, n, 3] the rows of each triplet's anchor, positive and negative in its
+    block, and `sections` [blocks, s] each sentence's section key. Output: [blocks * n, 2]
+    (labels and sample weights are flat, so Keras weighs every triplet alike); with `in_batch`,
+    [blocks * n, 2 + 1 + s]: the distances, then `in_batch_scores`; with `distill`,
+    [blocks * n, 3]: the distances, then the block's `distillation_distance` to `teacher`
+    [blocks, s, d], the teacher's embeddings of the sentences. With `static_shapes`, Net runs
+    once on every block's sentences as given (`model.data.static_batch` padded them to fixed
+    shapes): no shape depends on the data, as XLA on a TPU and the JAX backend require.
+    Otherwise (TensorFlow, one block) Net runs on `slices` length slices of the sentences, each
+    cut to its longest sentence."""
 
     def __init__(self, sentence_encoder: keras.Model, slices: int = LENGTH_SLICES, distance: str = "l1",
                  static_shapes: bool = False, in_batch: bool = False, distill: bool = False, **kwargs):
@@ -96,30 +108,41 @@ class SharedSentenceDistances(keras.layers.Layer):
         self.in_batch = in_batch
         self.distill = distill
 
-    def call(self, inputs):
-        sentences, roles = inputs["sentences"][0], inputs["roles"][0]
+    def embed(self, sentences):
+        """[blocks, s, t] ids -> [blocks, s, d] embeddings."""
         if self.static_shapes:
-            embeddings = self.sentence_encoder(sentences)
-        else:
-            count = tf.shape(sentences)[0]
-            pieces = []
-            for piece in range(self.slices):
-                rows = sentences[count * piece // self.slices: count * (piece + 1) // self.slices]
-                width = tf.maximum(1, tf.reduce_max(tf.math.count_nonzero(rows, axis=1, dtype=tf.int32)))
-                pieces.append(self.sentence_encoder(rows[:, :width]))
-            embeddings = tf.concat(pieces, axis=0)
+            blocks, rows, width = (ops.shape(sentences)[axis] for axis in range(3))
+            embeddings = self.sentence_encoder(ops.reshape(sentences, (-1, width)))
+            return ops.reshape(embeddings, (blocks, rows, embeddings.shape[-1]))
+        rows = sentences[0]   # one block: each replica of tf.distribute runs its own
+        count = ops.shape(rows)[0]
+        pieces = []
+        for piece in range(self.slices):
+            part = rows[count * piece // self.slices: count * (piece + 1) // self.slices]
+            width = ops.maximum(1, ops.max(ops.count_nonzero(part, axis=1)))
+            pieces.append(self.sentence_encoder(part[:, :width]))
+        return ops.expand_dims(ops.concatenate(pieces, axis=0), 0)
+
+    def call(self, inputs):
+        roles, sections = inputs["roles"], inputs["sections"]
+        embeddings = self.embed(inputs["sentences"])
         if self.distill:
-            taught = distillation_distance(embeddings, inputs["teacher"][0], inputs["sections"][0])
+            taught = distillation_distance(embeddings, inputs["teacher"], sections, roles)
         if self.distance is Similarity.COSINE:
-            embeddings = tf.math.l2_normalize(embeddings, axis=-1)
-        anchor, positive, negative = (tf.gather(embeddings, roles[:, role]) for role in range(3))
-        distances = tf.stack([pair_distances(anchor, positive, self.distance),
-                              pair_distances(anchor, negative, self.distance)], axis=-1)
+            embeddings = unit_rows(embeddings)
+        distances = triplet_distances(embeddings, roles, self.distance)
         if self.distill:
-            return tf.concat([distances, tf.fill([tf.shape(roles)[0], 1], taught)], axis=-1)
+            return ops.concatenate([distances, taught], axis=-1)
         if not self.in_batch:
             return distances
-        return tf.concat([distances, in_batch_scores(embeddings, roles, inputs["sections"][0], self.distance)], axis=-1)
+        return ops.concatenate([distances, in_batch_scores(embeddings, roles, sections, self.distance)], axis=-1)
+
+    def compute_output_spec(self, inputs):
+        """The output's shape without tracing Net on symbolic shapes (JAX's shape polymorphism
+        cannot compare a symbolic sequence length with the position embeddings' size)."""
+        sentences = inputs["sentences"].shape[1]
+        columns = 3 if self.distill else (2 + 1 + sentences if self.in_batch and sentences else None)
+        return keras.KerasTensor((None, columns if self.distill or self.in_batch else 2), dtype="float32")
 
     def get_config(self):
         return {**super().get_config(), "slices": self.slices, "distance": self.distance.value,
@@ -130,66 +153,6 @@ class SharedSentenceDistances(keras.layers.Layer):
     def from_config(cls, config):
         encoder = keras.saving.deserialize_keras_object(config.pop("sentence_encoder"))
         return cls(encoder, **config)
-
-
-def pair_distances(left: tf.Tensor, right: tf.Tensor, distance: str) -> tf.Tensor:
-    """[n]: the distance of each row of `left` to the same row of `right`: L1, or
-    `COSINE_SCALE` x (1 - cosine) of rows already of unit length. In the graph, so not
-    `Similarity.pairwise` (NumPy), but the same similarities by the same names."""
-    if Similarity(distance) is Similarity.COSINE:
-        return COSINE_SCALE * (1.0 - tf.reduce_sum(left * right, axis=-1))
-    return tf.reduce_sum(tf.abs(left - right), axis=-1)
-
-
-def in_batch_scores(embeddings: tf.Tensor, roles: tf.Tensor, sections: tf.Tensor, distance: str) -> tf.Tensor:
-    """[n, 1 + s]: per triplet, minus the anchor's distance to its positive, then to each of the
-    block's `s` distinct sentences (`embeddings` [s, d], rows of unit length for cosine), where a
-    sentence of the anchor's own section (its positive and itself among them) or a padding row
-    (a negative section key) gets `MASKED_SCORE`. Other sections' sentences, of the anchor's
-    article (the triplet's negative) or of the batch's other articles, are its negatives."""
-    anchors = tf.gather(embeddings, roles[:, 0])
-    positives = tf.gather(embeddings, roles[:, 1])
-    if Similarity(distance) is Similarity.COSINE:
-        candidates = COSINE_SCALE * (1.0 - tf.matmul(anchors, embeddings, transpose_b=True))
-    else:
-        candidates = tf.reduce_sum(tf.abs(anchors[:, None, :] - embeddings[None, :, :]), axis=-1)
-    own_section = tf.gather(sections, roles[:, 0])[:, None]
-    masked = (sections[None, :] == own_section) | (sections[None, :] < 0)
-    scores = tf.where(masked, tf.cast(MASKED_SCORE, candidates.dtype), -candidates)
-    return tf.concat([-pair_distances(anchors, positives, distance)[:, None], scores], axis=-1)
-
-
-def distillation_distance(embeddings: tf.Tensor, teacher: tf.Tensor, sections: tf.Tensor) -> tf.Tensor:
-    """The mean cosine distance (1 - cosine) of each sentence's embedding [s, d] to the teacher's
-    [s, d], over the block's real sentences (padding rows, of a negative section key, left out):
-    each distinct sentence counts once, however many triplets share it."""
-    cosines = tf.reduce_sum(tf.math.l2_normalize(embeddings, axis=-1) * tf.math.l2_normalize(teacher, axis=-1), axis=-1)
-    real = tf.cast(sections >= 0, cosines.dtype)
-    return tf.reduce_sum((1.0 - cosines) * real) / tf.maximum(tf.reduce_sum(real), 1.0)
-
-
-# ------------------------------------------------------------------------------------ loss
-# The paper's loss and the in-batch loss (and their sum) are in `model.losses`, in Keras ops alone,
-# so the JAX trainer `model.jax_train` shares them.
-
-
-@keras.saving.register_keras_serializable(package="wikisim")
-def distillation_loss(positive_is_first, outputs):
-    """`--teacher`: the block's `distillation_distance` (outputs[..., 2]), as sentence-transformers'
-    distillation examples fit a student to a teacher's embeddings (with cosine, so the student's
-    norms are free, as cosine similarity ignores them)."""
-    del positive_is_first
-    return outputs[..., 2]
-
-
-# `--loss`: the training loss by name.
-LOSSES = dict(zip(LOSS_NAMES, (triplet_loss, in_batch_loss, triplet_and_in_batch_loss)))
-
-
-def triplet_accuracy(positive_is_first, outputs):
-    """Share of triplets whose positive is nearer to the anchor than the negative (d+ < d-)."""
-    del positive_is_first
-    return ops.cast(outputs[..., 0] < outputs[..., 1], "float32")
 
 
 # ----------------------------------------------------------------------------------- model
@@ -239,7 +202,7 @@ def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLIC
     `teacher_dim`, by the distance to a teacher's embeddings (of that size) given with the batch."""
     inputs = {"sentences": keras.Input(shape=(None, None), dtype="int32", name="sentences"),
               "roles": keras.Input(shape=(None, 3), dtype="int32", name="roles"),
-              "sections": keras.Input(shape=(None,), dtype="int64", name="sections")}
+              "sections": keras.Input(shape=(None,), dtype="int32", name="sections")}
     if teacher_dim:
         inputs["teacher"] = keras.Input(shape=(None, teacher_dim), dtype="float32", name="teacher")
     distances = SharedSentenceDistances(sentence_encoder, slices, distance, static_shapes,
@@ -295,35 +258,3 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
     model.compile(optimizer=optimizer, loss=distillation_loss if distill else LOSSES[loss], metrics=[triplet_accuracy],
                   jit_compile=jit_compile)
-
-
-class ExportableEncoder(tf.Module):
-    """Raw strings -> embeddings: the in-graph tokenizer and vocabulary lookup (`word_ids`)
-    followed by Net, saved together so clients need only strings. The export records the
-    similarity its embeddings were trained for, by sentence-transformers' name (`cosine`, or
-    `manhattan` for the `l1` distance), which `model.encoder.SavedModelEncoder.similarity` uses,
-    and the tokens kept per sentence (its `max_seq_length`)."""
-
-    def __init__(self, word_ids, sentence_encoder: keras.Model, similarity: str = "cosine"):
-        super().__init__()
-        self.word_ids = word_ids
-        self.sentence_encoder = sentence_encoder
-        self.embedding_dim = tf.Variable(int(sentence_encoder.output_shape[-1]), trainable=False)
-        self.similarity = tf.Variable(Similarity(similarity).fn_name, trainable=False)
-        self.max_seq_length = tf.Variable(int(word_ids.max_tokens), trainable=False)
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
-    def serve(self, sentences):
-        return {"embeddings": self.sentence_encoder(self.word_ids(sentences), training=False)}
-
-    def export(self, path: str) -> None:
-        """Saves the SavedModel to `path` whole or not at all: written to `<path>.partial`, then
-        renamed into place, so a kill mid-export leaves the previous export (or none), never a
-        half-written one."""
-        partial = f"{path}.partial"
-        if tf.io.gfile.exists(partial):
-            tf.io.gfile.rmtree(partial)
-        tf.saved_model.save(self, partial, signatures={"serving_default": self.serve})
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.rmtree(path)
-        tf.io.gfile.rename(partial, path)

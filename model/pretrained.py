@@ -38,7 +38,7 @@ class PretrainedConfig:
 
 def main(argv: list[str] | None = None) -> str:
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
-    from model.network import ExportableEncoder
+    from model.saved_model import ExportableEncoder
     from model.storage import claim_folder, staged
     from model.transformer import build_transformer_encoder, token_ids
 

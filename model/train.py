@@ -44,8 +44,30 @@ from typing import TYPE_CHECKING
 from model.config import TrainConfig, parse_args, vertex_model_dir
 from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+
+def use_backend(config: TrainConfig) -> None:
+    """Sets KERAS_BACKEND to `--backend` before Keras loads (Keras reads it once, at its import).
+    A UsageError where another backend was chosen: KERAS_BACKEND set otherwise, or Keras
+    already loaded under another backend (an in-process caller)."""
+    from pipeline.cli import UsageError
+
+    backend = config.runtime.backend
+    if "keras" in sys.modules:
+        loaded = sys.modules["keras"].backend.backend()
+        if loaded != backend:
+            raise UsageError(f"--backend {backend}: Keras is already loaded in this process under {loaded}; run "
+                             "python -m model.train in its own process")
+        return
+    chosen = os.environ.get("KERAS_BACKEND")
+    if chosen and chosen != backend:
+        raise UsageError(f"KERAS_BACKEND={chosen} but --backend {backend}: pass --backend {chosen}, or unset "
+                         "KERAS_BACKEND")
+    os.environ["KERAS_BACKEND"] = backend
+
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow and Keras load
     parse_first(parse_args)
+    parse_first(lambda argv: use_backend(parse_args(argv)))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -105,6 +127,38 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else "/cpu:0")
 
 
+class KerasDevices:
+    """What the trainer asks of its strategy (replicas, a scope, whether it is the chief), under
+    the JAX backend, from `keras.distribution`: one device, or with `data-parallel` every local
+    device (`DataParallel`: the weights replicated, each global batch split on its block axis,
+    one compiled program over all of them). Set before the model is built, as Keras requires."""
+
+    cluster_resolver = None   # one process: the chief, as `is_chief` reads it
+
+    def __init__(self, name: str):
+        import keras
+
+        devices = keras.distribution.list_devices()
+        self.num_replicas_in_sync = len(devices) if name == "data-parallel" else 1
+        if name == "data-parallel":
+            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+        LOG.info("JAX backend: %d device(s) (%s), %d replica(s)", len(devices), ", ".join(devices),
+                 self.num_replicas_in_sync)
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+
+Strategy = tf.distribute.Strategy | KerasDevices
+
+
+def strategy_of(config: TrainConfig) -> Strategy:
+    """`--distribution-strategy` under `--backend`: a tf.distribute strategy, or `KerasDevices`."""
+    if config.runtime.backend == "jax":
+        return KerasDevices(config.runtime.distribution_strategy)
+    return make_strategy(config.runtime.distribution_strategy)
+
+
 class NestedReduceMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     """MultiWorkerMirroredStrategy with the two `reduce` calls Keras 3 makes that MWMS' own
     rejects (Keras 3 and MWMS have not been made to fit, tensorflow/tensorflow#72388):
@@ -124,7 +178,7 @@ class NestedReduceMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy)
         return super().reduce(reduce_op, value, axis)
 
 
-def is_chief(strategy: tf.distribute.Strategy) -> bool:
+def is_chief(strategy: Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     return resolver is None or resolver.task_type in (None, "chief") or (
         resolver.task_type == "worker" and resolver.task_id == 0)
@@ -315,13 +369,13 @@ def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: Word
                 if inputs.evaluation_triplets else triplet_strings(run, inputs.dataset, split))
     batches = training_batches(triplets, word_ids, config.optimizer.batch_size, replicas=replicas,
                                article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
-                               static_shapes=config.runtime.static_shapes, teacher=teacher)
+                               static_shapes=config.runtime.static_batches, teacher=teacher)
     if teacher is not None:   # the teacher embeds these sentences once, not at every count and epoch
         batches = batches.cache()
     return distributed_by_blocks(with_known_length(batches))
 
 
-def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: tf.distribute.Strategy,
+def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: Strategy,
                     resume_at_step: int = 0, teacher=None):
     """The training batches: each input pipeline (one per worker) streams its own shards of the
     train split (`model.data.streamed_triplets`), one replica's batch per element
@@ -344,17 +398,19 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
                  else "reading it from its first record and dropping the batches trained (--shuffle-buffer or "
                       "--article-chunk 0 reorder records across batches)")
 
-    def pipeline_batches(context: tf.distribute.InputContext) -> tf.data.Dataset:
+    def pipeline_batches(context: tf.distribute.InputContext, blocks: int = 1) -> tf.data.Dataset:
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
         trained = resume_at_step * replicas_here   # this pipeline's batches already trained on
         triplets = streamed_triplets(run, inputs.dataset, "train", config.runtime.seed, context.input_pipeline_id,
                                      context.num_input_pipelines,
-                                     start=trained * optimizer.batch_size if consecutive else 0)
+                                     start=trained * blocks * optimizer.batch_size if consecutive else 0)
         return training_batches(triplets, word_ids, optimizer.batch_size, shuffle_buffer=inputs.shuffle_buffer,
                                 seed=config.runtime.seed, article_chunk=inputs.article_chunk,
-                                group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_shapes,
-                                teacher=teacher, skip_batches=0 if consecutive else trained)
+                                group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_batches,
+                                replicas=blocks, teacher=teacher, skip_batches=0 if consecutive else trained)
 
+    if isinstance(strategy, KerasDevices):   # one stream of global batches, a block per replica
+        return pipeline_batches(tf.distribute.InputContext(), blocks=strategy.num_replicas_in_sync)
     if strategy.num_replicas_in_sync == 1 and getattr(strategy, "cluster_resolver", None) is None:
         return pipeline_batches(tf.distribute.InputContext())
     return strategy.distribute_datasets_from_function(pipeline_batches)
@@ -372,7 +428,7 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
 
     from model.network import LENGTH_SLICES, build_net, build_triplet_model, compile_triplet_model
 
-    network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_shapes
+    network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_batches
     encoder = build_net(config, matrix)
     if teacher_dim and teacher_dim != encoder.output_shape[-1]:
         encoder = keras.Model(encoder.inputs, keras.layers.Dense(teacher_dim, name="projection")(encoder.outputs[0]),
@@ -429,13 +485,14 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json."""
     import time
 
-    import keras
-
     started = time.monotonic()   # seconds_to_first_step count from here
     refuse_file_as_folder("--model-dir", config.runtime.model_dir)
+    use_backend(config)
+    import keras
+
     keras.utils.set_random_seed(config.runtime.seed)
     run = open_run(config.inputs.data)
-    strategy = make_strategy(config.runtime.distribution_strategy)
+    strategy = strategy_of(config)
     chief = is_chief(strategy)
     # A reader's lease on the data for the whole run: no pipeline.run --overwrite replaces it meanwhile.
     with run.reading(), staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
@@ -451,7 +508,7 @@ class _Job:
 
     config: TrainConfig
     run: Run
-    strategy: tf.distribute.Strategy
+    strategy: Strategy
     model_dir: str   # local; `mirror` pushes it to a remote one
     mirror: TreeMirror | None
 
@@ -481,7 +538,7 @@ class _Data:
         return self.teacher.embed_tensor if self.teacher else None
 
 
-def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, model_dir: str,
+def _train(config: TrainConfig, run: Run, strategy: Strategy, model_dir: str,
            mirror: TreeMirror | None, extra_callbacks: list | None, started: float,
            resume_from: str | None = None) -> dict:
     """`train` with every file in the local dir `model_dir`; `mirror` pushes it to a remote one.
@@ -494,7 +551,7 @@ def _train(config: TrainConfig, run: Run, strategy: tf.distribute.Strategy, mode
     encoder, model, untrained = _model(job, data)
     fit_record, best = _fit(job, data, model, extra_callbacks, started)
     summary = _score(job, data, model, untrained, fit_record, best)
-    _export(job, data.word_ids, encoder, summary)
+    _export(job, data.word_ids, encoder, model, summary)
     return summary
 
 
@@ -701,22 +758,23 @@ def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, bes
     }
 
 
-def _export(job: _Job, word_ids: WordIds, encoder, summary: dict) -> None:
+def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None:
     """The chief writes the encoder (and its copies: sentence-transformers, serving, Vertex AI),
-    history.json and the curves; then the backup goes: a kill before this point resumes here."""
-    from model.network import ExportableEncoder
-
+    history.json and the curves; then the backup goes: a kill before this point resumes here.
+    Under JAX the strings-in SavedModels come from a TensorFlow process (`model.saved_model`) that
+    loads the weights tested here."""
     config, runtime, model_dir = job.config, job.config.runtime, job.model_dir
     if is_chief(job.strategy):
         LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
-        exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
-        exportable.export(f"{model_dir}/encoder")
+        if runtime.backend == "jax":
+            tested = f"{model_dir}/{BACKUP}/tested.weights.h5"
+            os.makedirs(os.path.dirname(tested), exist_ok=True)
+            model.save_weights(tested)
+            export_in_tensorflow(model_dir, tested)
+        else:
+            write_saved_models(config, word_ids, encoder, model_dir)
         if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
             export_sentence_transformers(encoder, summary, config, model_dir)
-        if runtime.serving_version is not None:
-            exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
-        if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
-            exportable.export(f"{model_dir}/model")
         write_complete(f"{model_dir}/history.json", json.dumps(summary, indent=2).encode())
         plot_history(summary, f"{model_dir}/training_curve.png")
         plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
@@ -724,6 +782,38 @@ def _export(job: _Job, word_ids: WordIds, encoder, summary: dict) -> None:
     LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
              summary["test_triplet_accuracy"], runtime.model_dir)
+
+
+def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -> None:
+    """`encoder/` (and `serving/N`, and Vertex AI's `model/`): the strings-in SavedModel, each
+    written whole (`model.saved_model.ExportableEncoder.export`). TensorFlow backend only."""
+    from model.saved_model import ExportableEncoder
+
+    runtime = config.runtime
+    exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
+    exportable.export(f"{model_dir}/encoder")
+    if runtime.serving_version is not None:
+        exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
+    if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
+        exportable.export(f"{model_dir}/model")
+
+
+def export_in_tensorflow(model_dir: str, weights: str) -> None:
+    """Runs `python -m model.saved_model` under the TensorFlow backend on the weights a JAX run
+    tested: a SavedModel holds TensorFlow functions, which a JAX process cannot trace. Where
+    TensorFlow is not installed (an accelerator image), the model dir keeps its checkpoints and
+    sentence-transformers folder, and the log says which command writes `encoder/` elsewhere."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("tensorflow") is None:
+        LOG.warning("no TensorFlow here: encoder/ not written; where TensorFlow is installed run: python -m "
+                    "model.saved_model --model-dir %s --weights %s/checkpoints/best.weights.h5", model_dir, model_dir)
+        return
+    command = [sys.executable, "-m", "model.saved_model", "--model-dir", model_dir, "--weights", weights]
+    done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
 
 
 def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, model_dir: str) -> None:

@@ -12,18 +12,16 @@ import tensorflow as tf
 
 from model.config import ENCODERS, NetworkKind, TrainConfig, parse_args
 from model.encoder import SavedModelEncoder, SentenceEncoder
-from model.network import (
+from model.head import (
     COSINE_SCALE,
-    LENGTH_SLICES,
-    ExportableEncoder,
-    build_sentence_encoder,
-    build_triplet_model,
     in_batch_loss,
     in_batch_scores,
     triplet_accuracy,
     triplet_and_in_batch_loss,
     triplet_loss,
 )
+from model.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
+from model.saved_model import ExportableEncoder
 from model.text import WordIds
 from model.train import build_models
 from pipeline.cli import UsageError
@@ -110,14 +108,14 @@ BATCH_ROLES = np.array([[0, 1, 2], [3, 1, 2]], np.int32)
 
 
 def test_the_in_batch_mask_leaves_out_exactly_the_anchors_section_and_padding():
-    scores = in_batch_scores(tf.constant(EMBEDDINGS), tf.constant(BATCH_ROLES), tf.constant(BATCH_SECTIONS),
+    scores = in_batch_scores(EMBEDDINGS[None], BATCH_ROLES[None], BATCH_SECTIONS[None],
                              "cosine").numpy()
     assert scores.shape == (2, 1 + 5)
     candidates = scores[:, 1:] > -1e8
     # Rows 0, 1 and 3 are section 7 (the anchors', the positive and the other anchor); row 4 pads.
     np.testing.assert_array_equal(candidates, [[False, False, True, False, False]] * 2)
     other_sections = np.array([7, 8, 9, 8, -1], np.int64)      # row 3 now of section 9, row 1 of 8
-    scores = in_batch_scores(tf.constant(EMBEDDINGS), tf.constant([[0, 1, 2]]), tf.constant(other_sections),
+    scores = in_batch_scores(EMBEDDINGS[None], np.array([[[0, 1, 2]]]), other_sections[None],
                              "l1").numpy()
     np.testing.assert_array_equal(scores[0, 1:] > -1e8, [False, True, True, True, False])
     np.testing.assert_allclose(scores[0, 0], -np.abs(EMBEDDINGS[0] - EMBEDDINGS[1]).sum(), rtol=1e-6)
@@ -127,7 +125,7 @@ def test_in_batch_loss_by_hand():
     """InfoNCE over the positive and the unmasked candidates, with cosine scaled as the head's:
     score = -COSINE_SCALE x (1 - cos). Triplet 0: anchor (1, 0), positive (.6, .8), one
     candidate, the negative (0, 1); triplet 1: anchor (-1, 0), the same positive and negative."""
-    scores = in_batch_scores(tf.constant(EMBEDDINGS), tf.constant(BATCH_ROLES), tf.constant(BATCH_SECTIONS),
+    scores = in_batch_scores(EMBEDDINGS[None], BATCH_ROLES[None], BATCH_SECTIONS[None],
                              "cosine")
     distances = tf.constant([[COSINE_SCALE * 0.4, COSINE_SCALE * 1.0], [COSINE_SCALE * 1.6, COSINE_SCALE * 1.0]])
     outputs = tf.concat([distances, scores], axis=-1)

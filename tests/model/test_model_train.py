@@ -259,7 +259,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
                 os._exit(17)
 
     if args["kill_in_export"]:   # dies like a job killed after training, as its export begins
-        from model.network import ExportableEncoder
+        from model.saved_model import ExportableEncoder
         ExportableEncoder.export = lambda self, path: os._exit(17)
 
     summary = train(TrainConfig.from_flags(**args["config"]), extra_callbacks=[Probe()])
