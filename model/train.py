@@ -39,7 +39,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from model.config import TrainConfig, parse_args, vertex_model_dir
 from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
@@ -149,7 +149,15 @@ class KerasDevices:
         return contextlib.nullcontext()
 
 
-Strategy = tf.distribute.Strategy | KerasDevices
+Strategy: TypeAlias = "tf.distribute.Strategy | KerasDevices"   # what `strategy_of` gives
+
+
+def device_kind() -> str:
+    """The first local device's kind under JAX ("NVIDIA H200", "cpu"): a run on an accelerator
+    records it, and its learning curve is drawn against training minutes there."""
+    import jax
+
+    return str(jax.devices()[0].device_kind)
 
 
 def strategy_of(config: TrainConfig) -> Strategy:
@@ -751,6 +759,7 @@ def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, bes
         "skipped_records": skipped,
         "record_counts": counts,
         "replicas": job.replicas,
+        **({"device": device_kind()} if config.runtime.backend == "jax" and device_kind() != "cpu" else {}),
         "global_batch_size": job.global_batch,
         "distance": config.resolved("distance"),
         "learning_rate": config.resolved("learning_rate"),

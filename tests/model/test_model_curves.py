@@ -96,7 +96,7 @@ def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_it
     assert _legend(figure.axes[0]) == ["trained network", "the student before training"]
     assert "(minilm fine-tuned distilled from teacher, batch 64" in figure.get_suptitle()
 
-    # A run on an accelerator (model.jax_train): timed by its training minutes there, not CPU.
+    # A run on an accelerator (history.json names its device): timed by its training minutes there, not CPU.
     on_device = {**distilled, "device": "NVIDIA H200",
                  "learning_curve": [{**point, "wall_seconds": seconds} for point, seconds
                                     in zip(SUMMARY["learning_curve"], (30, 90))]}
@@ -104,7 +104,7 @@ def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_it
     assert timed.get_xlabel() == "training minutes on NVIDIA H200"
     assert list(timed.lines[0].get_xdata()) == [0.5, 1.5]
 
-    # A soup (model.jax_soup): each run's curve, and the soup's accuracy as a line.
+    # A soup (model.soup): each run's curve, and the soup's accuracy as a line.
     curves = on_device["learning_curve"]
     soup = {**on_device, "best_val_triplet_accuracy": 0.9, "delta_scale": 0.8,
             "soup": {"run_learning_curves": [curves, [{**point, "val_triplet_accuracy": 0.5} for point in curves]]}}

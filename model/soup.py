@@ -1,0 +1,159 @@
+"""Several `model.train` runs of one recipe averaged into one Net (a uniform model soup).
+
+    python -m model.soup --model-dir RUN --model-dir RUN ... --output SOUP [--scale 0.8]
+        [--overwrite true]
+
+Runs fine-tuned from the same checkpoint, differing only in their batch order (`--seed`) or
+learning rate, stay in one basin of the loss; the mean of their weights is one Net at one Net's
+cost that is often more accurate than the best of them (Wortsman et al., 2022, "Model soups").
+`--scale s` moves the soup toward the untrained Net (the pre-trained checkpoint): its change times
+s, the interpolation of WiSE-FT (Wortsman et al., 2022), which gives back some of the
+checkpoint's general relatedness (SICK) for some of the fine-tuned accuracy.
+
+The runs' best checkpoints are read whatever backend trained them (Keras weights files are the
+same under TensorFlow and JAX); the soup is scored on the runs' validation triplets, beside each
+run, and SOUP is written as a model dir every reader takes (`eval.all`, `model.export`): its
+`inputs.json` (the first run's recipe and the runs), `checkpoints/best.weights.h5`,
+`history.json`, `encoder/` and, for a transformer, `sentence-transformers/`. It is claimed as
+every writing command claims its folder (`claim.json`). No library averages Keras weights,
+hence these lines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+
+PROG = "python -m model.soup"
+# What the soup writes into --output: `--overwrite` deletes these and nothing else.
+WRITES = ("inputs.json", "history.json", "checkpoints", "encoder", "serving", "model", "sentence-transformers")
+# Flags the runs of one soup may differ in: their batch order and step size, not their Net or data.
+MAY_DIFFER = ("seed", "learning_rate", "model_dir", "backend", "distribution_strategy", "static_shapes",
+              "jit_compile", "budget_minutes", "epochs", "steps", "patience", "progress", "checkpoint_every",
+              "overwrite", "max_lost_fraction", "serving_version")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoupConfig:
+    model_dirs: tuple[str, ...] = flag((), name="model-dir", repeatable=True,
+                                       help="a model.train model dir (two at least, of one recipe)")
+    output: str = flag(help="the soup's model dir")
+    scale: float = flag(1.0, help="the soup's change from the untrained Net times this (1: the soup; 0: the "
+                                  "checkpoint)")
+    overwrite: bool = flag(False, help="replace an earlier model.soup at --output (only its files)")
+
+    def __post_init__(self):
+        if len(self.model_dirs) < 2:
+            raise UsageError("--model-dir: a soup needs two runs at least")
+        if not 0.0 <= self.scale <= 1.0:
+            raise UsageError(f"--scale must be in [0, 1], got {self.scale}")
+
+
+def parse_args(argv: list[str] | None = None) -> SoupConfig:
+    return parse_config(SoupConfig, argv, PROG, __doc__.split("\n\n")[0])
+
+
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
+
+import numpy as np  # noqa: E402
+
+
+def mean_weights(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """The float32 mean of each weight over the runs (lists of one Net's weights, in its order)."""
+    if any(len(run) != len(runs[0]) or any(a.shape != b.shape for a, b in zip(run, runs[0])) for run in runs):
+        raise UsageError("--model-dir: the runs are not of one Net (their weights differ in number or shape)")
+    return [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in range(len(runs[0]))]
+
+
+def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
+    """The first run's recorded flags, once every run is checked to share them (but `MAY_DIFFER`)."""
+    first = recipes[0]
+    for recipe, path in zip(recipes[1:], model_dirs[1:]):
+        differing = sorted(name for name in set(first) | set(recipe)
+                           if name not in MAY_DIFFER and first.get(name) != recipe.get(name))
+        if differing:
+            name = differing[0]
+            raise UsageError(f"--model-dir {path} is not of {model_dirs[0]}'s recipe (--{name.replace('_', '-')} "
+                             f"{recipe.get(name)} vs {first.get(name)}): a soup averages runs of one Net on one data")
+    return first
+
+
+def soup(config: SoupConfig) -> dict:
+    """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
+    from model.export import recorded_config
+    from model.storage import claim_folder
+
+    recorded = [recorded_config(path) for path in config.model_dirs]
+    recipe = one_recipe([flags for flags, _ in recorded], config.model_dirs)
+    bests = [os.path.join(path, "checkpoints", "best.weights.h5") for path in config.model_dirs]
+    for best in bests:
+        if not os.path.exists(best):
+            raise UsageError(f"--model-dir {os.path.dirname(os.path.dirname(best))}: no checkpoints/best.weights.h5")
+    train_config = recorded[0][1].with_flags(backend="tensorflow", distribution_strategy="auto",
+                                             model_dir=config.output)
+    claim_folder(config.output, "model.soup", WRITES, "--output", config.overwrite)
+    return _soup(config, train_config, recipe, bests)
+
+
+def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
+    from model.encoder import load_encoder
+    from model.train import (
+        build_models,
+        evaluation_batches,
+        export_sentence_transformers,
+        open_run,
+        write_saved_models,
+    )
+    from model.transformer import token_ids
+    from pipeline.published import read_json_object, write_complete
+
+    if train_config.network.kind.reads_word_vectors:
+        raise UsageError("--model-dir: a soup of BiLSTM runs is not made (each has its own vocabulary); soups are "
+                         "of a pre-trained transformer's fine-tuned runs")
+    run = open_run(train_config.inputs.data)
+    word_ids = token_ids(train_config.inputs.max_tokens, train_config.network.encoder)
+    teacher = train_config.optimizer.teacher
+    encoder, model = build_models(train_config, None, global_batch=train_config.optimizer.batch_size,
+                                  teacher_dim=load_encoder(teacher).dim if teacher else None)
+    untrained = [np.asarray(weight) for weight in model.get_weights()]
+    runs = []
+    with run.reading():
+        validation = evaluation_batches(train_config, run, "validation", word_ids, replicas=1)
+        run_accuracy = []
+        for best in bests:
+            model.load_weights(best)
+            runs.append([np.asarray(weight) for weight in model.get_weights()])
+            run_accuracy.append(float(model.evaluate(validation, verbose=0, return_dict=True)["triplet_accuracy"]))
+        mean = mean_weights(runs)
+        model.set_weights([base + config.scale * (soup - base) for base, soup in zip(untrained, mean)])
+        accuracy = float(model.evaluate(validation, verbose=0, return_dict=True)["triplet_accuracy"])
+    for path, value in zip(config.model_dirs, run_accuracy):
+        print(f"run {path}: validation triplet accuracy {value:.4f}")
+    print(f"soup of {len(runs)} runs x {config.scale}: validation triplet accuracy {accuracy:.4f}")
+    output = config.output.rstrip("/")
+    os.makedirs(f"{output}/checkpoints", exist_ok=True)
+    model.save_weights(f"{output}/checkpoints/best.weights.h5")
+    histories = [read_json_object(os.path.join(path, "history.json"))
+                 if os.path.exists(os.path.join(path, "history.json")) else {} for path in config.model_dirs]
+    summary = {**histories[0], "best_val_triplet_accuracy": accuracy, "delta_scale": config.scale,
+               "soup": {"runs": list(config.model_dirs), "run_val_triplet_accuracy": run_accuracy,
+                        "run_learning_curves": [history.get("learning_curve", []) for history in histories]},
+               "config": {**histories[0].get("config", recipe), "model_dir": config.output}}
+    write_complete(f"{output}/inputs.json", json.dumps({"flags": {**recipe, "model_dir": config.output},
+                                                        "soup_of": list(config.model_dirs)}, indent=2).encode())
+    write_saved_models(train_config, word_ids, encoder, output)
+    export_sentence_transformers(encoder, summary, train_config, output)
+    write_complete(f"{output}/history.json", json.dumps(summary, indent=2).encode())
+    return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return soup(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

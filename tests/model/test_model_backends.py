@@ -1,0 +1,199 @@
+"""One model, one trainer, every backend: the head (`model.head`) gives the same loss and
+accuracy under TensorFlow and JAX on the same batch and weights; `model.train --backend jax`
+trains with Keras `fit` under JAX, resumes after a SIGKILL, and splits a global batch over 2
+(virtual CPU) devices with `keras.distribution.DataParallel`. JAX runs in its own processes:
+Keras picks its backend once, at import, and this test process runs TensorFlow's."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from model_shards import FILLER, TOPICS, write_triplet_shards
+
+from model.config import TrainConfig
+from model.data import open_run, streamed_triplets, training_batches
+from model.head import MASKED_SCORE, in_batch_scores
+from model.text import WordIds
+
+REPO = Path(__file__).resolve().parents[2]
+JAX_ENV = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+pytest.importorskip("jax")
+
+
+def _in_jax(code: str, *, env=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO,
+                          env=env or JAX_ENV, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return write_triplet_shards(str(tmp_path_factory.mktemp("shards")))
+
+
+# Five distinct sentences as 2-d unit vectors, their sections (-1: a padding row), and two
+# triplets (anchor, positive, negative rows) of section 7: rows 0, 1 and 3 are section 7.
+EMBEDDINGS = [[1, 0], [0.6, 0.8], [0, 1], [-1, 0], [0.8, 0.6]]
+SECTIONS = [7, 7, 8, 7, -1]
+ROLES = [[0, 1, 2], [3, 1, 2]]
+
+
+def test_the_in_batch_mask_leaves_out_the_anchors_section_on_both_backends():
+    under_tf = np.asarray(in_batch_scores(np.array([EMBEDDINGS], np.float32), np.array([ROLES]),
+                                          np.array([SECTIONS]), "cosine"))
+    done = _in_jax(f"""
+        import json, numpy as np, keras
+        from model.head import in_batch_scores
+        assert keras.backend.backend() == "jax"
+        scores = in_batch_scores(np.array([{EMBEDDINGS}], np.float32), np.array([{ROLES}]), np.array([{SECTIONS}]),
+                                 "cosine")
+        print(json.dumps(np.asarray(scores).tolist()))""")
+    assert done.returncode == 0, done.stderr[-3000:]
+    under_jax = np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+    np.testing.assert_allclose(under_jax, under_tf, rtol=1e-6, atol=1e-6)
+    # only row 2 (section 8) is a candidate: the anchor's own section and the padding row are left out
+    np.testing.assert_array_equal(under_jax[:, 1:] > MASKED_SCORE / 2, [[False, False, True, False, False]] * 2)
+
+
+@pytest.mark.parametrize("loss, distance", [("triplet", "l1"), ("sum", "cosine")])
+def test_both_backends_give_the_same_loss_and_accuracy_on_the_same_batch_and_weights(shards, tmp_path, loss,
+                                                                                      distance):
+    from model.head import LOSSES, triplet_accuracy
+    from model.network import build_sentence_encoder, build_triplet_model
+
+    run = open_run(shards)
+    word_ids = WordIds(sorted({word for words in TOPICS.values() for word in words} | set(FILLER)), 1, 16)
+    inputs, labels, weights = next(iter(training_batches(streamed_triplets(run, "triplets-sen", "train", 0), word_ids,
+                                                         8, static_shapes=True)))
+    matrix = np.random.default_rng(0).normal(size=(word_ids.num_ids, 6)).astype(np.float32)
+    model = build_triplet_model(build_sentence_encoder(matrix, lstm_units=4, attention_size=3), distance=distance,
+                                static_shapes=True, loss=loss)
+    outputs = model({key: value.numpy() for key, value in inputs.items()})
+    np.savez(tmp_path / "batch.npz", matrix=matrix, labels=labels.numpy(), weights=weights.numpy(),
+             **{f"in_{key}": value.numpy() for key, value in inputs.items()})
+    model.save_weights(tmp_path / "model.weights.h5")
+    done = _in_jax(f"""
+        import json, numpy as np, keras
+        from model.head import LOSSES, triplet_accuracy
+        from model.network import build_sentence_encoder, build_triplet_model
+        batch = np.load("{tmp_path}/batch.npz")
+        model = build_triplet_model(build_sentence_encoder(batch["matrix"], lstm_units=4, attention_size=3),
+                                    distance="{distance}", static_shapes=True, loss="{loss}")
+        model.load_weights("{tmp_path}/model.weights.h5")
+        outputs = model({{key[3:]: batch[key] for key in batch.files if key.startswith("in_")}})
+        print(json.dumps({{"outputs": np.asarray(outputs).tolist(),
+                          "loss": np.asarray(LOSSES["{loss}"](batch["labels"], outputs)).tolist(),
+                          "accuracy": np.asarray(triplet_accuracy(batch["labels"], outputs)).tolist()}}))""")
+    assert done.returncode == 0, done.stderr[-3000:]
+    under_jax = json.loads(done.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(under_jax["outputs"], outputs.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(under_jax["loss"], LOSSES[loss](labels, outputs).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(under_jax["accuracy"], triplet_accuracy(labels, outputs).numpy())
+
+
+TINY = ["--vocabulary", "train", "--lstm-units", "8", "--attention-size", "4", "--batch-size", "8",
+        "--progress", "false"]
+
+
+def _train_jax(data, model_dir, *flags, env=None):
+    return subprocess.Popen([sys.executable, "-m", "model.train", "--data", str(data), "--model-dir", str(model_dir),
+                             "--backend", "jax", *TINY, *flags], cwd=REPO, env=env or JAX_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow   # two JAX trainer processes
+def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path):
+    flags = ["--epochs", "3", "--steps", "4", "--checkpoint-every", "2"]
+    killed = _train_jax(shards, tmp_path / "m", *flags)
+    state = tmp_path / "m" / "backup" / "training_state.json"
+    deadline = time.time() + 300
+    while not (state.exists() and json.loads(state.read_text())["step"] >= 4) and killed.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.2)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _train_jax(shards, tmp_path / "m", *flags)
+    _, stderr = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, stderr[-3000:]
+    assert "resuming from the backup at step" in stderr
+    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    assert history["epochs_run"] == 3 and history["config"]["backend"] == "jax"
+    assert (tmp_path / "m" / "encoder" / "saved_model.pb").exists()   # written by a TensorFlow process
+
+
+CHECK_REPLICAS = """
+    import json, sys, keras
+    import numpy as np
+    from model.config import TrainConfig
+    from model.train import train
+
+    class Replicated(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):
+            values = [variable.value for variable in self.model.trainable_variables]
+            self.devices = {device.id for value in values for device in value.sharding.device_set}
+            self.equal = all(value.sharding.is_fully_replicated and all(
+                np.array_equal(np.asarray(shard.data), np.asarray(value.addressable_shards[0].data))
+                for shard in value.addressable_shards)
+                for value in values)
+
+    check = Replicated()
+    summary = train(TrainConfig.from_flags(**json.loads(sys.argv[1])), extra_callbacks=[check])
+    print(json.dumps({"replicas": summary["replicas"], "devices": len(check.devices), "equal": check.equal}))
+"""
+
+
+@pytest.mark.slow   # a JAX trainer process on 2 virtual devices
+def test_data_parallel_trains_on_two_replicas_whose_weights_stay_equal(shards, tmp_path):
+    config = dict(data=shards, model_dir=str(tmp_path / "m"), backend="jax", distribution_strategy="data-parallel",
+                  epochs=1, steps=2, batch_size=8, lstm_units=8, attention_size=4, vocabulary="train", progress=False)
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(CHECK_REPLICAS), json.dumps(config)],
+                          capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**JAX_ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"replicas": 2, "devices": 2, "equal": True}
+    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    assert history["replicas"] == 2 and history["global_batch_size"] == 16
+
+
+@pytest.mark.slow   # a MiniLM trainer process under JAX, then eval.all and model.export on its model dir
+def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_output, fine_tuned, tmp_path):
+    model_dir = tmp_path / "minilm-jax"
+    trained = _train_jax(embedded_pipeline_output, model_dir, "--encoder", "minilm", "--steps", "2", "--epochs", "1",
+                         "--max-tokens", "32", "--evaluation-triplets", "16")
+    _, stderr = trained.communicate(timeout=900)
+    assert trained.returncode == 0, stderr[-3000:]
+    tf_dir, _ = fine_tuned
+    assert sorted(os.listdir(model_dir)) == sorted(os.listdir(tf_dir))
+    report = subprocess.run([sys.executable, "-m", "eval.all", "--data", str(embedded_pipeline_output), "--model-dir",
+                             str(model_dir), "--output", str(tmp_path / "report"), "--max-scb-articles", "3",
+                             "--max-triplets", "100"], capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert report.returncode == 0, report.stderr[-3000:]
+    rows = json.loads((tmp_path / "report" / "triplets.json").read_text())["methods"]
+    assert "minilm-jax" in [row["method"] for row in rows]
+    exported = subprocess.run([sys.executable, "-m", "model.export", "--model-dir", str(model_dir), "--output",
+                               str(tmp_path / "st")], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+
+
+def test_a_keras_backend_other_than_the_flag_is_one_error_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "model.train", "--data", str(tmp_path), "--model-dir",
+                           str(tmp_path / "m")], capture_output=True, text=True, cwd=REPO, env=JAX_ENV, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("error: KERAS_BACKEND=jax but --backend tensorflow: pass "
+                                                    "--backend jax, or unset KERAS_BACKEND")
+    assert not (tmp_path / "m").exists()
+
+
+def test_the_backend_and_its_strategies_are_checked_with_the_flags():
+    with pytest.raises(ValueError, match="--distribution-strategy mirrored is not one of --backend jax's"):
+        TrainConfig.from_flags(data="d", model_dir="m", backend="jax", distribution_strategy="mirrored")
+    with pytest.raises(ValueError, match="--distribution-strategy data-parallel is not one of --backend tensorflow"):
+        TrainConfig.from_flags(data="d", model_dir="m", distribution_strategy="data-parallel")
+    assert TrainConfig.from_flags(data="d", model_dir="m", backend="jax").runtime.static_batches
