@@ -48,7 +48,7 @@ class Machine:
 _PASSES = ("--steps", "none", "--epochs", "10", "--patience", "3")
 _TRANSFORMER_PASSES = ("--steps", "none", "--epochs", "3", "--patience", "1")
 _ACCELERATED = {"gpu": Machine(_PASSES, 480), "multi-gpu": Machine(_PASSES, 240),
-                "multi-worker": Machine(_PASSES, 720), "tpu": Machine(_PASSES, 240)}
+                "multi-worker": Machine(_PASSES, 720), "tpu": Machine(_PASSES, 240), "jax-gpu": Machine(_PASSES, 240)}
 
 
 @dataclass(frozen=True)

@@ -35,14 +35,16 @@ VERTEX_SPECS = {
     "multi-gpu": INFRA_DIR / "vertex" / "multi_gpu.yaml",
     "multi-worker": INFRA_DIR / "vertex" / "multi_worker.yaml",
     "tpu": INFRA_DIR / "vertex" / "tpu.yaml",
+    "jax-gpu": INFRA_DIR / "vertex" / "jax_gpu.yaml",
 }
 # The image each Vertex AI spec runs (image_uri's variant).
-SPEC_VARIANTS = {"gpu": "gpu", "multi-gpu": "gpu", "multi-worker": "cpu", "tpu": "tpu"}
+SPEC_VARIANTS = {"gpu": "gpu", "multi-gpu": "gpu", "multi-worker": "cpu", "tpu": "tpu", "jax-gpu": "jax-gpu"}
 ACCELERATORS = tuple(VERTEX_SPECS)
 STAGES = ("layout", "pipeline", "scb", "train", "image", "flex")
 FLEX_METADATA = INFRA_DIR / "flex_template.json"
 CLOUD_BUILD = INFRA_DIR / "cloudbuild.yaml"
 GPU_EXTRA_PIP = "tensorflow[and-cuda]"
+JAX_GPU_EXTRA_PIP = "jax[cuda12]"   # the trainer's JAX backend on GPUs (TensorFlow stays, for tf.data)
 TPU_BUILD = "tensorflow-tpu==2.20.0"   # the newest TPU build of TensorFlow on PyPI
 TPU_CONSTRAINTS = INFRA_DIR / "tpu-constraints.txt"
 TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct6e-")
@@ -65,17 +67,18 @@ class CloudConfig:
                                        "(other Dataflow stages always run it: they need TensorFlow)")
     machine_type: str = flag("n2-standard-4", help="Dataflow worker machine type")
     max_num_workers: int = flag(32, help="Dataflow autoscaling ceiling")
-    accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu, multi-worker (CPU machines) or tpu")
+    accelerator: str = flag("gpu", help="Vertex AI spec: gpu, multi-gpu, multi-worker (CPU machines), tpu, or "
+                                        "jax-gpu (every GPU of one machine under Keras' JAX backend)")
     recipe: str | None = flag(None, help=f"training recipe appended to the spec's args (infra/recipe.py: "
                                          f"{', '.join(RECIPES)}); none = the one named after --dataset")
-    variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template), gpu or tpu (Vertex)")
+    variant: str = flag("cpu", help="image to build: cpu (Dataflow, Flex Template), gpu, tpu or jax-gpu (Vertex)")
     dataset: str = flag(PAPER_DATASET, help=f"triplet dataset model.train reads: one of {', '.join(TRIPLET_DATASETS)}")
     embeddings: str | None = flag(None, help="GloVe text file; none = gs://BUCKET/vectors/glove.840B.300d.txt")
     spec_dir: str = flag("build/vertex",
                          help="where the filled Vertex AI spec is written (relative: to the current folder)")
 
     def __post_init__(self):
-        for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu", "tpu")),
+        for name, allowed in (("accelerator", ACCELERATORS), ("variant", ("cpu", "gpu", "tpu", "jax-gpu")),
                               ("dataset", TRIPLET_DATASETS)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -348,6 +351,7 @@ def image_commands(cfg: CloudConfig) -> list[list[str]]:
     extra_pip, constraints, tpu_build = {
         "cpu": ("", "", ""),
         "gpu": (GPU_EXTRA_PIP, "", ""),
+        "jax-gpu": (JAX_GPU_EXTRA_PIP, "", ""),
         "tpu": (TPU_BUILD, TPU_CONSTRAINTS.relative_to(REPO_ROOT).as_posix(), TPU_BUILD),
     }[cfg.variant]
     return [[

@@ -138,6 +138,7 @@ class KerasDevices:
     def __init__(self, name: str):
         import keras
 
+        tf.config.set_visible_devices([], "GPU")   # tf.data reads and tokenises on the CPU; the GPUs are JAX's
         devices = keras.distribution.list_devices()
         self.num_replicas_in_sync = len(devices) if name == "data-parallel" else 1
         if name == "data-parallel":

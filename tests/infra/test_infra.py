@@ -115,7 +115,8 @@ def test_invalid_cloud_variables_stop_before_submission(capsys, flag, value, nam
 
 
 @pytest.mark.parametrize(
-    "accelerator, strategy", [("gpu", "one_device"), ("multi-gpu", "mirrored"), ("tpu", "tpu")]
+    "accelerator, strategy", [("gpu", "one_device"), ("multi-gpu", "mirrored"), ("tpu", "tpu"),
+                              ("jax-gpu", "data-parallel")]
 )
 def test_repository_vertex_specs_are_custom_job_specs(accelerator, strategy):
     raw = yaml.safe_load(submit.VERTEX_SPECS[accelerator].read_text())
@@ -159,7 +160,7 @@ def test_train_dry_run_writes_the_filled_spec_and_prints_gcloud(capsys, tmp_path
     assert config.inputs.data == "gs://wikisim-data/wikisim/enwiki-2026/data"
     assert config.inputs.embeddings == "gs://wikisim-data/vectors/glove.840B.300d.txt"
     assert config.runtime.distribution_strategy == {"gpu": "one_device", "multi-gpu": "mirrored", "tpu": "tpu",
-                                            "multi-worker": "multi_worker"}[accelerator]
+                                            "multi-worker": "multi_worker", "jax-gpu": "data-parallel"}[accelerator]
     # the recipe's flags for this machine, not make scale's 2-core ones: whole passes, capped by a budget
     assert (config.optimizer.steps, config.optimizer.epochs) == (None, 10) and config.runtime.budget_minutes
 
@@ -170,6 +171,7 @@ SPEC_SHAPES = {
     "multi-gpu": ([1], "wikisim-gpu", "mirrored", {}),
     "multi-worker": ([1, 3], "wikisim", "multi_worker", {}),
     "tpu": ([1], "wikisim-tpu", "tpu", {"static_shapes": True}),
+    "jax-gpu": ([1], "wikisim-jax-gpu", "data-parallel", {"backend": "jax"}),
 }
 
 
