@@ -73,3 +73,16 @@ if os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
     # absl's INFO lines (renamed SavedModel inputs) are filtered, not raised past: absl reads its
     # logger's level as its verbosity, which its handler applies to every logger's records.
     logging.getLogger("absl").addFilter(lambda record: record.levelno >= logging.WARNING)
+
+
+def require_tensorflow_keras(command: str) -> None:
+    """A UsageError (one `error:` line, exit 2) when KERAS_BACKEND names another backend than
+    TensorFlow for a command whose Keras code runs under TensorFlow alone (it builds a strings-in
+    SavedModel, or trains outside `model.train`); called before Keras loads. Only `model.train
+    --backend jax` trains under JAX."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend and backend != "tensorflow":
+        from pipeline.cli import UsageError
+
+        raise UsageError(f"KERAS_BACKEND={backend}: {command} runs Keras under TensorFlow; unset KERAS_BACKEND "
+                         "(model.train --backend jax is the command that trains under JAX)")

@@ -315,6 +315,9 @@ def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, roun
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from model import require_tensorflow_keras
+
+    require_tensorflow_keras("model.benchmark")
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")

@@ -132,6 +132,9 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
 
 
 def main(argv: list[str] | None = None) -> str:
+    from model import require_tensorflow_keras
+
+    require_tensorflow_keras("model.export")
     config = parse_config(ExportConfig, argv, prog="python -m model.export", description=__doc__)
     sentence_transformer: Callable[..., Any] | None = None   # the SentenceTransformer class, with --check-data
     if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoders)

@@ -37,6 +37,9 @@ class PretrainedConfig:
 
 
 def main(argv: list[str] | None = None) -> str:
+    from model import require_tensorflow_keras
+
+    require_tensorflow_keras("model.pretrained")
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
     from model.saved_model import ExportableEncoder
     from model.storage import claim_folder, staged

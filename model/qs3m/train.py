@@ -171,6 +171,9 @@ def training_figure(histories: dict[str, dict[str, list[float]]]):
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from model import require_tensorflow_keras
+
+    require_tensorflow_keras("model.qs3m")
     config = parse_config(Qs3mConfig, argv, "python -m model.qs3m", __doc__.splitlines()[0])
     from model.encoders import EncoderSpec, load_encoders
 

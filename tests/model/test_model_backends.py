@@ -197,3 +197,14 @@ def test_the_backend_and_its_strategies_are_checked_with_the_flags():
     with pytest.raises(ValueError, match="--distribution-strategy data-parallel is not one of --backend tensorflow"):
         TrainConfig.from_flags(data="d", model_dir="m", distribution_strategy="data-parallel")
     assert TrainConfig.from_flags(data="d", model_dir="m", backend="jax").runtime.static_batches
+
+
+@pytest.mark.parametrize("command", ["model.pretrained", "model.export"])
+def test_a_command_that_needs_tensorflow_keras_refuses_another_backend_in_one_line(tmp_path, command):
+    done = subprocess.run([sys.executable, "-m", command, "--model-dir", str(tmp_path / "m"),
+                           *(["--output", str(tmp_path / "st")] if command == "model.export" else [])],
+                          capture_output=True, text=True, cwd=REPO, env=JAX_ENV, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: KERAS_BACKEND=jax: {command} runs Keras under "
+                                                           "TensorFlow")
+    assert not (tmp_path / "m").exists() and not (tmp_path / "st").exists()
