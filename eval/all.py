@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from model.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
+from model.model_dir import ModelDir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
-from pipeline.published import read_json_object
 
 if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
     from eval.triplets import TripletsConfig
@@ -44,13 +44,12 @@ class ReportConfig:
 
 def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
     """name -> history.json of each `--model-dir` that has one (an untrained export has none)."""
-    from apache_beam.io.filesystems import FileSystems
 
     histories = {}
     for name, path in map(named_model_dir, model_dirs):
-        history = f"{path.rstrip('/')}/history.json"
-        if FileSystems.exists(history):
-            histories[name] = read_json_object(history)
+        history = ModelDir(path).history()
+        if history is not None:
+            histories[name] = history
     return histories
 
 

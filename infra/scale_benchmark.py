@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+from model.model_dir import ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.records import PAPER_DATASET
 
@@ -85,8 +86,7 @@ def timed_training(data: str, model_dir: str, flags: list[str]) -> dict:
         raise RuntimeError(f"model.train failed on {data}: {done.stderr[-2000:]}")
     stamp = next(match.group(1) for line in done.stderr.splitlines() if (match := FIRST_STEP.match(line)))
     first_step = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    with open(os.path.join(model_dir, "history.json")) as handle:
-        history = json.load(handle)
+    history = ModelDir(model_dir).history() or {}
     peak_rss = MAX_RSS.search(done.stderr)
     if peak_rss is None:
         raise RuntimeError(f"model.train reported no peak RSS on {data}: {done.stderr[-2000:]}")

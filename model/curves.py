@@ -16,8 +16,8 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
+from model.model_dir import ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.published import read_json_object
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,9 @@ def tensorboard_curve(model_dir: str, triplets_per_epoch: int) -> list[dict]:
 def run_curve(entry: str) -> tuple[str, list[dict]]:
     label, target = entry.split("=", 1)
     model_dir, _, per_epoch = target.partition("@")
-    history = os.path.join(model_dir, "history.json")
-    if os.path.exists(history):
-        return label, read_json_object(history, {"learning_curve": list})["learning_curve"]
+    history = ModelDir(model_dir).history()
+    if history is not None:
+        return label, history["learning_curve"]
     if not per_epoch:
         raise UsageError(f"--run {entry}: {model_dir} has no history.json: give @TRIPLETS_PER_EPOCH to read its "
                          "TensorBoard log")

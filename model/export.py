@@ -29,11 +29,18 @@ if TYPE_CHECKING:
     from model.config import TrainConfig
 
 
+SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in encoder/ (model.saved_model)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExportConfig:
     model_dir: str = flag(help="a model.train model dir with a transformer encoder")
-    output: str = flag(help="the folder to write")
-    format: str = flag("sentence-transformers", help=f"one of {', '.join(FORMATS)}")
+    output: str | None = flag(None, help="the folder to write (--format sentence-transformers); saved-model "
+                                         "writes the model dir's own encoder/")
+    format: str = flag("sentence-transformers", help=f"one of {', '.join(FORMATS)}, or saved-model: the model "
+                                                     "dir's strings-in encoder/ (and serving/N) from --weights")
+    weights: str | None = flag(None, help="--format saved-model: the network's weights; none = the model dir's "
+                                          "checkpoints/best.weights.h5")
     report: str | None = flag(None, help="an eval.all report folder whose scores go into the model card")
     check_data: str | None = flag(None, help="a pipeline run: after writing, encode its SCB sentences with "
                                              "sentence-transformers and with the Keras export, print their cosines "
@@ -43,54 +50,87 @@ class ExportConfig:
                                        "folder holding anything else is refused either way")
 
     def __post_init__(self):
-        if self.format not in FORMATS:
-            raise ValueError(f"--format must be one of {FORMATS}, got {self.format!r}")
+        if self.format not in (*FORMATS, SAVED_MODEL):
+            raise ValueError(f"--format must be one of {', '.join((*FORMATS, SAVED_MODEL))}, got {self.format!r}")
+        if self.format != SAVED_MODEL and not self.output:
+            raise UsageError(f"--format {self.format} writes a folder of its own: give --output")
 
 
 def recorded_config(model_dir: str) -> tuple[dict, TrainConfig]:
-    """The flags a model dir's `inputs.json` records, and the TrainConfig they make; a UsageError
-    naming the file for a truncated one, one without flags, or flags this version cannot run
-    (an unknown flag, a bad value)."""
+    """The flags a model dir's `inputs.json` records (`model.model_dir.ModelDir.recorded_flags`),
+    and the TrainConfig they make; a UsageError naming the file for flags this version cannot
+    run (an unknown flag, a bad value)."""
     from model.config import TrainConfig
-    from pipeline.published import read_json_object
+    from model.model_dir import INPUTS, ModelDir
 
-    path = os.path.join(model_dir, "inputs.json")
-    if not os.path.exists(path):
-        raise UsageError(f"--model-dir {model_dir}: no inputs.json (not a model.train model dir)")
-    flags = read_json_object(path, {"flags": dict})["flags"]
+    flags = ModelDir(model_dir).recorded_flags()
     try:
         return flags, TrainConfig.from_flags(**{**flags, "model_dir": model_dir})
     except (TypeError, ValueError, KeyError) as error:
-        raise UsageError(f"{path}: its flags are not ones this version can rebuild the network from "
-                         f"({str(error).splitlines()[0] if str(error) else type(error).__name__})") from None
+        why = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError(f"{ModelDir(model_dir).file(INPUTS)}: its flags are not ones this version can rebuild the "
+                         f"network from ({why})") from None
+
+
+def rebuilt(model_dir: str, weights: str):
+    """(recorded flags, TrainConfig under TensorFlow, word ids, Net, triplet model with `weights`
+    loaded): a model dir's network rebuilt from what `inputs.json` records, whichever backend
+    trained it (Keras weights files are the same under every backend)."""
+    from model.encoder import load_encoder
+    from model.text import WordIds
+    from model.train import build_models, embedding_matrix
+
+    flags, train_config = recorded_config(model_dir)
+    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
+    inputs, optimizer = train_config.inputs, train_config.optimizer
+    if train_config.network.kind.reads_word_vectors:
+        with open(os.path.join(model_dir, "vocabulary.txt"), encoding="utf-8") as handle:
+            vocabulary = handle.read().splitlines()
+        word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
+        matrix = embedding_matrix(vocabulary, word_ids, train_config)
+    else:
+        from model.transformer import token_ids
+
+        word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder), None
+    teacher_dim = load_encoder(optimizer.teacher).dim if optimizer.teacher else None
+    encoder, model = build_models(train_config, matrix, global_batch=optimizer.batch_size, teacher_dim=teacher_dim)
+    model.optimizer.build(model.trainable_variables)   # the checkpoint holds its state too
+    model.load_weights(weights)
+    return flags, train_config, word_ids, encoder, model
 
 
 def export_model_dir(config: ExportConfig) -> str:
-    """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint, claims
-    `--output` (`model.storage.claim_folder`: a folder holding anything an export does not write is
-    refused, an earlier export replaced only with `--overwrite`) and writes the folder."""
+    """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint (or
+    `--weights`) and writes `--format`: a sentence-transformers folder at `--output`, claimed
+    (`model.storage.claim_folder`: a folder holding anything an export does not write is refused,
+    an earlier export replaced only with `--overwrite`), or the model dir's own `encoder/`."""
+    from model.model_dir import BEST_WEIGHTS, ModelDir
     from model.storage import claim_folder
-    from pipeline.published import read_json_object
 
-    refuse_file_as_folder("--output", config.output)
-    best = os.path.join(config.model_dir, "checkpoints", "best.weights.h5")
+    model_dir = ModelDir(config.model_dir)
+    weights = config.weights or model_dir.best_weights
     flags, train_config = recorded_config(config.model_dir)
-    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
-    if not os.path.exists(best):
-        raise UsageError(f"--model-dir {config.model_dir}: no checkpoints/best.weights.h5")
+    if not os.path.exists(weights):
+        raise UsageError(f"--model-dir {config.model_dir}: no {BEST_WEIGHTS}" if not config.weights
+                         else f"--weights {weights}: no such file")
+    if config.format == SAVED_MODEL:
+        from model.saved_model import write_saved_models
+
+        _, train_config, word_ids, encoder, _ = rebuilt(config.model_dir, weights)
+        write_saved_models(train_config, word_ids, encoder, config.model_dir)
+        return model_dir.encoder
+    assert config.output is not None   # __post_init__
+    refuse_file_as_folder("--output", config.output)
     if not train_config.network.kind.exports_sentence_transformers:
         raise UsageError(f"--model-dir {config.model_dir} holds a bilstm encoder: only transformer encoders "
                          "export to sentence-transformers")
-    history_path = os.path.join(config.model_dir, "history.json")
-    summary = read_json_object(history_path) if os.path.exists(history_path) else {"config": flags}
+    summary = model_dir.history() or {"config": flags}
     name = os.path.basename(config.model_dir.rstrip("/"))
     report_lines = report_scores(config.report, name)
     claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
-    from model.train import build_models
     from model.transformer import checkpoint_dir
 
-    encoder, model = build_models(train_config, None, global_batch=1)
-    model.load_weights(best)
+    _, train_config, _, encoder, _ = rebuilt(config.model_dir, weights)
     similarity = train_config.resolved("distance")
     card = model_card(summary, name, similarity, train_config.inputs.max_tokens, report_lines,
                       int(encoder.output_shape[-1]))
@@ -144,7 +184,7 @@ def main(argv: list[str] | None = None) -> str:
             raise UsageError("--check-data needs sentence-transformers: pip install sentence-transformers") from None
         sentence_transformer = SentenceTransformer
     path = export_model_dir(config)
-    print(f"sentence-transformers folder at {path}")
+    print(f"{'strings-in SavedModel' if config.format == SAVED_MODEL else 'sentence-transformers folder'} at {path}")
     if sentence_transformer is not None:
         check_against_sentence_transformers(config, sentence_transformer)
     return path

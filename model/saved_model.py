@@ -1,39 +1,20 @@
 """The trained encoder as a TensorFlow SavedModel that takes raw strings: what `model.encoder`
 loads, TF Serving serves and Vertex AI deploys. TensorFlow alone (the in-graph tokenizer is
-tensorflow-text), so it sits apart from the network, which every Keras backend builds.
-
-    python -m model.saved_model --model-dir MODEL --weights WEIGHTS.h5
-
-writes a model dir's `encoder/` (and `serving/N`, Vertex AI's `model/`, as its flags say) from
-weights of its network: what `model.train --backend jax` runs in a TensorFlow process once it has
-tested them, and what a run trained where TensorFlow is absent runs later, where it is.
-"""
+tensorflow-text), so it sits apart from the network, which every Keras backend builds. A run
+trained under JAX gets it from `python -m model.export --format saved-model`, in a TensorFlow
+process (`model.train` runs it when TensorFlow is installed)."""
 from __future__ import annotations
 
-import os
-import sys
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+import keras
+import tensorflow as tf
 
+from model.config import vertex_model_dir
+from model.similarity import Similarity
 
-@dataclass(frozen=True, kw_only=True)
-class SavedModelConfig:
-    model_dir: str = flag(help="a model.train model dir (its inputs.json names the network)")
-    weights: str = flag(help="the network's weights (.weights.h5), e.g. MODEL/checkpoints/best.weights.h5")
-
-
-def parse_args(argv: list[str] | None = None) -> SavedModelConfig:
-    return parse_config(SavedModelConfig, argv, "python -m model.saved_model", __doc__.split("\n\n")[0])
-
-
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
-    parse_first(parse_args)
-
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from model.similarity import Similarity  # noqa: E402
+if TYPE_CHECKING:
+    from model.config import TrainConfig
 
 
 class ExportableEncoder(tf.Module):
@@ -68,38 +49,13 @@ class ExportableEncoder(tf.Module):
         tf.io.gfile.rename(partial, path)
 
 
-def main(argv: list[str] | None = None) -> str:
-    """Rebuilds the model dir's network from its recorded flags under TensorFlow, loads `--weights`
-    and writes its strings-in SavedModels (`model.train.write_saved_models`)."""
-    from model.encoder import load_encoder
-    from model.export import recorded_config
-    from model.text import WordIds
-    from model.train import build_models, embedding_matrix, write_saved_models
-
-    config = parse_args(argv)
-    if keras.backend.backend() != "tensorflow":
-        raise UsageError(f"KERAS_BACKEND={keras.backend.backend()}: a SavedModel needs the tensorflow backend")
-    if not os.path.exists(config.weights):
-        raise UsageError(f"--weights {config.weights}: no such file")
-    _, train_config = recorded_config(config.model_dir)
-    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")
-    inputs, optimizer = train_config.inputs, train_config.optimizer
-    if train_config.network.kind.reads_word_vectors:
-        with open(os.path.join(config.model_dir, "vocabulary.txt"), encoding="utf-8") as handle:
-            vocabulary = handle.read().splitlines()
-        word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
-        matrix = embedding_matrix(vocabulary, word_ids, train_config)
-    else:
-        from model.transformer import token_ids
-
-        word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder), None
-    teacher_dim = load_encoder(optimizer.teacher).dim if optimizer.teacher else None
-    encoder, model = build_models(train_config, matrix, global_batch=optimizer.batch_size, teacher_dim=teacher_dim)
-    model.load_weights(config.weights)
-    write_saved_models(train_config, word_ids, encoder, config.model_dir)
-    print(f"strings-in SavedModel at {config.model_dir}/encoder")
-    return f"{config.model_dir}/encoder"
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main))
+def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -> None:
+    """`encoder/` (and `serving/N`, and Vertex AI's `model/`): the strings-in SavedModel, each
+    written whole (`ExportableEncoder.export`). TensorFlow backend only."""
+    runtime = config.runtime
+    exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
+    exportable.export(f"{model_dir}/encoder")
+    if runtime.serving_version is not None:
+        exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
+    if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
+        exportable.export(f"{model_dir}/model")

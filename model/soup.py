@@ -85,14 +85,15 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
     from model.export import recorded_config
+    from model.model_dir import BEST_WEIGHTS, ModelDir
     from model.storage import claim_folder
 
     recorded = [recorded_config(path) for path in config.model_dirs]
     recipe = one_recipe([flags for flags, _ in recorded], config.model_dirs)
-    bests = [os.path.join(path, "checkpoints", "best.weights.h5") for path in config.model_dirs]
-    for best in bests:
+    bests = [ModelDir(path).best_weights for path in config.model_dirs]
+    for path, best in zip(config.model_dirs, bests):
         if not os.path.exists(best):
-            raise UsageError(f"--model-dir {os.path.dirname(os.path.dirname(best))}: no checkpoints/best.weights.h5")
+            raise UsageError(f"--model-dir {path}: no {BEST_WEIGHTS}")
     train_config = recorded[0][1].with_flags(backend="tensorflow", distribution_strategy="auto",
                                              model_dir=config.output)
     claim_folder(config.output, "model.soup", WRITES, "--output", config.overwrite)
@@ -101,15 +102,16 @@ def soup(config: SoupConfig) -> dict:
 
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
     from model.encoder import load_encoder
+    from model.model_dir import ModelDir
+    from model.saved_model import write_saved_models
     from model.train import (
         build_models,
         evaluation_batches,
         export_sentence_transformers,
         open_run,
-        write_saved_models,
     )
     from model.transformer import token_ids
-    from pipeline.published import read_json_object, write_complete
+    from pipeline.published import write_complete
 
     if train_config.network.kind.reads_word_vectors:
         raise UsageError("--model-dir: a soup of BiLSTM runs is not made (each has its own vocabulary); soups are "
@@ -137,8 +139,7 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     output = config.output.rstrip("/")
     os.makedirs(f"{output}/checkpoints", exist_ok=True)
     model.save_weights(f"{output}/checkpoints/best.weights.h5")
-    histories = [read_json_object(os.path.join(path, "history.json"))
-                 if os.path.exists(os.path.join(path, "history.json")) else {} for path in config.model_dirs]
+    histories = [ModelDir(path).history() or {} for path in config.model_dirs]
     summary = {**histories[0], "best_val_triplet_accuracy": accuracy, "delta_scale": config.scale,
                "soup": {"runs": list(config.model_dirs), "run_val_triplet_accuracy": run_accuracy,
                         "run_learning_curves": [history.get("learning_curve", []) for history in histories]},
@@ -147,7 +148,7 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
                                                         "soup_of": list(config.model_dirs)}, indent=2).encode())
     write_saved_models(train_config, word_ids, encoder, output)
     export_sentence_transformers(encoder, summary, train_config, output)
-    write_complete(f"{output}/history.json", json.dumps(summary, indent=2).encode())
+    ModelDir(output).write_history(summary)
     return summary
 
 

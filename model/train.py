@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, TypeAlias
 
-from model.config import TrainConfig, parse_args, vertex_model_dir
+from model.config import TrainConfig, parse_args
 from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
 
 
@@ -87,6 +87,7 @@ from model.data import (  # noqa: E402
     with_known_length,
 )
 from model.encoder import SavedModelEncoder, load_encoder  # noqa: E402
+from model.model_dir import ModelDir  # noqa: E402
 from model.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.similarity import Similarity  # noqa: E402
 from model.storage import TreeMirror, claim_is_live, staged  # noqa: E402
@@ -771,7 +772,7 @@ def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, bes
 def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None:
     """The chief writes the encoder (and its copies: sentence-transformers, serving, Vertex AI),
     history.json and the curves; then the backup goes: a kill before this point resumes here.
-    Under JAX the strings-in SavedModels come from a TensorFlow process (`model.saved_model`) that
+    Under JAX the strings-in SavedModels come from a TensorFlow process (`model.export --format saved-model`) that
     loads the weights tested here."""
     config, runtime, model_dir = job.config, job.config.runtime, job.model_dir
     if is_chief(job.strategy):
@@ -782,10 +783,12 @@ def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None
             model.save_weights(tested)
             export_in_tensorflow(model_dir, tested)
         else:
+            from model.saved_model import write_saved_models
+
             write_saved_models(config, word_ids, encoder, model_dir)
         if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
             export_sentence_transformers(encoder, summary, config, model_dir)
-        write_complete(f"{model_dir}/history.json", json.dumps(summary, indent=2).encode())
+        ModelDir(model_dir).write_history(summary)
         plot_history(summary, f"{model_dir}/training_curve.png")
         plot_learning_curve(summary, f"{model_dir}/learning_curve.png")
     shutil.rmtree(f"{model_dir}/{BACKUP}", ignore_errors=True)   # only now: a kill before this resumes at the export
@@ -794,33 +797,21 @@ def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None
              summary["test_triplet_accuracy"], runtime.model_dir)
 
 
-def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -> None:
-    """`encoder/` (and `serving/N`, and Vertex AI's `model/`): the strings-in SavedModel, each
-    written whole (`model.saved_model.ExportableEncoder.export`). TensorFlow backend only."""
-    from model.saved_model import ExportableEncoder
-
-    runtime = config.runtime
-    exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
-    exportable.export(f"{model_dir}/encoder")
-    if runtime.serving_version is not None:
-        exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
-    if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
-        exportable.export(f"{model_dir}/model")
-
-
 def export_in_tensorflow(model_dir: str, weights: str) -> None:
-    """Runs `python -m model.saved_model` under the TensorFlow backend on the weights a JAX run
-    tested: a SavedModel holds TensorFlow functions, which a JAX process cannot trace. Where
-    TensorFlow is not installed (an accelerator image), the model dir keeps its checkpoints and
-    sentence-transformers folder, and the log says which command writes `encoder/` elsewhere."""
+    """Runs `python -m model.export --format saved-model` under the TensorFlow backend on the
+    weights a JAX run tested: a SavedModel holds TensorFlow functions, which a JAX process cannot
+    trace. Where TensorFlow is not installed (an accelerator image), the model dir keeps its
+    checkpoints and sentence-transformers folder, and the log says which command writes
+    `encoder/` elsewhere."""
     import importlib.util
     import subprocess
 
     if importlib.util.find_spec("tensorflow") is None:
         LOG.warning("no TensorFlow here: encoder/ not written; where TensorFlow is installed run: python -m "
-                    "model.saved_model --model-dir %s --weights %s/checkpoints/best.weights.h5", model_dir, model_dir)
+                    "model.export --model-dir %s --format saved-model", model_dir)
         return
-    command = [sys.executable, "-m", "model.saved_model", "--model-dir", model_dir, "--weights", weights]
+    command = [sys.executable, "-m", "model.export", "--model-dir", model_dir, "--format", "saved-model",
+               "--weights", weights]
     done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}): {done.stderr[-2000:]}")

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import reference_scoring
 from eval_fixtures import count_scb_opens
 from scipy import sparse
@@ -15,6 +16,7 @@ from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoders import EncoderSpec, load_encoders
+from pipeline.published import JsonFileError
 
 
 def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny_model, tmp_path):
@@ -156,10 +158,17 @@ def test_the_report_head_says_when_sick_was_skipped_and_where_to_get_it():
 def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
     """`DIR` is named by its basename and `NAME=DIR` by NAME, as the methods' rows are; a model dir
     without history.json (an untrained export) has no curve."""
+    written = {}
     for folder, curve in (("sen", [0.5]), ("titles", [0.7])):
         (tmp_path / folder).mkdir()
-        (tmp_path / folder / "history.json").write_text(json.dumps({"learning_curve": curve}))
+        written[folder] = {"learning_curve": curve, "best_val_triplet_accuracy": curve[0],
+                           "untrained_val_triplet_accuracy": 0.5, "evaluation_triplets": 100, "record_counts": {},
+                           "config": {}, "distance": "l1", "global_batch_size": 8, "replicas": 1}
+        (tmp_path / folder / "history.json").write_text(json.dumps(written[folder]))
     (tmp_path / "untrained").mkdir()
     histories = eval_all.trained_histories((f"{tmp_path}/sen/", f"triplets-titles={tmp_path}/titles",
                                             str(tmp_path / "untrained")))
-    assert histories == {"sen": {"learning_curve": [0.5]}, "triplets-titles": {"learning_curve": [0.7]}}
+    assert histories == {"sen": written["sen"], "triplets-titles": written["titles"]}
+    (tmp_path / "sen" / "history.json").write_text(json.dumps({"learning_curve": [0.5]}))   # not a trainer's
+    with pytest.raises(JsonFileError, match="history.json: field best_val_triplet_accuracy is missing"):
+        eval_all.trained_histories((str(tmp_path / "sen"),))

@@ -18,6 +18,7 @@ from model_shards import FILLER, TOPICS, write_triplet_shards
 
 from model.config import TrainConfig
 from model.data import open_run, streamed_triplets, training_batches
+from model.encoder import SavedModelEncoder
 from model.head import MASKED_SCORE, in_batch_scores
 from model.text import WordIds
 
@@ -171,6 +172,24 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
     assert trained.returncode == 0, stderr[-3000:]
     tf_dir, _ = fine_tuned
     assert sorted(os.listdir(model_dir)) == sorted(os.listdir(tf_dir))
+    # encoder/ (written by a TensorFlow process) embeds as the JAX-trained Net does
+    sentences = ["The striker scored twice in the final.", "Bake the bread in a hot oven.", "Café au lait."]
+    done = _in_jax(f"""
+        import json, numpy as np, keras
+        from model.export import recorded_config
+        from model.train import build_models
+        from model.transformer import token_ids
+        _, config = recorded_config("{model_dir}")
+        encoder, model = build_models(config, None, global_batch=8)
+        model.optimizer.build(model.trainable_variables)
+        model.load_weights("{model_dir}/checkpoints/best.weights.h5")
+        ids = token_ids(32)(np.array({sentences!r})).numpy()
+        print(json.dumps(np.asarray(encoder(ids)).tolist()))""")
+    assert done.returncode == 0, done.stderr[-3000:]
+    under_jax = np.array(json.loads(done.stdout.strip().splitlines()[-1]))
+    exported = SavedModelEncoder(str(model_dir)).encode(sentences)
+    cosines = (under_jax * exported).sum(1) / np.linalg.norm(under_jax, axis=1) / np.linalg.norm(exported, axis=1)
+    assert cosines.min() > 0.9999, cosines
     report = subprocess.run([sys.executable, "-m", "eval.all", "--data", str(embedded_pipeline_output), "--model-dir",
                              str(model_dir), "--output", str(tmp_path / "report"), "--max-scb-articles", "3",
                              "--max-triplets", "100"], capture_output=True, text=True, cwd=REPO, timeout=900)

@@ -24,7 +24,10 @@ def test_a_killed_runs_tensorboard_log_and_a_finished_runs_history(tmp_path, cap
     finished.mkdir()
     curve = [{"epoch": 1, "triplets_seen": 512, "val_triplet_accuracy": 0.61},
              {"epoch": 2, "triplets_seen": 1024, "val_triplet_accuracy": 0.64}]
-    (finished / "history.json").write_text(json.dumps({"learning_curve": curve}))
+    (finished / "history.json").write_text(json.dumps({
+        "learning_curve": curve, "best_val_triplet_accuracy": 0.64, "untrained_val_triplet_accuracy": 0.5,
+        "evaluation_triplets": "all", "record_counts": {}, "config": {}, "distance": "l1", "global_batch_size": 256,
+        "replicas": 1}))   # what every trainer writes (model.model_dir.HISTORY_FIELDS)
     _killed_run(killed, [0.6, 0.625, 0.65])
     curves = main(["--run", f"finished={finished}", "--run", f"killed={killed}@512",
                    "--output", str(tmp_path / "curves.png")])

@@ -1,0 +1,81 @@
+"""A model dir: the one hand-off between a trainer (`model.train` under any backend, `model.soup`,
+`model.pretrained`) and every reader of it (`eval.all` and its report, `model.export`,
+`model.curves`, the model card, `infra.scale_benchmark`). Its files are
+named here once; each is written whole (`pipeline.published.write_complete`) and read back by
+one typed reader (`read_json_object`), so a truncated or foreign file is one `error:` line naming
+it, and a reader never meets a history without a field it relies on.
+
+    MODEL/inputs.json                 what the run was trained on, its flags (`model.train`)
+    MODEL/history.json                the run's record: curves, scores, counts (HISTORY_FIELDS)
+    MODEL/checkpoints/best.weights.h5 the best validation epoch (Keras weights, any backend)
+    MODEL/encoder/                    strings-in SavedModel (`model.saved_model`; `model.export --format saved-model`)
+    MODEL/sentence-transformers/      the same weights for sentence-transformers (transformers only)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+INPUTS = "inputs.json"
+HISTORY = "history.json"
+BEST_WEIGHTS = "checkpoints/best.weights.h5"
+ENCODER = "encoder"
+SENTENCE_TRANSFORMERS = "sentence-transformers"
+# What every trainer writes into history.json and its readers rely on, by type (`model.train._score`).
+HISTORY_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "learning_curve": list, "best_val_triplet_accuracy": (int, float), "untrained_val_triplet_accuracy": (int, float),
+    "evaluation_triplets": (int, str), "record_counts": dict, "config": dict, "distance": str,
+    "global_batch_size": int, "replicas": int,
+}
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A model dir at `path` (local or gs://): its files' paths, and their typed readers and writer."""
+
+    path: str
+
+    def file(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
+    @property
+    def best_weights(self) -> str:
+        return self.file(BEST_WEIGHTS)
+
+    @property
+    def encoder(self) -> str:
+        return self.file(ENCODER)
+
+    @property
+    def sentence_transformers(self) -> str:
+        return self.file(SENTENCE_TRANSFORMERS)
+
+    def has(self, name: str) -> bool:
+        from model.storage import exists
+
+        return exists(self.file(name))
+
+    def history(self) -> dict | None:
+        """history.json, checked to hold HISTORY_FIELDS; None where there is none (an untrained
+        export: `model.pretrained`)."""
+        from pipeline.published import read_json_object
+
+        return read_json_object(self.file(HISTORY), HISTORY_FIELDS) if self.has(HISTORY) else None
+
+    def write_history(self, summary: dict) -> None:
+        from pipeline.published import write_complete
+
+        missing = sorted(set(HISTORY_FIELDS) - set(summary))
+        if missing:   # a trainer's bug, not an input: every reader would fail on it later
+            raise ValueError(f"{self.file(HISTORY)}: the summary lacks {', '.join(missing)}")
+        write_complete(self.file(HISTORY), json.dumps(summary, indent=2).encode())
+
+    def recorded_flags(self) -> dict:
+        """The flags `inputs.json` records (`model.train.recorded_flags`); a UsageError naming the
+        folder when it has none (not a `model.train` model dir) or the file when it is not one."""
+        from pipeline.cli import UsageError
+        from pipeline.published import read_json_object
+
+        if not self.has(INPUTS):
+            raise UsageError(f"--model-dir {self.path}: no {INPUTS} (not a model.train model dir)")
+        return read_json_object(self.file(INPUTS), {"flags": dict})["flags"]
