@@ -5,7 +5,7 @@
 A dataset N times as large is made beside the benchmark's output: the same shards of the train
 split, hard-linked N times under new names, and a manifest that lists every copy (validation
 and test as they are), so nothing is copied and the trainer streams N times the records. Then
-`python -m model.train` runs under `/usr/bin/time -v` with `make scale`'s recipe
+`python -m model.train` runs under `/usr/bin/time -v` (with `--backend`) with `make scale`'s recipe
 (`infra/recipe.py`) for `--steps` steps on each dataset, one after the other, and the benchmark
 prints, for each: the seconds from the process's start to its first training step (the time of
 the trainer's `first training step` log line), the trainer's own `seconds_to_first_step` (from
@@ -41,6 +41,7 @@ class ScaleBenchmarkConfig:
     times: int = flag(8, help="how many times the train split the larger dataset holds")
     recipe: str = flag(PAPER_DATASET, help="make scale's training recipe (infra/recipe.py)")
     steps: int = flag(20, help="training steps of each run (the recipe's budget is not waited for)")
+    backend: str = flag("tensorflow", help="the trainer's Keras backend (model.train --backend): tensorflow or jax")
     out: str | None = flag(None, help="folder for scale_benchmark.json and the datasets' model dirs")
 
     def __post_init__(self):
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     recipe = RECIPES[config.recipe]
     flags = [*recipe.arguments(), "--dataset", recipe.dataset, "--steps", str(config.steps), "--epochs", "1",
-             "--progress", "false"]
+             "--progress", "false", "--backend", config.backend]
     out = config.out or tempfile.mkdtemp(prefix="scale-benchmark-")
     larger = repeated_run(config.data, recipe.dataset, config.times, os.path.join(out, f"data-{config.times}x"))
     results = {}
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     ratios = {key: round(results[f"{config.times}x"][key] / results["1x"][key], 3)
               for key in ("seconds_to_first_step_from_process_start", "seconds_to_first_step_in_train", "peak_rss_mib")}
     print(f"{config.times}x / 1x: {ratios}")
-    summary = {"recipe": config.recipe, "flags": flags, "runs": results, "ratios": ratios}
+    summary = {"recipe": config.recipe, "backend": config.backend, "flags": flags, "runs": results, "ratios": ratios}
     with open(os.path.join(out, "scale_benchmark.json"), "w") as handle:
         json.dump(summary, handle, indent=2)
     return summary

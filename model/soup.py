@@ -62,11 +62,13 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 import numpy as np  # noqa: E402
 
 
-def mean_weights(runs: list[list[np.ndarray]]) -> list[np.ndarray]:
-    """The float32 mean of each weight over the runs (lists of one Net's weights, in its order)."""
-    if any(len(run) != len(runs[0]) or any(a.shape != b.shape for a, b in zip(run, runs[0])) for run in runs):
+def souped(untrained: list[np.ndarray], runs: list[list[np.ndarray]], scale: float = 1.0) -> list[np.ndarray]:
+    """The float32 mean of each weight over the runs (lists of one Net's weights, in its order),
+    `scale` of the way from the untrained Net's weights (WiSE-FT)."""
+    if any(len(run) != len(untrained) or any(a.shape != b.shape for a, b in zip(run, untrained)) for run in runs):
         raise UsageError("--model-dir: the runs are not of one Net (their weights differ in number or shape)")
-    return [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in range(len(runs[0]))]
+    means = [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in range(len(untrained))]
+    return [base + scale * (mean - base) for base, mean in zip(untrained, means)]
 
 
 def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
@@ -130,8 +132,7 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
             model.load_weights(best)
             runs.append([np.asarray(weight) for weight in model.get_weights()])
             run_accuracy.append(float(model.evaluate(validation, verbose=0, return_dict=True)["triplet_accuracy"]))
-        mean = mean_weights(runs)
-        model.set_weights([base + config.scale * (soup - base) for base, soup in zip(untrained, mean)])
+        model.set_weights(souped(untrained, runs, config.scale))
         accuracy = float(model.evaluate(validation, verbose=0, return_dict=True)["triplet_accuracy"])
     for path, value in zip(config.model_dirs, run_accuracy):
         print(f"run {path}: validation triplet accuracy {value:.4f}")

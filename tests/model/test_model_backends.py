@@ -163,14 +163,23 @@ def test_data_parallel_trains_on_two_replicas_whose_weights_stay_equal(shards, t
     assert history["replicas"] == 2 and history["global_batch_size"] == 16
 
 
-@pytest.mark.slow   # a MiniLM trainer process under JAX, then eval.all and model.export on its model dir
-def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_output, fine_tuned, tmp_path):
-    model_dir = tmp_path / "minilm-jax"
-    trained = _train_jax(embedded_pipeline_output, model_dir, "--encoder", "minilm", "--steps", "2", "--epochs", "1",
-                         "--max-tokens", "32", "--evaluation-triplets", "16")
-    _, stderr = trained.communicate(timeout=900)
-    assert trained.returncode == 0, stderr[-3000:]
-    tf_dir, _ = fine_tuned
+# Warnings that read like bugs, gone by fixing their causes (BERT's unused pooler is frozen; a
+# checkpoint is loaded into a built optimizer).
+MISLEADING = ("Gradients do not exist for variables", "Skipping variable loading for optimizer")
+
+
+@pytest.mark.slow   # MiniLM trainer processes under JAX and TensorFlow, then eval.all and model.export
+def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_output, tmp_path):
+    model_dir, tf_dir = tmp_path / "minilm-jax", tmp_path / "minilm-tf"
+    flags = ["--encoder", "minilm", "--steps", "2", "--epochs", "1", "--max-tokens", "32",
+             "--evaluation-triplets", "16"]
+    runs = [_train_jax(embedded_pipeline_output, model_dir, *flags),
+            _train_jax(embedded_pipeline_output, tf_dir, *flags, "--backend", "tensorflow",
+                       env={**JAX_ENV, "KERAS_BACKEND": "tensorflow"})]
+    for run in runs:
+        _, stderr = run.communicate(timeout=900)
+        assert run.returncode == 0, stderr[-3000:]
+        assert not [warning for warning in MISLEADING if warning in stderr], stderr[-3000:]
     assert sorted(os.listdir(model_dir)) == sorted(os.listdir(tf_dir))
     # encoder/ (written by a TensorFlow process) embeds as the JAX-trained Net does
     sentences = ["The striker scored twice in the final.", "Bake the bread in a hot oven.", "Café au lait."]
