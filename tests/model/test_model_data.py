@@ -135,7 +135,8 @@ def test_shared_sentences_are_encoded_once_and_sorted_by_length():
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_each_sentence_carries_its_section_and_padding_none(replicas):
     """What the in-batch loss masks by: the anchor's and positive's section is the anchor's, the
-    negative's its own; the rows padding a block to the batch's size have no section."""
+    negative's its own, numbered within the block (int32: one number per section key, and one key
+    per number); the rows padding a block to the batch's size have no section."""
     from model.data import NO_SECTION, SECTIONS_PER_ARTICLE
 
     triplets = _triplets(40, articles=3)
@@ -148,13 +149,16 @@ def test_each_sentence_carries_its_section_and_padding_none(replicas):
     batch = {key: tf.constant([t[key] for t in triplets[:39]]) for key in triplets[0]}
     inputs, _, _ = shared_sentences(batch, _word_ids(40), replicas)
     distinct = 0
+    assert inputs["sections"].dtype == tf.int32
     for sentences, sections in zip(inputs["sentences"].numpy(), inputs["sections"].numpy()):
+        key_of_number: dict[int, int] = {}
         for row, section in zip(sentences, sections):
             text = " ".join(vocabulary[i] for i in row if i)
             if section == NO_SECTION:
                 continue
-            assert section == section_of[text]
+            assert section >= 0 and key_of_number.setdefault(int(section), section_of[text]) == section_of[text]
             distinct += 1
+        assert len(set(key_of_number.values())) == len(key_of_number)   # another key, another number
     per_block = [len({t[key] for t in block for key in ROLES})
                  for block in ([triplets[:39]] if replicas == 1 else [triplets[:20], triplets[20:39]])]
     assert distinct == sum(per_block)

@@ -137,13 +137,21 @@ def test_more_records_than_the_manifest_lists_is_refused_and_fewer_within_the_th
     with pytest.raises(published.ShardError, match="1,000 records where the run wrote 999"):
         published.Run.open(data).verify("triplets-sen/train")
     shard = list_shards(data, "triplets-sen", "validation")[0]
-    manifest["outputs"]["triplets-sen/validation"]["shard_records"][0] += 2   # two records lost
-    manifest["outputs"]["triplets-sen/validation"]["records"] += 2
+    manifest["outputs"]["triplets-sen/validation"]["shard_records"][0] += 2   # whole, at its size, 2 fewer:
+    manifest["outputs"]["triplets-sen/validation"]["records"] += 2            # another run's shard
     manifest_path.write_text(json.dumps(manifest))
-    with pytest.raises(published.ShardError, match="64 of the 66 records"):
+    with pytest.raises(published.ShardError, match=f"{shard}: 32 records where the run wrote 34, at the same size"):
+        published.Run.open(data).verify("triplets-sen/validation", max_lost_fraction=1.0)
+    manifest["outputs"]["triplets-sen/validation"]["shard_records"][0] -= 2
+    manifest["outputs"]["triplets-sen/validation"]["records"] -= 2
+    manifest_path.write_text(json.dumps(manifest))
+    content = bytearray(Path(shard).read_bytes())     # records lost to a shard that breaks off, at its size
+    content[len(content) * 3 // 4:] = bytes(len(content) - len(content) * 3 // 4)
+    Path(shard).write_bytes(bytes(content))
+    with pytest.raises(published.ShardError, match="of the 64 records"):
         published.Run.open(data).verify("triplets-sen/validation")
-    assert published.Run.open(data).verify("triplets-sen/validation", max_lost_fraction=0.05) == 2
-    assert shard.endswith(".tfrecord.gz")
+    lost = published.Run.open(data).verify("triplets-sen/validation", max_lost_fraction=1.0)
+    assert 0 < lost < 32 and shard.endswith(".tfrecord.gz")
 
 
 def test_overwrite_deletes_only_what_a_training_run_writes(shards, tmp_path):
