@@ -107,6 +107,8 @@ def export_model_dir(config: ExportConfig) -> str:
     from model.model_dir import BEST_WEIGHTS, ModelDir
     from model.storage import claim_folder
 
+    if config.output:   # a file where the folder goes: refused first, before the model dir is read
+        refuse_file_as_folder("--output", config.output)
     model_dir = ModelDir(config.model_dir)
     weights = config.weights or model_dir.best_weights
     flags, train_config = recorded_config(config.model_dir)
@@ -120,7 +122,6 @@ def export_model_dir(config: ExportConfig) -> str:
         write_saved_models(train_config, word_ids, encoder, config.model_dir)
         return model_dir.encoder
     assert config.output is not None   # __post_init__
-    refuse_file_as_folder("--output", config.output)
     if not train_config.network.kind.exports_sentence_transformers:
         raise UsageError(f"--model-dir {config.model_dir} holds a bilstm encoder: only transformer encoders "
                          "export to sentence-transformers")
