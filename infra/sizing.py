@@ -1,8 +1,10 @@
-"""Dataflow sizing for the full English dump, projected from the pipeline's throughput measured here.
+"""Runs the pipeline twice here (the excerpt, then COPIES times it) and projects Dataflow's size for the full dump.
 
     python -m infra.sizing [--copies 4] [--dump-gb 22] [--articles 6.8e6] [--worker-vcpus 4] [--target-hours 3]
+        [--dry-run true]
 
-Runs `pipeline.run` (DirectRunner, one process) on the embedded excerpt and on a multistream dump
+`--dry-run true` prints the two runs it would make and exits. Otherwise it runs `pipeline.run`
+(DirectRunner, one process, minutes) on the embedded excerpt and on a multistream dump
 COPIES times its size (its pages repeated with new ids and titles by `pipeline.multistream`), so
 start-up cost cancels out of the marginal cost per article and per compressed MB. Costs are CPU
 seconds of this process (all its threads), not wall time, so other load on the machine does not
@@ -107,6 +109,7 @@ class SizingConfig:
     target_hours: float = flag(3.0, help="wanted wall time of the job")
     vcpu_hour_usd: float = flag(0.056, help="Dataflow batch vCPU list price")
     gb_hour_usd: float = flag(0.003557, help="Dataflow batch memory list price")
+    dry_run: bool = flag(False, help="print the two pipeline runs it would make (and where), and exit")
 
     def __post_init__(self):
         if self.copies < 2:
@@ -115,6 +118,10 @@ class SizingConfig:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_config(SizingConfig, argv, "python -m infra.sizing", __doc__.split("\n\n")[0])
+    print(f"infra.sizing runs pipeline.run twice (DirectRunner, one process), in a temporary folder: on the embedded "
+          f"excerpt, then on the excerpt repeated {args.copies} times as one multistream dump; then it projects")
+    if args.dry_run:
+        return
     with tempfile.TemporaryDirectory(prefix="wikisim-sizing-") as folder:
         small = measure(None, os.path.join(folder, "out-x1"))
         big = measure(build_copies(args.copies, folder), os.path.join(folder, f"out-x{args.copies}"))

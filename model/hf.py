@@ -186,30 +186,84 @@ def _scb_lines(result: dict, method: str) -> list[str]:
     return lines
 
 
+# The card's metadata (Hugging Face's model card YAML): the base checkpoint and its licence, by --encoder.
+BASE_MODELS = {"minilm": ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0")}
+CARD_DATASETS = ("wikimedia/wikipedia",)   # the Hub's name of the Wikipedia dumps the triplets come from
+CARD_TAGS = ("sentence-transformers", "feature-extraction", "sentence-similarity", "wikipedia-sections",
+             "triplet-loss")
+
+
+def _front_matter(encoder: str) -> str:
+    base, license_name = BASE_MODELS.get(encoder, (None, None))
+    lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+             *([f"base_model: {base}", f"license: {license_name}"] if base else []), "language:", "- en",
+             "datasets:", *(f"- {name}" for name in CARD_DATASETS), "tags:", *(f"- {tag}" for tag in CARD_TAGS),
+             "---"]
+    return "\n".join(lines)
+
+
+def _trained_on(summary: dict, flags: dict) -> str:
+    """What the card says the run was trained on: the dataset's splits and the dump, by the run's
+    own record (`pipeline.published.Run.provenance`), never a local path; only what is recorded."""
+    counts = {split: count.get("expected") for split, count in (summary.get("record_counts") or {}).items()}
+    splits = ", ".join(f"{counts[split]:,} {split}" for split in ("train", "validation", "test")
+                       if isinstance(counts.get(split), int))
+    source = summary.get("trained_on") or {}
+    dump = source.get("dump")
+    if dump:
+        dated = f", {source['dump_date']}" if source.get("dump_date") else ""
+        kept = (f"; {source['articles']:,} articles kept of {source['pages']:,} pages"
+                if isinstance(source.get("articles"), int) and isinstance(source.get("pages"), int) else "")
+        dump = f" built by wikisim's pipeline from the Wikipedia dump `{dump}`{dated}{kept}"
+    seen = (summary.get("learning_curve") or [{}])[-1].get("triplets_seen")
+    return (f"`{flags.get('dataset')}` triplets" + (f" ({splits})" if splits else "") + (dump or "") +
+            (f"; {seen:,} training triplets seen" if isinstance(seen, int) else "") +
+            (f", seed {flags['seed']}" if flags.get("seed") is not None else ""))
+
+
+def _recipe(summary: dict, flags: dict, similarity: str) -> str:
+    """The recipe's numbers the run recorded, each only where it did."""
+    parts = [(f"batch {summary.get('global_batch_size') or flags.get('batch_size')}"
+              if summary.get("global_batch_size") or flags.get("batch_size") else None),
+             (f"peak learning rate {summary.get('learning_rate') or flags.get('learning_rate'):g}"
+              if summary.get("learning_rate") or flags.get("learning_rate") else None),
+             f"distance {similarity}",
+             f"frozen layers {flags['frozen_layers']}" if flags.get("frozen_layers") is not None else None,
+             f"epochs run {summary['epochs_run']}" if summary.get("epochs_run") is not None else None,
+             f"a soup of {len(summary['soup']['runs'])} runs" if summary.get("soup") else None]
+    return ", ".join(part for part in parts if part)
+
+
+def _own_score(summary: dict, flags: dict, similarity: str) -> list[str]:
+    accuracy = summary.get("test_triplet_accuracy")
+    if not isinstance(accuracy, (int, float)) or accuracy != accuracy:   # not measured (or NaN)
+        return ["- No score was measured with this model dir; `python -m model.export --report` adds eval.all's, "
+                "with 95 % intervals."]
+    sample = summary.get("evaluation_triplets")
+    n = sample if isinstance(sample, int) else ((summary.get("record_counts") or {}).get("test") or {}).get("expected")
+    size = f", n = {n:,} triplets" if isinstance(n, int) else ""
+    return [f"- triplet accuracy ({similarity}), {flags.get('dataset')} test split{size}: {accuracy:.3f} "
+            "(model.train's own score; `python -m model.export --report` adds eval.all's, with 95 % intervals)"]
+
+
 def model_card(summary: dict, name: str, similarity: str, max_tokens: int, report_lines: list[str],
                dim: int) -> str:
-    """The README.md of the export: what it is, what it was trained on, its scores, how to load it."""
+    """The README.md of the export, as a Hugging Face user would publish it: YAML metadata (the
+    base checkpoint, its licence, the language and data), what it was trained on (by the run's
+    own record, not a local path), its scores only where measured, each with its split and n, and
+    how to load it. No field reads None or nan, whichever trainer wrote the model dir."""
     flags = summary.get("config", {})
-    curve = summary.get("learning_curve") or [{}]
-    scores = report_lines or [f"- triplet accuracy ({similarity}) on the test split of {flags.get('dataset')} "
-                              f"({summary.get('evaluation_triplets', 'all')} triplets): "
-                              f"{summary.get('test_triplet_accuracy', float('nan')):.3f} (model.train's own score; "
-                              "`python -m model.export --report` adds eval.all's, with 95 % intervals)"]
-    return f"""---
-library_name: sentence-transformers
-pipeline_tag: sentence-similarity
-tags: [sentence-transformers, feature-extraction, sentence-similarity, wikipedia-sections]
----
+    base = BASE_MODELS.get(flags.get("encoder"), (flags.get("encoder"), None))[0]
+    scores = report_lines or _own_score(summary, flags, similarity)
+    return f"""{_front_matter(flags.get('encoder'))}
 
 # {name}: thematic sentence similarity learned from Wikipedia sections
 
-The `{flags.get('encoder')}` checkpoint fine-tuned as a triplet network (Ein Dor et al., ACL 2018):
+[{base}](https://huggingface.co/{base}) fine-tuned as a triplet network (Ein Dor et al., ACL 2018):
 two sentences of one Wikipedia section should be closer than a sentence of another section.
 
-- Trained on: `{flags.get('dataset')}` of the pipeline output `{flags.get('data')}`,
-  {curve[-1].get('triplets_seen', 'unknown')} triplets seen, seed {flags.get('seed')}.
-- Recipe: batch {flags.get('batch_size')}, learning rate {summary.get('learning_rate')},
-  distance {similarity}, frozen layers {flags.get('frozen_layers')}, epochs run {summary.get('epochs_run')}.
+- Trained on: {_trained_on(summary, flags)}.
+- Recipe: {_recipe(summary, flags, similarity)}.
 - Embeddings: {dim} floats, mean pooling over at most {max_tokens}
   wordpieces; compare them by **{Similarity(similarity).fn_name}** similarity.
 
@@ -232,6 +286,9 @@ embeddings = model.encode(["A sentence.", "Another one."])
 ```
 
 keras-hub: `keras_hub.models.BertBackbone.from_preset("THIS_FOLDER")` (mean-pool its
-`sequence_output` over the padding mask). TF Serving: serve the model dir's `encoder/` SavedModel,
-which takes raw strings (`model.encoder.load_encoder` in this project).
+`sequence_output` over the padding mask). Its `BertTokenizer` does not strip accents as this
+checkpoint's tokenizer does, so on accented text ("Café", "Zürich") its embeddings differ from
+the ones above; tokenise with `tokenizers` (`tokenizer.json`) instead. TF Serving: serve the
+model dir's `encoder/` SavedModel, which takes raw strings (`model.encoder.load_encoder` in this
+project).
 """

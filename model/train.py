@@ -760,6 +760,7 @@ def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, bes
         "vocabulary_size": len(vocabulary) if vocabulary else None,
         "skipped_records": skipped,
         "record_counts": counts,
+        "trained_on": job.run.provenance(),
         "replicas": job.replicas,
         **({"device": device_kind()} if config.runtime.backend == "jax" and device_kind() != "cpu" else {}),
         "global_batch_size": job.global_batch,

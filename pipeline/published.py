@@ -348,6 +348,25 @@ class Run:
                                 "(it failed, still runs, or the path is wrong)")
         return cls(root, Manifest.parse(raw, path), hashlib.sha256(raw).hexdigest())
 
+    def provenance(self) -> dict:
+        """What the run was made from, as a model card names it (never a local path): the dump's
+        file name, its wiki and date (`enwiki-20190720-...`), the pages read and the articles
+        kept, from the run's stats.json; {} where the run records none."""
+        if not self.manifest.stats:
+            return {}
+        try:
+            stats = read_json_object(self.path(self.manifest.stats))
+        except (UsageError, OSError):
+            return {}
+        dump = posixpath.basename(str(stats.get("input") or "").rstrip("/"))
+        reconciliation = stats.get("reconciliation") or {}
+        found = {"dump": dump or None, "pages": reconciliation.get("pages_read"),
+                 "articles": (reconciliation.get("outcomes") or {}).get("articles_used")}
+        dated = re.match(r"([a-z_]+wiki)-(\d{4})(\d\d)(\d\d)", dump)
+        if dated:
+            found.update(wiki=dated.group(1), dump_date="-".join(dated.group(2, 3, 4)))
+        return {key: value for key, value in found.items() if value is not None}
+
     def output(self, folder: str) -> Output:
         if folder not in self.manifest.outputs:
             raise ManifestError(f"{self.root}/{MANIFEST} lists no {folder} (it lists "

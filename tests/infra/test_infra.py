@@ -4,8 +4,11 @@ Nothing here calls Google Cloud: Dataflow options are checked with Beam's own va
 specs with the Vertex AI / Dataflow client libraries' message types.
 """
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import apache_beam
@@ -491,3 +494,16 @@ def test_submit_runs_from_any_folder_once_installed(tmp_path):
     imported = subprocess.run([sys.executable, "-c", "import infra.submit; print(infra.submit.__file__)"],
                               cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env).stdout
     assert imported.startswith(str(site))
+
+
+def test_sizing_says_what_it_runs_and_its_dry_run_runs_nothing(tmp_path):
+    """Its help says that it runs the pipeline twice; `--dry-run true` prints the runs and exits."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    helped = subprocess.run([sys.executable, "-m", "infra.sizing", "--help"], capture_output=True, text=True,
+                            cwd=REPO, env=env, timeout=120)
+    assert helped.returncode == 0 and "Runs the pipeline twice here" in helped.stdout
+    done = subprocess.run([sys.executable, "-m", "infra.sizing", "--dry-run", "true", "--copies", "3"],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "runs pipeline.run twice" in done.stdout and "repeated 3 times" in done.stdout
+    assert "measured" not in done.stdout and os.listdir(tmp_path) == []     # no run, no temporary folder

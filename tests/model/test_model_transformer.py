@@ -3,10 +3,12 @@ export equal to the backbone's mean-pooled states, and the trainer fine-tuning i
 import importlib.util
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 
 from model.config import TrainConfig
 from model.encoder import SavedModelEncoder
@@ -147,7 +149,15 @@ def test_the_sentence_transformers_export_holds_the_fine_tuned_weights(fine_tune
     assert json.loads((folder / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "cosine"
     assert {"vocab.txt", "tokenizer.json", "config.json", "model.safetensors"} <= {p.name for p in folder.iterdir()}
     card = (folder / "README.md").read_text()
-    assert "library_name: sentence-transformers" in card and "16 triplets seen" in card
+    front = yaml.safe_load(card.split("---\n")[1])   # the Hub's model card metadata
+    assert {key: front[key] for key in ("library_name", "pipeline_tag", "base_model", "license", "language")} == {
+        "library_name": "sentence-transformers", "pipeline_tag": "sentence-similarity",
+        "base_model": "sentence-transformers/all-MiniLM-L6-v2", "license": "apache-2.0", "language": ["en"]}
+    assert front["datasets"] and "sentence-transformers" in front["tags"]
+    assert "16 training triplets seen" in card and "articles kept of" in card and "enwiki-" in card
+    assert not re.search(r"\bNone\b|\bnan\b", card) and str(model_dir.parent) not in card and "/tmp" not in card
+    # every file as readable as any other the user writes (safetensors' own writer made 0600 files)
+    assert {oct(path.stat().st_mode & 0o777) for path in folder.rglob("*") if path.is_file()} == {"0o644"}
 
 
 def test_model_export_rewrites_the_same_folder_from_the_model_dir(fine_tuned, tmp_path):
