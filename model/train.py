@@ -302,7 +302,8 @@ def _refuse_other_inputs(config: TrainConfig, inputs: dict, previous: dict) -> N
             "--model-dir")
     before = recorded_flags(config, previous.get("flags", inputs["flags"]))
     differing = [f"--{name.replace('_', '-')} {before.get(name)} -> {value}" for name, value in
-                 inputs["flags"].items() if name not in STATE_INPUTS and before.get(name) != value]
+                 inputs["flags"].items()   # a flag the run's version did not have (`--backend`) is its default
+                 if name not in STATE_INPUTS and name in before and before[name] != value]
     if differing:
         raise TripletDataError(
             f"--model-dir {config.runtime.model_dir} holds a run with other flags ({', '.join(differing)}); "
