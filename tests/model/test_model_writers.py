@@ -118,6 +118,10 @@ def test_a_resume_that_spells_out_a_default_or_a_trailing_slash_is_the_same_run(
     claim_model_dir(config.with_flags(dropout=0.2, data=shards + "/", learning_rate=1e-3, distance="l1"), model_dir)
     with pytest.raises(TripletDataError, match=r"--dropout 0.2 -> 0.3"):
         claim_model_dir(config.with_flags(dropout=0.3), model_dir)
+    recorded = json.loads((tmp_path / "m" / "inputs.json").read_text())
+    del recorded["flags"]["backend"]                      # a run recorded before --backend existed
+    (tmp_path / "m" / "inputs.json").write_text(json.dumps(recorded))
+    claim_model_dir(config, model_dir)
     assert (tmp_path / "m" / "vocabulary.txt").exists()
 
 
