@@ -153,3 +153,17 @@ def test_a_stale_lease_empty_invalid_or_of_a_reused_pid_never_blocks_overwrite(r
     (run_folder / outputs.UNPUBLISHED).write_text(json.dumps({"files": sorted(files), "folders": ["scb"]}))
     outputs.claim_output(str(run_folder), overwrite=True, folders=["scb"])   # not refused as being read
     assert json.loads((run_folder / published.LOCK).read_text())["pid"] == os.getpid()
+
+
+def test_a_runs_provenance_names_its_dump_never_a_local_path(run_folder):
+    """What a model card says a model was trained on: the dump's file name, wiki and date, pages
+    read and articles kept, from the run's stats.json; nothing where the run records none."""
+    assert Run.open(str(run_folder)).provenance() == {}          # no stats.json
+    stats = {"input": "/home/me/dumps/enwiki-20190720-pages-articles-multistream.xml.bz2",
+             "reconciliation": {"pages_read": 18825, "outcomes": {"articles_used": 8635}}}
+    (run_folder / "stats.json").write_text(json.dumps(stats))
+    assert Run.open(str(run_folder)).provenance() == {
+        "dump": "enwiki-20190720-pages-articles-multistream.xml.bz2", "wiki": "enwiki", "dump_date": "2019-07-20",
+        "pages": 18825, "articles": 8635}
+    (run_folder / "stats.json").write_text("{cut sho")
+    assert Run.open(str(run_folder)).provenance() == {}          # a damaged record names nothing
