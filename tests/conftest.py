@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -95,10 +96,17 @@ def fine_tuned(embedded_pipeline_output, tmp_path_factory):
     from model.train import train
 
     model_dir = tmp_path_factory.mktemp("models") / "minilm-sen"
-    summary = train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
-                                           encoder="minilm", epochs=1, steps=2, batch_size=8, max_tokens=32,
-                                           warmup_triplets=8, evaluation_triplets=16, progress=False))
+    with warnings.catch_warnings(record=True) as caught:   # what its log would show: TRAINING_WARNINGS
+        warnings.simplefilter("always")
+        summary = train(TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(model_dir),
+                                               encoder="minilm", epochs=1, steps=2, batch_size=8, max_tokens=32,
+                                               warmup_triplets=8, evaluation_triplets=16, progress=False))
+    (model_dir.parent / TRAINING_WARNINGS).write_text("\n".join(str(warning.message) for warning in caught))
     return model_dir, summary
+
+
+# Beside `fine_tuned`'s model dir: the warnings its training raised, one a line.
+TRAINING_WARNINGS = "training-warnings.txt"
 
 
 # Fixtures that run the real pipeline, train, or start the emulator: minutes, not seconds.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TRAINING_WARNINGS
 from model_shards import FILLER, TOPICS, write_triplet_shards
 
 from model.config import TrainConfig
@@ -168,19 +169,17 @@ def test_data_parallel_trains_on_two_replicas_whose_weights_stay_equal(shards, t
 MISLEADING = ("Gradients do not exist for variables", "Skipping variable loading for optimizer")
 
 
-@pytest.mark.slow   # MiniLM trainer processes under JAX and TensorFlow, then eval.all and model.export
-def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_output, tmp_path):
-    model_dir, tf_dir = tmp_path / "minilm-jax", tmp_path / "minilm-tf"
-    flags = ["--encoder", "minilm", "--steps", "2", "--epochs", "1", "--max-tokens", "32",
-             "--evaluation-triplets", "16"]
-    runs = [_train_jax(embedded_pipeline_output, model_dir, *flags),
-            _train_jax(embedded_pipeline_output, tf_dir, *flags, "--backend", "tensorflow",
-                       env={**JAX_ENV, "KERAS_BACKEND": "tensorflow"})]
-    for run in runs:
-        _, stderr = run.communicate(timeout=900)
-        assert run.returncode == 0, stderr[-3000:]
-        assert not [warning for warning in MISLEADING if warning in stderr], stderr[-3000:]
+@pytest.mark.slow   # a MiniLM trainer process under JAX, then eval.all and model.export on its model dir
+def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_output, fine_tuned, tmp_path):
+    model_dir = tmp_path / "minilm-jax"
+    trained = _train_jax(embedded_pipeline_output, model_dir, "--encoder", "minilm", "--steps", "2", "--epochs", "1",
+                         "--max-tokens", "32", "--evaluation-triplets", "16")
+    _, stderr = trained.communicate(timeout=900)
+    assert trained.returncode == 0, stderr[-3000:]
+    tf_dir, _ = fine_tuned   # the same 2-step MiniLM run under TensorFlow (tests/conftest.py)
     assert sorted(os.listdir(model_dir)) == sorted(os.listdir(tf_dir))
+    for log in (stderr, (tf_dir.parent / TRAINING_WARNINGS).read_text()):
+        assert not [warning for warning in MISLEADING if warning in log], log[-3000:]
     # encoder/ (written by a TensorFlow process) embeds as the JAX-trained Net does
     sentences = ["The striker scored twice in the final.", "Bake the bread in a hot oven.", "Café au lait."]
     done = _in_jax(f"""
@@ -200,8 +199,8 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
     cosines = (under_jax * exported).sum(1) / np.linalg.norm(under_jax, axis=1) / np.linalg.norm(exported, axis=1)
     assert cosines.min() > 0.9999, cosines
     report = subprocess.run([sys.executable, "-m", "eval.all", "--data", str(embedded_pipeline_output), "--model-dir",
-                             str(model_dir), "--output", str(tmp_path / "report"), "--max-scb-articles", "3",
-                             "--max-triplets", "100"], capture_output=True, text=True, cwd=REPO, timeout=900)
+                             str(model_dir), "--output", str(tmp_path / "report"), "--max-scb-articles", "1",
+                             "--max-triplets", "50"], capture_output=True, text=True, cwd=REPO, timeout=900)
     assert report.returncode == 0, report.stderr[-3000:]
     rows = json.loads((tmp_path / "report" / "triplets.json").read_text())["methods"]
     assert "minilm-jax" in [row["method"] for row in rows]
