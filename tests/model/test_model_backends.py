@@ -46,6 +46,7 @@ SECTIONS = [7, 7, 8, 7, -1]
 ROLES = [[0, 1, 2], [3, 1, 2]]
 
 
+@pytest.mark.slow   # a JAX process
 def test_the_in_batch_mask_leaves_out_the_anchors_section_on_both_backends():
     under_tf = np.asarray(in_batch_scores(np.array([EMBEDDINGS], np.float32), np.array([ROLES]),
                                           np.array([SECTIONS]), "cosine"))
@@ -63,6 +64,7 @@ def test_the_in_batch_mask_leaves_out_the_anchors_section_on_both_backends():
     np.testing.assert_array_equal(under_jax[:, 1:] > MASKED_SCORE / 2, [[False, False, True, False, False]] * 2)
 
 
+@pytest.mark.slow   # a JAX process each
 @pytest.mark.parametrize("loss, distance", [("triplet", "l1"), ("sum", "cosine")])
 def test_both_backends_give_the_same_loss_and_accuracy_on_the_same_batch_and_weights(shards, tmp_path, loss,
                                                                                       distance):
