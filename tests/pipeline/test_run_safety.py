@@ -410,21 +410,27 @@ def test_an_output_path_with_brackets_is_one_error_line_and_claims_nothing(small
     assert not out.exists()
 
 
+def _run_holding_its_lock(out, env: dict, output) -> subprocess.Popen:
+    """A real `pipeline.run` into `out`, returned a second after it took the folder (its lock is there)."""
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *FAST], cwd=REPO,
+                           stdout=output, stderr=output, text=True, env=env)
+    deadline = time.monotonic() + 300
+    while not (out / outputs.LOCK).exists():
+        assert run.poll() is None and time.monotonic() < deadline, "the run never took the folder"
+        time.sleep(0.1)
+    time.sleep(1)
+    return run
+
+
 def test_ctrl_c_is_one_line_exit_130_with_the_lock_released_and_no_temporary_folder_left(tmp_path):
     import signal
-    import time
 
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     out = tmp_path / "out"
-    launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *FAST], cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "TMPDIR": str(temporary)})
-    deadline = time.monotonic() + 300
-    while not (out / outputs.LOCK).exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, "the run never took the folder"
-        time.sleep(0.1)
-    time.sleep(1)
+    launcher = _run_holding_its_lock(out, {**os.environ, "TMPDIR": str(temporary)}, subprocess.PIPE)
     launcher.send_signal(signal.SIGINT)
     _, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr[-2000:]
@@ -587,20 +593,13 @@ def test_a_killed_runs_temporary_folder_is_removed_by_the_next_run(small_multist
     """SIGKILL leaves the run's private TMPDIR folder (nothing of it runs to remove it); the next
     run removes it, and leaves a live process's folder alone."""
     import signal
-    import time
 
     dump, _ = small_multistream
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     env = {**os.environ, "TMPDIR": str(temporary)}
     out = tmp_path / "out"
-    killed = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *FAST], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)   # the whole excerpt
-    deadline = time.monotonic() + 300
-    while not (out / outputs.LOCK).exists():
-        assert killed.poll() is None and time.monotonic() < deadline, "the run never took the folder"
-        time.sleep(0.1)
-    time.sleep(1)
+    killed = _run_holding_its_lock(out, env, subprocess.DEVNULL)   # the whole excerpt
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     left = [name for name in os.listdir(temporary) if name.startswith(f"wikisim-run-{killed.pid}-")]
