@@ -72,19 +72,18 @@ def recorded_config(model_dir: str) -> tuple[dict, TrainConfig]:
                          f"network from ({why})") from None
 
 
-def rebuilt(model_dir: str, weights: str):
-    """(recorded flags, TrainConfig under TensorFlow, word ids, Net, triplet model with `weights`
-    loaded): a model dir's network rebuilt from what `inputs.json` records, whichever backend
-    trained it (Keras weights files are the same under every backend)."""
+def network_of(train_config: TrainConfig):
+    """(word ids, Net, compiled triplet model) of a recorded TrainConfig under TensorFlow, built
+    as the trainer builds them (its weights the untrained ones: the checkpoint's, for a
+    transformer): what `rebuilt` loads a model dir's weights into, and what `model.soup` averages
+    runs from."""
     from model.encoder import load_encoder
     from model.text import WordIds
     from model.train import build_models, embedding_matrix
 
-    flags, train_config = recorded_config(model_dir)
-    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
     inputs, optimizer = train_config.inputs, train_config.optimizer
     if train_config.network.kind.reads_word_vectors:
-        with open(os.path.join(model_dir, "vocabulary.txt"), encoding="utf-8") as handle:
+        with open(os.path.join(train_config.runtime.model_dir, "vocabulary.txt"), encoding="utf-8") as handle:
             vocabulary = handle.read().splitlines()
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, train_config)
@@ -94,6 +93,16 @@ def rebuilt(model_dir: str, weights: str):
         word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder), None
     teacher_dim = load_encoder(optimizer.teacher).dim if optimizer.teacher else None
     encoder, model = build_models(train_config, matrix, global_batch=optimizer.batch_size, teacher_dim=teacher_dim)
+    return word_ids, encoder, model
+
+
+def rebuilt(model_dir: str, weights: str):
+    """(recorded flags, TrainConfig under TensorFlow, word ids, Net, triplet model with `weights`
+    loaded): a model dir's network rebuilt from what `inputs.json` records, whichever backend
+    trained it (Keras weights files are the same under every backend)."""
+    flags, train_config = recorded_config(model_dir)
+    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
+    word_ids, encoder, model = network_of(train_config)
     model.optimizer.build(model.trainable_variables)   # the checkpoint holds its state too
     model.load_weights(weights)
     return flags, train_config, word_ids, encoder, model

@@ -103,26 +103,17 @@ def soup(config: SoupConfig) -> dict:
 
 
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
-    from model.encoder import load_encoder
+    from model.export import network_of
     from model.model_dir import ModelDir
     from model.saved_model import write_saved_models
-    from model.train import (
-        build_models,
-        evaluation_batches,
-        export_sentence_transformers,
-        open_run,
-    )
-    from model.transformer import token_ids
+    from model.train import evaluation_batches, export_sentence_transformers, open_run
     from pipeline.published import write_complete
 
     if train_config.network.kind.reads_word_vectors:
         raise UsageError("--model-dir: a soup of BiLSTM runs is not made (each has its own vocabulary); soups are "
                          "of a pre-trained transformer's fine-tuned runs")
     run = open_run(train_config.inputs.data)
-    word_ids = token_ids(train_config.inputs.max_tokens, train_config.network.encoder)
-    teacher = train_config.optimizer.teacher
-    encoder, model = build_models(train_config, None, global_batch=train_config.optimizer.batch_size,
-                                  teacher_dim=load_encoder(teacher).dim if teacher else None)
+    word_ids, encoder, model = network_of(train_config)
     untrained = [np.asarray(weight) for weight in model.get_weights()]
     runs = []
     with run.reading():
