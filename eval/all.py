@@ -4,7 +4,7 @@
                        [--sick SICK.txt] [Beam options for the SCB job]
 
 Each method first embeds every distinct sentence of the driver's evaluations once (the test
-split's triplets and SICK; `model.embedding_cache`, kept in `<output>/embeddings/`), which triplet
+split's triplets and SICK; `model.encoding.embedding_cache`, kept in `<output>/embeddings/`), which triplet
 accuracy on the test split of triplets-sen and, when `--sick` is given, SICK relatedness score.
 The SCB clustering job (Beam) is the only reader of the SCB files: its workers embed the articles
 they score (`eval.scb` says why: no driver holds a full dump's SCB). Each evaluation writes its
@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from model.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
-from model.model_dir import ModelDir
+from model.encoding.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
+from model.training.model_dir import ModelDir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
@@ -114,7 +114,7 @@ def _embed(args: ReportConfig,
     from apache_beam.io.filesystems import FileSystems
 
     from eval import sick, triplets
-    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+    from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 
     triplet_config = triplets.TripletsConfig(data=args.data, output=args.output, methods=args.methods,
                                              max_triplets=args.max_triplets, seed=args.seed)

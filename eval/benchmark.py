@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from model.encoders import EncoderSpec, Methods, SpecKind, load_encoder
-from model.hf import EXPORT_FOLDER
+from model.encoding.encoders import EncoderSpec, Methods, SpecKind, load_encoder
+from model.formats.hf import EXPORT_FOLDER
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
@@ -138,7 +138,7 @@ def keras_vs_sentence_transformers(spec: EncoderSpec, folder: str, articles: lis
     TensorFlow's thread count; after one warm-up article each (graph tracing, lazy loading)."""
     import torch
 
-    from model.encoder import SavedModelEncoder
+    from model.encoding.encoder import SavedModelEncoder
 
     keras = SavedModelEncoder(spec.paths[0], name=spec.name)
     torch.set_num_threads(tensorflow_threads())
@@ -181,7 +181,7 @@ def sentence_transformers_markdown(rows: list[dict]) -> str:
 
 def sentence_transformers_class() -> Callable[..., Any]:
     """`SentenceTransformer`, imported before TensorFlow loads (PyTorch after it can crash the
-    process: model.encoders); where it is not installed, a usage error naming the flag."""
+    process: model.encoding.encoders); where it is not installed, a usage error naming the flag."""
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError:

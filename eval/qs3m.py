@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from model.encoder import SentenceEncoder
-from model.encoders import EncoderSpec, load_encoders
+from model.encoding.encoder import SentenceEncoder
+from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
@@ -45,7 +45,8 @@ class Qs3mEvalConfig:
     model_dir: str = flag(help="the --output of python -m model.qs3m")
     output: str = flag(help="where qs3m.json, qs3m.md and qs3m-*.png go (local or gs://)")
     split: str = flag("test", help="the article split whose queries are clustered")
-    encoder: str = flag("from-model", help="a model.encoders spec; from-model = the one the models were trained on")
+    encoder: str = flag("from-model", help="a model.encoding.encoders spec; from-model = the one the models were "
+                                                    "trained on")
     lda_topics: int = flag(20, help="topics of the LDA baseline")
     max_queries: int | None = flag(None, help="score a seeded sample of this many articles of --split; none = all")
     corpus_queries: int | None = flag(2000, help="articles (a seeded sample of every split) that TF-IDF and LDA "
@@ -115,18 +116,18 @@ DistanceFn = Callable[[int], np.ndarray]  # query index -> passage distance matr
 
 def baseline_methods(queries: Sequence[Query], passage_vectors: Callable[[int], np.ndarray],
                      corpus: list[str], lda_topics: int, seed: int) -> dict[str, DistanceFn]:
-    """The four unsupervised baselines, all on `model.text.tokenize` tokens.
+    """The four unsupervised baselines, all on `model.net.text.tokenize` tokens.
 
     TF-IDF and LDA are fitted once on every passage of `corpus` (the articles of every split, or a
     seeded sample of `--corpus-queries` of them; no labels are used). Not
-    `model.encoders.TfidfEncoder`: it fits its IDF on each call, i.e. on one query's few passages,
+    `model.encoding.encoders.TfidfEncoder`: it fits its IDF on each call, i.e. on one query's few passages,
     which on the embedded excerpt scored a flat ARI of 0.054 against 0.122 with corpus IDF.
     """
     from sklearn.decomposition import LatentDirichletAllocation
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS, CountVectorizer, TfidfVectorizer
     from sklearn.metrics.pairwise import cosine_distances, euclidean_distances
 
-    from model.text import tokenize
+    from model.net.text import tokenize
 
     tokens = tokenize(corpus)
     tfidf = TfidfVectorizer(analyzer=lambda words: words, sublinear_tf=True).fit(tokens)

@@ -40,13 +40,13 @@ def read_jsonl(pattern: str) -> list[dict]:
 
 
 # What the eval commands write into their --output (one report folder may hold all of them): a
-# folder holding anything else, a model dir or a run, is refused (`model.storage.claim_folder`).
+# folder holding anything else, a model dir or a run, is refused (`model.training.storage.claim_folder`).
 REPORT_WRITES = ("report.", "scb", "triplets", "sick", "learning_curves", "qs3m", "embeddings", "beam-temp-")
 
 
 def claim_report_folder(output: str) -> None:
     """Claims `--output` for the eval commands, which replace their own files as they write them."""
-    from model.storage import claim_folder
+    from model.training.storage import claim_folder
 
     claim_folder(output, "eval", REPORT_WRITES, "--output", None)
 

@@ -6,7 +6,7 @@ reads `<data>/scb/*.jsonl.gz` (local or gs://), and per article and method: enco
 once, clusters them with k-means, Iclust and average-link (k = the article's number of sections)
 and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Each method
 embeds the articles through Beam's RunInference with the project's handler
-(`model.inference.EncoderModelHandler`: the encoder built once per worker from its spec string, an
+(`model.encoding.inference.EncoderModelHandler`: the encoder built once per worker from its spec string, an
 article's sentences encoded together). Per-article rows go to
 `<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
 driver then macro-averages per method x algorithm x variant and writes the report files.
@@ -16,7 +16,7 @@ sizes (`check_scb_input`, no record read), the job reads, parses and samples the
 embed their own articles, and the driver compares the records the job read with the manifest's
 count (`check_scb_read`). So the SCB scales out with the workers: on a full dump's SCB no
 machine holds every article or vector, where a driver that read the articles to embed them
-(into `model.embedding_cache`) would hold them all.
+(into `model.encoding.embedding_cache`) would hold them all.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from model.encoders import Methods, check_encoder_specs, method_names
+from model.encoding.encoders import Methods, check_encoder_specs, method_names
 from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
@@ -206,7 +206,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
     # encoded together), each adding its embeddings to the article's; then all are scored at once.
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference  # PyTorch too, where installed
 
-    from model.inference import EncoderModelHandler
+    from model.encoding.inference import EncoderModelHandler
 
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
     specs = config.methods.specs()

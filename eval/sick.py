@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from model.encoders import EncoderSpec, Methods, load_encoders
+from model.encoding.encoders import EncoderSpec, Methods, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 CLASSES = np.arange(1, 6)

@@ -6,10 +6,10 @@ A triplet counts as correct when the anchor is strictly closer to the positive t
 negative (ties count as wrong, like the trainer's own accuracy). Every method is scored both with
 cosine similarity (how the paper scores its baselines) and with L1 distance (the trained
 network's own metric), so no method needs special handling. Each method embeds each distinct
-sentence once (`model.embedding_cache`: `<output>/embeddings/<method>.parquet`, reused by a later
+sentence once (`model.encoding.embedding_cache`: `<output>/embeddings/<method>.parquet`, reused by a later
 run while the sentences and the encoder are the same); TF-IDF encodes the split's distinct
 sentences in one call, its IDF fitted on them, and stays sparse. Shards are read with
-`model.data` (local or gs://), in a fixed order, so the bootstrap's intervals repeat exactly.
+`model.training.data` (local or gs://), in a fixed order, so the bootstrap's intervals repeat exactly.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from eval.intervals import comparisons, proportion_interval
-from model.encoders import EncoderSpec, Methods, check_encoder_specs, load_encoders
+from model.encoding.encoders import EncoderSpec, Methods, check_encoder_specs, load_encoders
 from model.similarity import REPORTED, Similarity
 from pipeline import records
 from pipeline.cli import UsageError, flag, parse_config, run_cli
@@ -51,8 +51,8 @@ class TripletsConfig:
 def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None = None,
                   seed: int = 0) -> dict[str, list[str]]:
     """{role: sentences} (`records.ROLES`): parallel lists of sentences of one split, or of a
-    seeded sample of `max_triplets` of them (`model.data.triplet_sample`, the trainer's too)."""
-    from model.data import open_run, triplet_sample, triplet_strings  # TensorFlow: after the flags parse
+    seeded sample of `max_triplets` of them (`model.training.data.triplet_sample`, the trainer's too)."""
+    from model.training.data import open_run, triplet_sample, triplet_strings  # TensorFlow: after the flags parse
 
     columns: dict[str, list[str]] = {role: [] for role in records.ROLES}
     run = open_run(data)
@@ -104,7 +104,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[S
 
 def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
     """The split's triplets (or the configured sample), checked whole against the run's manifest."""
-    from model.data import open_run, verify_split  # TensorFlow: after the flags parse
+    from model.training.data import open_run, verify_split  # TensorFlow: after the flags parse
 
     verify_split(open_run(config.data), config.dataset, config.split)   # the whole split as the run wrote it
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
@@ -123,7 +123,7 @@ def run(config: TripletsConfig, triplets: dict[str, list[str]] | None = None,
     from apache_beam.io.filesystems import FileSystems  # Beam, pyarrow, matplotlib: after the flags parse
 
     from eval.report import write_triplets_report
-    from model.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
+    from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, cache_embeddings
 
     triplets = triplets or read_test_triplets(config)
     if specs is None:
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     from apache_beam.io.filesystems import FileSystems
 
     from eval.report import claim_report_folder, triplets_markdown
-    from model.data import open_run
+    from model.training.data import open_run
 
     with open_run(config.data).reading():
         triplets = read_test_triplets(config)

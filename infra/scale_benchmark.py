@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-from model.model_dir import ModelDir
+from model.training.model_dir import ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 from pipeline.records import PAPER_DATASET
 

@@ -13,11 +13,11 @@ thousands of articles, and an article-chunk batch about as many. The variants ad
   role padded to its own longest sentence, the encoder called three times (anchor, positive,
   negative);
 * `+one call`: the encoder called once on the batch's sentences stacked ([3n, t]);
-* `+length groups`: batches of similar-length triplets (`model.data.LENGTH_BOUNDARIES`);
+* `+length groups`: batches of similar-length triplets (`model.training.data.LENGTH_BOUNDARIES`);
 * `+batch B`: the trainer's batch size (`--batch-size`, default 128);
 * `+article chunks`: batches made of chunks of `--article-chunk` triplets of one article
   (instead of length groups), each distinct sentence of the batch encoded once;
-* `+length slices`: the distinct sentences encoded in `model.network.LENGTH_SLICES`
+* `+length slices`: the distinct sentences encoded in `model.net.network.LENGTH_SLICES`
   length-sorted slices, each padded to its own longest sentence: the trainer's default;
 * `+XLA`: the training step compiled with XLA (`jit_compile`); kept off in the trainer when
   it does not pay.
@@ -27,7 +27,7 @@ process and as 2 worker processes of one MultiWorkerMirroredStrategy job over lo
 (TF_CONFIG), each replica with `--batch-size` triplets per step (so 2 workers train a global
 batch twice as large), side by side in one run: triplets/s of each and their ratio to 1 process.
 
-With `--encoder minilm` the Net is the transformer (`model.transformer`) and the variants are
+With `--encoder minilm` the Net is the transformer (`model.net.transformer`) and the variants are
 `baseline` (as above), `+article chunks` (one call on the distinct sentences),
 `+length slices 3` and `+2 layers frozen` (the embeddings and two lowest layers not trained).
 
@@ -91,11 +91,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from model.data import ARTICLE_ID, article_chunks, open_run, training_batches, triplet_strings  # noqa: E402
-from model.network import LENGTH_SLICES  # noqa: E402
-from model.text import WordIds  # noqa: E402
+from model.net.network import LENGTH_SLICES  # noqa: E402
+from model.net.text import WordIds  # noqa: E402
+from model.net.transformer import token_ids  # noqa: E402
 from model.train import build_models, build_vocabulary, embedding_matrix  # noqa: E402
-from model.transformer import token_ids  # noqa: E402
+from model.training.data import ARTICLE_ID, article_chunks, open_run, training_batches, triplet_strings  # noqa: E402
 from pipeline.records import ROLES  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
@@ -156,7 +156,7 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
 
 
 def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Dataset:
-    """About `n_triplets` training triplets: the first chunk (`model.data.article_chunks`) of
+    """About `n_triplets` training triplets: the first chunk (`model.training.data.article_chunks`) of
     each article, until enough, in memory; the same in every process (shards read in a fixed order),
     as the workers of a scaling run must build the same global batches."""
     chunks, articles = [], set()
@@ -238,8 +238,8 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     pipeline alone over the same batches (what every worker spends tokenising global batches) and
     the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
     (docs/distributed.md)."""
-    from model.data import distributed_by_blocks
     from model.train import make_strategy
+    from model.training.data import distributed_by_blocks
 
     strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
     word_ids, matrix = sentence_ids(config)

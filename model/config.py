@@ -40,7 +40,7 @@ VOCABULARIES = ("embeddings", "train")
 class NetworkKind(StrEnum):
     """`--encoder`, the kind of Net: the paper's BiLSTM over word vectors, or a pre-trained
     transformer checkpoint fine-tuned; what differs between them in training, export and plots
-    is read from here (`model.network.build_net` builds either). Saved configs (history.json,
+    is read from here (`model.net.network.build_net` builds either). Saved configs (history.json,
     inputs.json) keep the flag's string, `NetworkKind(config["encoder"])` reads it back."""
 
     BILSTM = "bilstm"
@@ -63,7 +63,7 @@ class NetworkKind(StrEnum):
 
     @property
     def exports_sentence_transformers(self) -> bool:
-        """The trainer also writes its weights for sentence-transformers (`model.hf`), which has no BiLSTM."""
+        """The trainer also writes its weights for sentence-transformers (`model.formats.hf`), which has no BiLSTM."""
         return self.pretrained
 
     @property
@@ -84,7 +84,7 @@ class NetworkKind(StrEnum):
 ENCODERS = tuple(kind.value for kind in NetworkKind)
 MINILM_LAYERS = 6   # all-MiniLM-L6-v2's transformer layers (its config.json num_hidden_layers)
 DISTANCES = tuple(similarity.value for similarity in Similarity)
-# `--loss`: the paper's triplet loss, the in-batch loss, or their sum (`model.network.LOSSES`).
+# `--loss`: the paper's triplet loss, the in-batch loss, or their sum (`model.net.network.LOSSES`).
 LOSS_NAMES = ("triplet", "in-batch", "sum")
 
 

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-from model.model_dir import ModelDir
+from model.training.model_dir import ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
@@ -66,7 +66,7 @@ def run_curve(entry: str) -> tuple[str, list[dict]]:
 
 def curves_figure(curves: dict[str, list[dict]], title: str | None = None):
     """One validation accuracy curve per run against training triplets seen, on one axis."""
-    from model.plots import _pyplot
+    from model.training.plots import _pyplot
 
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.2))
@@ -86,7 +86,7 @@ def curves_figure(curves: dict[str, list[dict]], title: str | None = None):
 def main(argv: list[str] | None = None) -> dict:
     config = parse_config(CurvesConfig, argv, "python -m model.curves", __doc__.split("\n\n")[0])
     curves = dict(run_curve(entry) for entry in config.run)
-    from model.plots import _save_png
+    from model.training.plots import _save_png
 
     _save_png(curves_figure(curves, config.title), config.output)
     seen = sorted({p["triplets_seen"] for points in curves.values() for p in points})

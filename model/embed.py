@@ -16,7 +16,7 @@ surrogate such as JSON's `\\ud800`, which UTF-8 cannot encode) is counted (`embe
 and set aside in `DIR/dead_letters-*.jsonl` with its file and reason, never fatal; the summary
 line names them.
 
-`model.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
+`model.encoding.inference.EncoderModelHandler` is the project's RunInference handler, for any method's
 encoder (`eval.scb` embeds its articles with it too): Beam batches sentences (`BatchElements`,
 `--min-batch`/`--max-batch`), loads the encoder once per worker process and shares it across
 threads, and calls `encode` on each batch. It is keyed (`KeyedModelHandler`) so ids travel with
@@ -79,9 +79,9 @@ import numpy as np  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
-from model.embedding_cache import parquet_schema  # noqa: E402
-from model.encoder import not_utf8  # noqa: E402
-from model.storage import claim_folder  # noqa: E402
+from model.encoding.embedding_cache import parquet_schema  # noqa: E402
+from model.encoding.encoder import not_utf8  # noqa: E402
+from model.training.storage import claim_folder  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
 from pipeline.published import Run  # noqa: E402
@@ -90,7 +90,7 @@ from pipeline.splits import stable_hash  # noqa: E402
 
 def embedding_width(model_dir: str) -> int:
     """The encoder's output width, read once at pipeline construction (the Parquet schema needs it)."""
-    from model.encoder import load_encoder
+    from model.encoding.encoder import load_encoder
 
     return load_encoder(model_dir).dim
 
@@ -204,8 +204,8 @@ class ToRowsFn(beam.DoFn):
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
 
-    from model.encoders import EncoderSpec, SpecKind
-    from model.inference import EncoderModelHandler
+    from model.encoding.encoders import EncoderSpec, SpecKind
+    from model.encoding.inference import EncoderModelHandler
 
     spec = EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,))
     handler: KeyedModelHandler[str, Any, PredictionResult, Any] = KeyedModelHandler(

@@ -1,5 +1,5 @@
 """Writes a model dir's fine-tuned transformer as a sentence-transformers / Hugging Face folder
-(`model.hf`), as `model.train` does at the end of a run.
+(`model.formats.hf`), as `model.train` does at the end of a run.
 
     python -m model.export --model-dir MODEL --output DIR [--format sentence-transformers]
         [--report EVAL_REPORT_DIR] [--overwrite true]
@@ -22,14 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from model.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
+from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:
     from model.config import TrainConfig
 
 
-SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in encoder/ (model.saved_model)
+SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in encoder/ (model.formats.saved_model)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,11 +57,11 @@ class ExportConfig:
 
 
 def recorded_config(model_dir: str) -> tuple[dict, TrainConfig]:
-    """The flags a model dir's `inputs.json` records (`model.model_dir.ModelDir.recorded_flags`),
+    """The flags a model dir's `inputs.json` records (`model.training.model_dir.ModelDir.recorded_flags`),
     and the TrainConfig they make; a UsageError naming the file for flags this version cannot
     run (an unknown flag, a bad value)."""
     from model.config import TrainConfig
-    from model.model_dir import INPUTS, ModelDir
+    from model.training.model_dir import INPUTS, ModelDir
 
     flags = ModelDir(model_dir).recorded_flags()
     try:
@@ -77,8 +77,8 @@ def network_of(train_config: TrainConfig):
     as the trainer builds them (its weights the untrained ones: the checkpoint's, for a
     transformer): what `rebuilt` loads a model dir's weights into, and what `model.soup` averages
     runs from."""
-    from model.encoder import load_encoder
-    from model.text import WordIds
+    from model.encoding.encoder import load_encoder
+    from model.net.text import WordIds
     from model.train import build_models, embedding_matrix
 
     inputs, optimizer = train_config.inputs, train_config.optimizer
@@ -88,7 +88,7 @@ def network_of(train_config: TrainConfig):
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, train_config)
     else:
-        from model.transformer import token_ids
+        from model.net.transformer import token_ids
 
         word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder), None
     teacher_dim = load_encoder(optimizer.teacher).dim if optimizer.teacher else None
@@ -111,10 +111,10 @@ def rebuilt(model_dir: str, weights: str):
 def export_model_dir(config: ExportConfig) -> str:
     """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint (or
     `--weights`) and writes `--format`: a sentence-transformers folder at `--output`, claimed
-    (`model.storage.claim_folder`: a folder holding anything an export does not write is refused,
+    (`model.training.storage.claim_folder`: a folder holding anything an export does not write is refused,
     an earlier export replaced only with `--overwrite`), or the model dir's own `encoder/`."""
-    from model.model_dir import BEST_WEIGHTS, ModelDir
-    from model.storage import claim_folder
+    from model.training.model_dir import BEST_WEIGHTS, ModelDir
+    from model.training.storage import claim_folder
 
     if config.output:   # a file where the folder goes: refused first, before the model dir is read
         refuse_file_as_folder("--output", config.output)
@@ -125,7 +125,7 @@ def export_model_dir(config: ExportConfig) -> str:
         raise UsageError(f"--model-dir {config.model_dir}: no {BEST_WEIGHTS}" if not config.weights
                          else f"--weights {weights}: no such file")
     if config.format == SAVED_MODEL:
-        from model.saved_model import write_saved_models
+        from model.formats.saved_model import write_saved_models
 
         _, train_config, word_ids, encoder, _ = rebuilt(config.model_dir, weights)
         write_saved_models(train_config, word_ids, encoder, config.model_dir)
@@ -138,7 +138,7 @@ def export_model_dir(config: ExportConfig) -> str:
     name = os.path.basename(config.model_dir.rstrip("/"))
     report_lines = report_scores(config.report, name)
     claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
-    from model.transformer import checkpoint_dir
+    from model.net.transformer import checkpoint_dir
 
     _, train_config, _, encoder, _ = rebuilt(config.model_dir, weights)
     similarity = train_config.resolved("distance")
@@ -166,7 +166,7 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
     """Cosines between the export loaded by sentence-transformers and the Keras export, row by row."""
     import numpy as np
 
-    from model.encoder import load_encoder
+    from model.encoding.encoder import load_encoder
 
     if not config.check_data:
         raise UsageError("the check against sentence-transformers encodes the SCB sentences of --check-data")
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> str:
     require_tensorflow_keras("model.export")
     config = parse_config(ExportConfig, argv, prog="python -m model.export", description=__doc__)
     sentence_transformer: Callable[..., Any] | None = None   # the SentenceTransformer class, with --check-data
-    if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoders)
+    if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoding.encoders)
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:

@@ -6,7 +6,7 @@ Claims DIR as its own (`claim.json`: a trained model dir, or any folder holding 
 refused) and writes `DIR/encoder` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}), the very export
 `model.train --encoder minilm` writes after fine-tuning, with zero training steps: the
 off-the-shelf baseline is scored through the same graph (tokenizer, backbone, mean pooling) as
-the fine-tuned model, with no PyTorch. `model.encoders`' `minilm` spec (sentence-transformers)
+the fine-tuned model, with no PyTorch. `model.encoding.encoders`' `minilm` spec (sentence-transformers)
 remains the independent reference.
 """
 from __future__ import annotations
@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> str:
 
     require_tensorflow_keras("model.pretrained")
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
-    from model.saved_model import ExportableEncoder
-    from model.storage import claim_folder, staged
-    from model.transformer import build_transformer_encoder, token_ids
+    from model.formats.saved_model import ExportableEncoder
+    from model.net.transformer import build_transformer_encoder, token_ids
+    from model.training.storage import claim_folder, staged
 
     claim_folder(config.model_dir, "model.pretrained", ("encoder",), "--model-dir", config.overwrite)
     with staged(config.model_dir) as (model_dir, _):

@@ -1,6 +1,6 @@
 """How two embeddings are compared: the one definition of each similarity, for training
-(`model.train`'s `--distance`, the triplet head of `model.network`), evaluation (`eval.triplets`)
-and the exported encoder (`model.encoder.SavedModelEncoder.similarity`), after
+(`model.train`'s `--distance`, the triplet head of `model.net.network`), evaluation (`eval.triplets`)
+and the exported encoder (`model.encoding.encoder.SavedModelEncoder.similarity`), after
 sentence-transformers' `SimilarityFunction` and its `util/similarity.py`.
 
 Every similarity is higher for more similar rows: cosine, or minus the L1 (Manhattan) distance.

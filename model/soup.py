@@ -87,8 +87,8 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
     from model.export import recorded_config
-    from model.model_dir import BEST_WEIGHTS, ModelDir
-    from model.storage import claim_folder
+    from model.training.model_dir import BEST_WEIGHTS, ModelDir
+    from model.training.storage import claim_folder
 
     recorded = [recorded_config(path) for path in config.model_dirs]
     recipe = one_recipe([flags for flags, _ in recorded], config.model_dirs)
@@ -104,9 +104,9 @@ def soup(config: SoupConfig) -> dict:
 
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
     from model.export import network_of
-    from model.model_dir import ModelDir
-    from model.saved_model import write_saved_models
+    from model.formats.saved_model import write_saved_models
     from model.train import evaluation_batches, export_sentence_transformers, open_run
+    from model.training.model_dir import ModelDir
     from pipeline.published import write_complete
 
     if train_config.network.kind.reads_word_vectors:

@@ -4,7 +4,7 @@
         [--embeddings GLOVE.txt] [--epochs N] [--steps N] [--batch-size N]
         [--distribution-strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
 
-Writes into the model dir: `vocabulary.txt`, `backup/` (`model.callbacks.AtomicBackup`, replaced
+Writes into the model dir: `vocabulary.txt`, `backup/` (`model.training.callbacks.AtomicBackup`, replaced
 whole every `--checkpoint-every` steps: a killed job resumes from its last backup, at the step it
 holds; it is deleted once the export is complete, so a job killed between training and export
 resumes at the export), `checkpoints/best.{weights.h5,json}` (the best
@@ -22,7 +22,7 @@ With pass-long epochs (`--steps none`) the interrupted pass restarts. The time b
 from each start.
 
 A remote model dir (`gs://...`, any Beam FileSystems scheme) is staged in a local directory
-(`model.storage`: TensorFlow's GCS filesystem cannot reach the emulator the tests use, Beam's
+(`model.training.storage`: TensorFlow's GCS filesystem cannot reach the emulator the tests use, Beam's
 FileSystems can): its contents are downloaded first, so a preempted job resumes from its backup;
 every new backup is mirrored up as soon as it is written (with the previous epoch's
 checkpoint and logs); everything is uploaded at the end.
@@ -72,7 +72,11 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from model.data import (  # noqa: E402
+from model.encoding.encoder import SavedModelEncoder, load_encoder  # noqa: E402
+from model.net.text import WordIds  # noqa: E402
+from model.net.vectors import load_word_vectors  # noqa: E402
+from model.similarity import Similarity  # noqa: E402
+from model.training.data import (  # noqa: E402
     TripletDataError,
     TripletDataLoss,
     count_records,
@@ -86,18 +90,14 @@ from model.data import (  # noqa: E402
     triplet_strings,
     with_known_length,
 )
-from model.encoder import SavedModelEncoder, load_encoder  # noqa: E402
-from model.model_dir import ModelDir  # noqa: E402
-from model.plots import plot_history, plot_learning_curve  # noqa: E402
-from model.similarity import Similarity  # noqa: E402
-from model.storage import TreeMirror, claim_is_live, staged  # noqa: E402
-from model.text import WordIds  # noqa: E402
-from model.vectors import load_word_vectors  # noqa: E402
+from model.training.model_dir import ModelDir  # noqa: E402
+from model.training.plots import plot_history, plot_learning_curve  # noqa: E402
+from model.training.storage import TreeMirror, claim_is_live, staged  # noqa: E402
 from pipeline.published import Run, owner_record, read_json_object, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
 if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
-    from model.callbacks import BestCheckpoint, LearningCurve, TimeBudget
+    from model.training.callbacks import BestCheckpoint, LearningCurve, TimeBudget
 
 LOG = logging.getLogger(__name__)
 
@@ -259,7 +259,7 @@ def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None)
     inputs, with the first difference named, unless `--overwrite`, which deletes what a run wrote
     (RUN_ENTRIES) and nothing else. The claim decides under an exclusive flock of the folder.
     `run`: the data, opened (by default, opened here)."""
-    from model.storage import refuse_links
+    from model.training.storage import refuse_links
     from pipeline.outputs import claiming
 
     digest = (run or open_run(config.inputs.data)).sha256
@@ -371,7 +371,7 @@ def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConf
 
 def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: WordIds, replicas: int,
                        teacher=None) -> tf.data.Dataset:
-    """Validation or test batches: a seeded sample of `--evaluation-triplets` (`model.data.triplet_sample`,
+    """Validation or test batches: a seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`,
     the same at every epoch and in every run) or the whole split, counted once so Keras knows
     where it ends. Every worker of a multi-worker job reads them whole, and scores its block of
     each global batch (`distributed_by_blocks`)."""
@@ -389,7 +389,7 @@ def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: Word
 def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: Strategy,
                     resume_at_step: int = 0, teacher=None):
     """The training batches: each input pipeline (one per worker) streams its own shards of the
-    train split (`model.data.streamed_triplets`), one replica's batch per element
+    train split (`model.training.data.streamed_triplets`), one replica's batch per element
     (`distribute_datasets_from_function`: no worker reads, parses or tokenises another's data).
 
     A resumed run (`resume_at_step`: the backup's optimizer step) continues each pipeline's
@@ -433,11 +433,11 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
     the word vectors of the BiLSTM (None for a transformer checkpoint). With `teacher_dim` (a
     distillation), Net ends in a linear projection to the teacher's size where the sizes differ,
     as sentence-transformers' distillation adds a Dense layer. `slices` (default
-    `model.network.LENGTH_SLICES`) and `head` are `model.benchmark`'s levers: the length slices
+    `model.net.network.LENGTH_SLICES`) and `head` are `model.benchmark`'s levers: the length slices
     Net runs on, and another triplet model of Net (`head(Net)`, its three-call baseline)."""
     import keras
 
-    from model.network import LENGTH_SLICES, build_net, build_triplet_model, compile_triplet_model
+    from model.net.network import LENGTH_SLICES, build_net, build_triplet_model, compile_triplet_model
 
     network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_batches
     encoder = build_net(config, matrix)
@@ -476,12 +476,12 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
 
 
 def restored_state(model, backup_dir: str) -> dict:
-    """The state of a killed run's backup (`model.callbacks.read_backup_state`: "epoch" completed,
+    """The state of a killed run's backup (`model.training.callbacks.read_backup_state`: "epoch" completed,
     "step", and the completed epochs' "history", "learning_curve" and "at_epoch_end"), loaded into
     `model` (the weights and the optimizer's state; "step" is the optimizer's step); without one,
     the state of a run at its start. Read before `fit` so the training stream continues at the
     first batch not yet trained on."""
-    from model.callbacks import BACKUP_WEIGHTS, read_backup_state, recover_backup
+    from model.training.callbacks import BACKUP_WEIGHTS, read_backup_state, recover_backup
 
     recover_backup(backup_dir)
     state = read_backup_state(backup_dir)
@@ -597,7 +597,7 @@ def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
-        from model.transformer import token_ids
+        from model.net.transformer import token_ids
 
         word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
     if job.mirror:
@@ -631,11 +631,11 @@ def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
     epoch the job was killed in, even in its validation after its last step, is run again, a full
     `--steps` from the stream position the backup's step reached (`training_stream`: no batch
     trained twice or skipped). The backup holds the completed epochs' history and learning-curve
-    points (`model.callbacks.AtomicBackup`), which the new epochs' follow: the record covers every
+    points (`model.training.callbacks.AtomicBackup`), which the new epochs' follow: the record covers every
     epoch since the first run began. When no epoch is left to fit (a rerun with fewer `--epochs`,
     or a job that failed after its last epoch's backup, e.g. a full disk writing the best
     checkpoint), `fit` is not called and the backup's record is the fit's (`_fitted_before`)."""
-    from model.callbacks import BestCheckpoint
+    from model.training.callbacks import BestCheckpoint
 
     backup = f"{job.model_dir}/{BACKUP}"
     state = restored_state(model, backup)
@@ -657,7 +657,7 @@ def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
 def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint, extra_callbacks: list | None,
                 started: float) -> dict:
     """`_fit`'s `fit`, from the epoch after the backup's completed ones (`state`) to `--epochs`."""
-    from model.callbacks import FirstStep, LearningCurve, TimeBudget
+    from model.training.callbacks import FirstStep, LearningCurve, TimeBudget
 
     config, optimizer, runtime = job.config, job.config.optimizer, job.config.runtime
     step, epochs_done = state["step"], state["epoch"]
@@ -710,7 +710,7 @@ def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: Ti
     and the caller's."""
     import keras
 
-    from model.callbacks import AtomicBackup, MirrorBackups
+    from model.training.callbacks import AtomicBackup, MirrorBackups
 
     optimizer, runtime, mirror = job.config.optimizer, job.config.runtime, job.mirror
     return [
@@ -785,7 +785,7 @@ def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None
             model.save_weights(tested)
             export_in_tensorflow(model_dir, tested)
         else:
-            from model.saved_model import write_saved_models
+            from model.formats.saved_model import write_saved_models
 
             write_saved_models(config, word_ids, encoder, model_dir)
         if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
@@ -820,9 +820,10 @@ def export_in_tensorflow(model_dir: str, weights: str) -> None:
 
 
 def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, model_dir: str) -> None:
-    """`<model-dir>/sentence-transformers`: the fine-tuned transformer for sentence-transformers (`model.hf`)."""
-    from model.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
-    from model.transformer import checkpoint_dir
+    """`<model-dir>/sentence-transformers`: the fine-tuned transformer for sentence-transformers
+    (`model.formats.hf`)."""
+    from model.formats.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
+    from model.net.transformer import checkpoint_dir
 
     similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
     card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [],

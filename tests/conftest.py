@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from dump_support import ALL_NEGATIVES
 
-from model.encoders import load_pytorch_first
+from model.encoding.encoders import load_pytorch_first
 
-load_pytorch_first()   # with the minilm extra: PyTorch before any test's TensorFlow (model.encoders)
+load_pytorch_first()   # with the minilm extra: PyTorch before any test's TensorFlow (model.encoding.encoders)
 
 
 def _free_port() -> int:

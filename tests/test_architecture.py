@@ -58,6 +58,40 @@ def test_a_stage_imports_only_itself_and_the_stages_below(stage):
     assert upward == []
 
 
+# Inside `model/`, the rooms depend one way too: the network, what training needs around it, the
+# written forms of an encoder, the encoders the jobs score; the entry points (`model.train`,
+# `model.export`, ...) and `model.qs3m` at the top; `model.config` (the flags) and
+# `model.similarity` are the shared facts every room may read.
+MODEL_ROOMS = ("model.net", "model.training", "model.formats", "model.encoding")
+MODEL_SHARED = ("model", "model.config", "model.similarity")
+
+
+def _room(module: str) -> str | None:
+    return next((room for room in MODEL_ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+def test_model_is_grouped_into_its_rooms():
+    top = sorted(module for module in SOURCES if module.count(".") == 1 and module.startswith("model.")
+                 and _room(module) is None and module not in MODEL_SHARED)
+    assert set(MODEL_ROOMS) <= set(SOURCES)
+    assert top == ["model.benchmark", "model.curves", "model.embed", "model.export", "model.pretrained",
+                   "model.qs3m", "model.soup", "model.train"]
+
+
+@pytest.mark.parametrize("room", MODEL_ROOMS)
+def test_a_model_room_imports_only_the_shared_facts_and_the_rooms_below(room):
+    allowed = set(MODEL_ROOMS[:MODEL_ROOMS.index(room) + 1])
+    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if _room(module) == room
+                    for target in targets if target.startswith("model")
+                    and target not in MODEL_SHARED and _room(target) not in allowed)
+    assert upward == []
+
+
+def test_the_shared_facts_of_model_import_no_room():
+    assert sorted(f"{module} -> {target}" for module in MODEL_SHARED for target in GRAPH[module]
+                  if target.startswith("model.")) == ["model.config -> model.similarity"]
+
+
 def test_the_pipeline_never_imports_tensorflow():
     offending = sorted(f"{module} -> {name}" for module in SOURCES if module.startswith("pipeline")
                        for name in _imports(module) if name.split(".")[0] in TENSORFLOW)

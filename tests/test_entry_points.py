@@ -94,8 +94,8 @@ def test_importing_model_and_the_eval_jobs_loads_no_pytorch_even_with_the_extra(
     fake = _fake_minilm_extra(tmp_path / "site")
     done = _run(["-c", "import sys, importlib.util\n"
                        "assert importlib.util.find_spec('sentence_transformers')\n"
-                       "import model, model.encoder, model.encoders, model.embed, eval.scb, eval.triplets, "
-                       "eval.sick, eval.all, eval.benchmark, eval.qs3m\n"
+                       "import model, model.encoding.encoder, model.encoding.encoders, model.embed, eval.scb, "
+                       "eval.triplets, eval.sick, eval.all, eval.benchmark, eval.qs3m\n"
                        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'tensorflow')))"],
                 PYTHONPATH=os.pathsep.join([str(REPO), str(fake)]))
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
@@ -103,20 +103,20 @@ def test_importing_model_and_the_eval_jobs_loads_no_pytorch_even_with_the_extra(
 
 def test_choosing_minilm_loads_pytorch_before_tensorflow_or_says_why_it_cannot(tmp_path):
     fake = _fake_minilm_extra(tmp_path / "site")
-    chosen = _run(["-c", "import sys\nfrom model.encoders import Methods\n"
+    chosen = _run(["-c", "import sys\nfrom model.encoding.encoders import Methods\n"
                          "Methods(encoders=('minilm',)).specs()\nprint('torch._dynamo' in sys.modules)"],
                   PYTHONPATH=os.pathsep.join([str(REPO), str(fake)]))
     assert (chosen.returncode, chosen.stdout.strip()) == (0, "True"), chosen.stderr
     # TensorFlow first (a stand-in: the check reads sys.modules): one clear error, not a segfault.
     too_late = _run(["-c", "import sys, types\nsys.modules['tensorflow'] = types.ModuleType('tensorflow')\n"
-                           "from model.encoders import EncoderSpec, EncoderSpecError, load_encoder\n"
+                           "from model.encoding.encoders import EncoderSpec, EncoderSpecError, load_encoder\n"
                            "try:\n    load_encoder(EncoderSpec.parse('minilm'))\n"
                            "except EncoderSpecError as error:\n    print(error)"],
                     PYTHONPATH=os.pathsep.join([str(REPO), str(fake)]))
     assert too_late.returncode == 0 and "before importing tensorflow" in too_late.stdout, too_late.stderr
     without_extra = _run(["-c", "import sys, types\nsys.modules['tensorflow'] = types.ModuleType('tensorflow')\n"
                                 "sys.modules['sentence_transformers'] = None   # not installed\n"
-                                "from model.encoders import EncoderSpec, EncoderSpecError, load_encoder\n"
+                                "from model.encoding.encoders import EncoderSpec, EncoderSpecError, load_encoder\n"
                                 "try:\n    load_encoder(EncoderSpec.parse('minilm'))\n"
                                 "except EncoderSpecError as error:\n    print(error)"])
     assert "needs the optional extra" in without_extra.stdout, without_extra.stderr

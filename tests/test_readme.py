@@ -16,7 +16,7 @@ def _snippets() -> list[str]:
 
 
 def test_the_snippets_run_on_a_real_run_and_model(embedded_pipeline_output, tiny_model, capsys):
-    from model.encoder import load_encoder
+    from model.encoding.encoder import load_encoder
 
     shards, inference, plain = _snippets()
     names = {"OUT": str(embedded_pipeline_output), "MODEL": tiny_model}

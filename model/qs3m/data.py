@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from model.encoder import SentenceEncoder
+from model.encoding.encoder import SentenceEncoder
 from model.qs3m.network import model_inputs
 from model.qs3m.pairs import Pair, Query, query_from_record
 from pipeline import records

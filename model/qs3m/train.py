@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from model.encoder import SentenceEncoder
+from model.encoding.encoder import SentenceEncoder
 from model.qs3m.data import QUERY_REPRESENTATIONS, QueryEmbeddings, embed_queries, pair_dataset, read_queries
 from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
 from model.qs3m.pairs import LABELINGS, Pair, sample_pairs
@@ -30,7 +30,8 @@ class Qs3mConfig:
     passages: str = flag(help="a pipeline run folder (its manifest lists passages/) or a glob of passages files, "
                               "local or gs://")
     output: str = flag(help="model dir for the .keras models, config.json and training.png (local or gs://)")
-    encoder: str = flag("mean-vectors", help="the fixed passage encoder (a model.encoders spec; never fine-tuned)")
+    encoder: str = flag("mean-vectors", help="the fixed passage encoder (a model.encoding.encoders spec; "
+                                                                "never fine-tuned)")
     models: tuple[str, ...] = flag(MODEL_KINDS, help="models to train: any of qs3m, qss, qs3m-noq")
     queries: tuple[str, ...] = flag(("T", "D", "P"), help="query representations: T title, D lead paragraphs, "
                                                           "P mean of passages")
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     require_tensorflow_keras("model.qs3m")
     config = parse_config(Qs3mConfig, argv, "python -m model.qs3m", __doc__.splitlines()[0])
-    from model.encoders import EncoderSpec, load_encoders
+    from model.encoding.encoders import EncoderSpec, load_encoders
 
     (encoder,) = load_encoders([EncoderSpec.parse(config.encoder)])
     from pipeline.published import reading_if_run

@@ -15,7 +15,7 @@ from eval import all as eval_all
 from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
-from model.encoders import EncoderSpec, load_encoders
+from model.encoding.encoders import EncoderSpec, load_encoders
 from pipeline.published import JsonFileError
 
 
@@ -80,7 +80,7 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
     assert validation_n(history) == history["record_counts"]["validation"]["expected"]   # "all" -> the split's n
 
     # The model card of a sentence-transformers export quotes this report, intervals included.
-    from model.hf import report_scores
+    from model.formats.hf import report_scores
 
     card_lines = report_scores(str(out), "triplets-sen")
     accuracy = by_method["triplets-sen"]["accuracy_cosine"]

@@ -179,7 +179,7 @@ def test_batched_iclust_gives_the_labels_of_one_restart_at_a_time(embedded_pipel
     """Iclust's restarts (and several methods' matrices) anneal together in `iclust_many`; on the
     real excerpt's SCB articles every label equals the unbatched implementation's."""
     from eval.scb import read_articles
-    from model.encoders import MeanVectorsEncoder, TfidfEncoder
+    from model.encoding.encoders import MeanVectorsEncoder, TfidfEncoder
 
     compared = 0
     for record in sorted(read_articles(str(embedded_pipeline_output)), key=lambda r: len(r.sentences))[:4]:

@@ -2,7 +2,7 @@
 import pytest
 
 from eval import qs3m as qs3m_eval
-from model.encoders import EncoderSpec, load_encoders
+from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m import data as qs3m_data
 from model.qs3m import train as qs3m
 

@@ -437,7 +437,7 @@ def test_chain_training_reads_gcs_and_scb_scores_from_gcs(pipeline_on_gcs, chain
 
 
 def test_chain_model_dir_on_gcs(pipeline_on_gcs, chain_layout, monkeypatch):
-    from model.encoder import SavedModelEncoder
+    from model.encoding.encoder import SavedModelEncoder
     from model.train import main as train
 
     monkeypatch.setenv("GCS_RETRY_CONFIG_MAX_RETRIES", "0")  # TensorFlow's GCS client: fail without retrying

@@ -1,4 +1,4 @@
-"""One model, one trainer, every backend: the head (`model.head`) gives the same loss and
+"""One model, one trainer, every backend: the head (`model.net.head`) gives the same loss and
 accuracy under TensorFlow and JAX on the same batch and weights; `model.train --backend jax`
 trains with Keras `fit` under JAX, resumes after a SIGKILL, and splits a global batch over 2
 (virtual CPU) devices with `keras.distribution.DataParallel`. JAX runs in its own processes:
@@ -18,10 +18,10 @@ from conftest import TRAINING_WARNINGS
 from model_shards import FILLER, TOPICS, write_triplet_shards
 
 from model.config import TrainConfig
-from model.data import open_run, streamed_triplets, training_batches
-from model.encoder import SavedModelEncoder
-from model.head import MASKED_SCORE, in_batch_scores
-from model.text import WordIds
+from model.encoding.encoder import SavedModelEncoder
+from model.net.head import MASKED_SCORE, in_batch_scores
+from model.net.text import WordIds
+from model.training.data import open_run, streamed_triplets, training_batches
 
 REPO = Path(__file__).resolve().parents[2]
 JAX_ENV = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -52,7 +52,7 @@ def test_the_in_batch_mask_leaves_out_the_anchors_section_on_both_backends():
                                           np.array([SECTIONS]), "cosine"))
     done = _in_jax(f"""
         import json, numpy as np, keras
-        from model.head import in_batch_scores
+        from model.net.head import in_batch_scores
         assert keras.backend.backend() == "jax"
         scores = in_batch_scores(np.array([{EMBEDDINGS}], np.float32), np.array([{ROLES}]), np.array([{SECTIONS}]),
                                  "cosine")
@@ -68,8 +68,8 @@ def test_the_in_batch_mask_leaves_out_the_anchors_section_on_both_backends():
 @pytest.mark.parametrize("loss, distance", [("triplet", "l1"), ("sum", "cosine")])
 def test_both_backends_give_the_same_loss_and_accuracy_on_the_same_batch_and_weights(shards, tmp_path, loss,
                                                                                       distance):
-    from model.head import LOSSES, triplet_accuracy
-    from model.network import build_sentence_encoder, build_triplet_model
+    from model.net.head import LOSSES, triplet_accuracy
+    from model.net.network import build_sentence_encoder, build_triplet_model
 
     run = open_run(shards)
     word_ids = WordIds(sorted({word for words in TOPICS.values() for word in words} | set(FILLER)), 1, 16)
@@ -84,8 +84,8 @@ def test_both_backends_give_the_same_loss_and_accuracy_on_the_same_batch_and_wei
     model.save_weights(tmp_path / "model.weights.h5")
     done = _in_jax(f"""
         import json, numpy as np, keras
-        from model.head import LOSSES, triplet_accuracy
-        from model.network import build_sentence_encoder, build_triplet_model
+        from model.net.head import LOSSES, triplet_accuracy
+        from model.net.network import build_sentence_encoder, build_triplet_model
         batch = np.load("{tmp_path}/batch.npz")
         model = build_triplet_model(build_sentence_encoder(batch["matrix"], lstm_units=4, attention_size=3),
                                     distance="{distance}", static_shapes=True, loss="{loss}")
@@ -188,7 +188,7 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
         import json, numpy as np, keras
         from model.export import recorded_config
         from model.train import build_models
-        from model.transformer import token_ids
+        from model.net.transformer import token_ids
         _, config = recorded_config("{model_dir}")
         encoder, model = build_models(config, None, global_batch=8)
         model.optimizer.build(model.trainable_variables)

@@ -27,7 +27,7 @@ def test_a_killed_runs_tensorboard_log_and_a_finished_runs_history(tmp_path, cap
     (finished / "history.json").write_text(json.dumps({
         "learning_curve": curve, "best_val_triplet_accuracy": 0.64, "untrained_val_triplet_accuracy": 0.5,
         "evaluation_triplets": "all", "record_counts": {}, "config": {}, "distance": "l1", "global_batch_size": 256,
-        "replicas": 1}))   # what every trainer writes (model.model_dir.HISTORY_FIELDS)
+        "replicas": 1}))   # what every trainer writes (model.training.model_dir.HISTORY_FIELDS)
     _killed_run(killed, [0.6, 0.625, 0.65])
     curves = main(["--run", f"finished={finished}", "--run", f"killed={killed}@512",
                    "--output", str(tmp_path / "curves.png")])
@@ -62,7 +62,7 @@ def _legend(axis) -> list[str]:
 
 
 def test_the_training_curve_draws_loss_and_accuracy_per_epoch(tmp_path):
-    from model.plots import plot_history
+    from model.training.plots import plot_history
 
     figure = plot_history(SUMMARY, str(tmp_path / "training_curve.png"))
     assert (tmp_path / "training_curve.png").stat().st_size > 0
@@ -78,7 +78,7 @@ def test_the_training_curve_draws_loss_and_accuracy_per_epoch(tmp_path):
 
 
 def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_its_baselines(tmp_path):
-    from model.plots import plot_learning_curve
+    from model.training.plots import plot_learning_curve
 
     figure = plot_learning_curve(SUMMARY, str(tmp_path / "learning_curve.png"))
     assert (tmp_path / "learning_curve.png").stat().st_size > 0

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from model import embed
-from model.encoder import load_encoder
-from model.inference import EncoderModelHandler
+from model.encoding.encoder import load_encoder
+from model.encoding.inference import EncoderModelHandler
 
 
 def _rows(folder):
@@ -54,7 +54,7 @@ def test_encode_batches_by_length_and_returns_rows_in_the_input_order(tiny_model
 def test_embeds_from_and_to_gcs_with_a_model_on_gcs(tiny_model, gcs_emulator):
     import io
 
-    from model.storage import upload_tree
+    from model.training.storage import upload_tree
     from pipeline.outputs import read_bytes, write_bytes
 
     root = gcs_emulator()
@@ -90,7 +90,7 @@ def test_run_inference_takes_a_model_path_and_refuses_a_bad_one_at_construction(
         embedded = (pipeline | beam.Create(sentences)
                     | RunInference(EncoderModelHandler(tiny_model)))   # a plain model dir, not a spec
         assert_that(embedded, equal_to_the_encoders)
-    from model.encoders import EncoderSpecError
+    from model.encoding.encoders import EncoderSpecError
 
     with pytest.raises(EncoderSpecError, match="nowhere"):
         EncoderModelHandler(str(tmp_path / "nowhere"))
@@ -254,7 +254,7 @@ def test_encode_names_the_sentence_that_is_not_valid_unicode(tiny_model):
 
 
 def test_binary_precision_packs_each_row_for_a_width_not_a_multiple_of_8():
-    from model.encoder import quantize
+    from model.encoding.encoder import quantize
 
     embeddings = np.random.default_rng(0).normal(size=(5, 13)).astype(np.float32)
     per_row = np.stack([np.packbits(row > 0) for row in embeddings])   # each row padded to 2 bytes on its own

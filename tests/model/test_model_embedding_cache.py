@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from model.embedding_cache import cache_embeddings
-from model.encoders import CachedEncoder, EncoderSpec, MeanVectorsEncoder, SpecKind, load_encoders
+from model.encoding.embedding_cache import cache_embeddings
+from model.encoding.encoders import CachedEncoder, EncoderSpec, MeanVectorsEncoder, SpecKind, load_encoders
 
 MEAN_VECTORS, TFIDF = EncoderSpec.parse("mean-vectors"), EncoderSpec.parse("tfidf")
 SENTENCES = ["The river floods every spring.", "A violin has four strings.", "Stars burn hydrogen.",

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import sparse
 
-from model.encoder import SentenceEncoder
-from model.encoders import (
+from model.encoding.encoder import SentenceEncoder
+from model.encoding.encoders import (
     ConcatEncoder,
     EncoderSpec,
     EncoderSpecError,
@@ -19,8 +19,8 @@ from model.encoders import (
     load_encoders,
     model_dir_specs,
 )
-from model.text import tokenize
-from model.vectors import load_word_vectors
+from model.net.text import tokenize
+from model.net.vectors import load_word_vectors
 
 
 @pytest.fixture(scope="module")

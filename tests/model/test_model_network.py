@@ -11,8 +11,9 @@ import pytest
 import tensorflow as tf
 
 from model.config import ENCODERS, NetworkKind, TrainConfig, parse_args
-from model.encoder import SavedModelEncoder, SentenceEncoder
-from model.head import (
+from model.encoding.encoder import SavedModelEncoder, SentenceEncoder
+from model.formats.saved_model import ExportableEncoder
+from model.net.head import (
     COSINE_SCALE,
     in_batch_loss,
     in_batch_scores,
@@ -20,9 +21,8 @@ from model.head import (
     triplet_and_in_batch_loss,
     triplet_loss,
 )
-from model.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
-from model.saved_model import ExportableEncoder
-from model.text import WordIds
+from model.net.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
+from model.net.text import WordIds
 from model.train import build_models
 from pipeline.cli import UsageError
 
@@ -209,7 +209,7 @@ def test_the_benchmark_times_the_trainers_models(tmp_path):
     from model_shards import write_triplet_shards
 
     from model.benchmark import variants
-    from model.data import open_run, triplet_strings
+    from model.training.data import open_run, triplet_strings
 
     data = write_triplet_shards(str(tmp_path), sizes={"train": 16, "validation": 4, "test": 4}, shards=1)
     triplets = triplet_strings(open_run(data), "triplets-sen", "train")
@@ -259,7 +259,7 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     assert similarities.shape == (1, 4) and np.argmax(similarities) == 0
 
     # A fresh interpreter with nothing else imported (the tokenizer's ops must get registered).
-    code = ("import sys; from model.encoder import load_encoder; "
+    code = ("import sys; from model.encoding.encoder import load_encoder; "
             "print(load_encoder(sys.argv[1]).encode('The cat sat on the mat.').tolist())")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=REPO)

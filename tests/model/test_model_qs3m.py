@@ -9,7 +9,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from eval import qs3m as qs3m_eval
-from model.encoders import EncoderSpec, load_encoders
+from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m import data as qs3m_data
 from model.qs3m import network as qs3m_network
 from model.qs3m import train as qs3m

@@ -29,7 +29,7 @@ def test_runs_of_another_recipe_are_refused_naming_the_flag():
 def test_a_soup_of_a_run_with_itself_is_that_run_as_a_model_dir(fine_tuned, tmp_path):
     import h5py
 
-    from model.encoder import load_encoder
+    from model.encoding.encoder import load_encoder
     from model.soup import main
 
     model_dir, _ = fine_tuned

@@ -13,7 +13,7 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def triplets(tmp_path_factory):
-    from model.data import open_run, triplet_strings
+    from model.training.data import open_run, triplet_strings
 
     data = write_triplet_shards(str(tmp_path_factory.mktemp("static-shards")),
                                 sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
@@ -27,9 +27,9 @@ def test_the_static_xla_step_trains_like_the_dynamic_one(triplets, loss):
     import keras
     import tensorflow as tf
 
-    from model.data import count_words, training_batches
-    from model.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
-    from model.text import WordIds
+    from model.net.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
+    from model.net.text import WordIds
+    from model.training.data import count_words, training_batches
 
     vocabulary = sorted(count_words(triplets))
     word_ids = WordIds(vocabulary, num_oov_buckets=1, max_tokens=40)

@@ -13,8 +13,8 @@ import pytest
 from model_shards import write_triplet_shards
 
 from model.config import TrainConfig, parse_args
-from model.data import TripletDataError, list_shards, open_run, triplet_strings
-from model.encoder import SavedModelEncoder
+from model.encoding.encoder import SavedModelEncoder
+from model.training.data import TripletDataError, list_shards, open_run, triplet_strings
 from pipeline import published
 from pipeline.cli import UsageError
 
@@ -207,8 +207,8 @@ def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, t
     import keras
     from apache_beam.io.filesystems import FileSystems
 
-    from model.storage import download_tree, list_tree
     from model.train import train
+    from model.training.storage import download_tree, list_tree
 
     remote = gcs_emulator() + "/model"
     seen = []
@@ -267,7 +267,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
                 os._exit(17)
 
     if args["kill_in_export"]:   # dies like a job killed after training, as its export begins
-        from model.saved_model import ExportableEncoder
+        from model.formats.saved_model import ExportableEncoder
         ExportableEncoder.export = lambda self, path: os._exit(17)
 
     summary = train(TrainConfig.from_flags(**args["config"]), extra_callbacks=[Probe()])
@@ -371,7 +371,7 @@ def test_a_kill_between_training_and_export_resumes_at_the_export(shards, tmp_pa
 DIE_IN_THE_LAST_EPOCH = textwrap.dedent("""
     import errno, os, signal, sys
     import keras
-    from model.callbacks import BestCheckpoint
+    from model.training.callbacks import BestCheckpoint
     from model.config import parse_args
     from model.train import train
 
@@ -458,7 +458,7 @@ def test_a_resumed_training_stream_replays_the_unbroken_one(embedded_pipeline_ou
 
     import tensorflow as tf
 
-    from model.text import WordIds
+    from model.net.text import WordIds
     from model.train import training_stream
 
     config = TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(tmp_path / "m"), batch_size=16,
@@ -527,8 +527,8 @@ def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
 
 
 def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp_path):
+    from model.net.vectors import load_word_vectors
     from model.train import build_vocabulary
-    from model.vectors import load_word_vectors
 
     config = TrainConfig.from_flags(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
     vocabulary = build_vocabulary(config, open_run(shards))

@@ -11,8 +11,8 @@ import tensorflow as tf
 import yaml
 
 from model.config import TrainConfig
-from model.encoder import SavedModelEncoder
-from model.transformer import build_transformer_encoder, checkpoint_dir, token_ids
+from model.encoding.encoder import SavedModelEncoder
+from model.net.transformer import build_transformer_encoder, checkpoint_dir, token_ids
 
 pytestmark = pytest.mark.slow   # the MiniLM checkpoint built and run
 
@@ -175,7 +175,7 @@ def test_model_export_rewrites_the_same_folder_from_the_model_dir(fine_tuned, tm
 
 
 def test_a_layer_reduced_net_keeps_the_checkpoints_lowest_layers_and_exports_them(tmp_path, reference_tokenizer):
-    from model.hf import write_sentence_transformers
+    from model.formats.hf import write_sentence_transformers
 
     with pytest.raises(ValueError, match="--transformer-layers must be in 1..6"):
         TrainConfig.from_flags(data="d", model_dir="m", encoder="minilm", transformer_layers=7)

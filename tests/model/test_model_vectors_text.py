@@ -4,8 +4,8 @@ import gzip
 import numpy as np
 import pytest
 
-from model.text import tokenize, tokenize_graph
-from model.vectors import WordVectorsError, load_word_vectors
+from model.net.text import tokenize, tokenize_graph
+from model.net.vectors import WordVectorsError, load_word_vectors
 
 GLOVE_TEXT = (
     "the 0.1 0.2 0.3\n"

@@ -14,7 +14,7 @@ import time
 import keras
 import tensorflow as tf
 
-from model.storage import TreeMirror
+from model.training.storage import TreeMirror
 from pipeline.published import write_complete
 
 

@@ -1,12 +1,12 @@
 """The project's handler for Beam's RunInference: any method's encoder in one's own pipeline.
 
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
-    from model.inference import EncoderModelHandler
+    from model.encoding.inference import EncoderModelHandler
     embedded = keyed_sentences | RunInference(KeyedModelHandler(EncoderModelHandler("MODEL_DIR")))
 
 Its own module, imported by the jobs only as they build a pipeline: Beam's RunInference module
 imports PyTorch when it is installed (seconds, and PyTorch must not load after TensorFlow for
-`minilm`, `model.encoders`), which importing `model.embed` or an eval job must not do.
+`minilm`, `model.encoding.encoders`), which importing `model.embed` or an eval job must not do.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 if TYPE_CHECKING:
-    from model.encoders import EncoderSpec
+    from model.encoding.encoders import EncoderSpec
 
 
 class _ResourceWarningFilter(logging.Filter):
@@ -34,7 +34,7 @@ logging.getLogger().addFilter(_ResourceWarningFilter())   # Beam logs it through
 
 
 class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
-    """RunInference over any method's encoder (`model.encoders.load_encoder(spec)`: a trained
+    """RunInference over any method's encoder (`model.encoding.encoders.load_encoder(spec)`: a trained
     model, `mean-vectors`, `tfidf`, ...).
 
     An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
@@ -43,7 +43,7 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
 
     def __init__(self, spec: EncoderSpec | str, min_batch_size: int = 32, max_batch_size: int = 512):
         """`spec`: an encoder spec, its text, or a trained encoder's path (checked here, not at run time)."""
-        from model.encoders import as_encoder_spec
+        from model.encoding.encoders import as_encoder_spec
 
         super().__init__()
         self.spec = as_encoder_spec(spec)
@@ -51,7 +51,7 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
         self.max_batch_size = max_batch_size
 
     def load_model(self):
-        from model.encoders import load_encoder
+        from model.encoding.encoders import load_encoder
 
         return load_encoder(self.spec)
 

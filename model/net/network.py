@@ -4,7 +4,7 @@ Net(x): frozen (or fine-tuned) pre-trained word vectors -> BiLSTM (300 per direc
 attention pooling (size 200, Yang et al. 2016) -> a 600-d sentence embedding.
 Triplet head: d+ = |Net(x) - Net(x+)|_1, d- = |Net(x) - Net(x-)|_1, softmax over (d+, d-),
 loss = |p(d+)| + |1 - p(d-)|, trained with Adam (learning rate 0.001).
-Net may instead be a pre-trained transformer (`model.transformer`, fine-tuned with AdamW), and
+Net may instead be a pre-trained transformer (`model.net.transformer`, fine-tuned with AdamW), and
 the distances cosine instead of L1: the head, the loss and the batching stay the same.
 Beside the paper's loss (`--loss triplet`), `in_batch_loss` scores each anchor against every
 distinct sentence of its batch (InfoNCE, sentence-transformers' MultipleNegativesRankingLoss with
@@ -13,7 +13,7 @@ the triplet's negative as a hard negative), leaving out the sentences of the anc
 to reproduce another encoder's embeddings of the batch's sentences instead.
 
 The triplet model takes a batch as its *distinct* sentences plus, per triplet, the rows of its
-anchor, positive and negative (`model.data.shared_sentences`): Net runs once on every distinct
+anchor, positive and negative (`model.training.data.shared_sentences`): Net runs once on every distinct
 sentence, not once per role, so a sentence shared by several triplets of the batch (triplets
 of one article share their paragraph openers) is encoded once. The sentences come sorted by
 length and Net runs on `LENGTH_SLICES` slices of them, each padded only to its own longest
@@ -27,7 +27,7 @@ import numpy as np
 from keras import ops
 
 from model.config import NetworkKind, TrainConfig
-from model.head import (
+from model.net.head import (
     LOSSES,
     distillation_distance,
     distillation_loss,
@@ -81,9 +81,9 @@ class AttentionPooling(keras.layers.Layer):
 class SharedSentenceDistances(keras.layers.Layer):
     """[d+, d-] per triplet: distances of the anchor embedding to the positive and the negative,
     L1 (the paper's) or `COSINE_SCALE` x (1 - cosine), by `distance` (a `Similarity`'s name);
-    the head (`model.head`) is Keras ops alone, the same under every backend.
+    the head (`model.net.head`) is Keras ops alone, the same under every backend.
 
-    Inputs carry a leading block axis (`model.data.shared_sentences` stacks one self-contained
+    Inputs carry a leading block axis (`model.training.data.shared_sentences` stacks one self-contained
     block per replica: one under `tf.distribute`, which splits a global batch on axis 0; all of
     them under `keras.distribution.DataParallel`, whose one program sees the global batch):
     `sentences` [blocks, s, t] int ids of each block's distinct sentences, shortest first,
@@ -93,7 +93,7 @@ class SharedSentenceDistances(keras.layers.Layer):
     [blocks * n, 2 + 1 + s]: the distances, then `in_batch_scores`; with `distill`,
     [blocks * n, 3]: the distances, then the block's `distillation_distance` to `teacher`
     [blocks, s, d], the teacher's embeddings of the sentences. With `static_shapes`, Net runs
-    once on every block's sentences as given (`model.data.static_batch` padded them to fixed
+    once on every block's sentences as given (`model.training.data.static_batch` padded them to fixed
     shapes): no shape depends on the data, as XLA on a TPU and the JAX backend require.
     Otherwise (TensorFlow, one block) Net runs on `slices` length slices of the sentences, each
     cut to its longest sentence."""
@@ -179,7 +179,7 @@ def build_sentence_encoder(embedding_matrix: np.ndarray, *, lstm_units: int = 30
 
 def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
     """Net of `config`'s kind (`--encoder`): the BiLSTM over the word vectors `matrix`, or the
-    transformer checkpoint (`model.transformer`, `matrix` None), sized, regularised and frozen
+    transformer checkpoint (`model.net.transformer`, `matrix` None), sized, regularised and frozen
     as the flags say."""
     network, dropout = config.network, config.resolved("dropout")
     if network.kind is NetworkKind.BILSTM:
@@ -187,7 +187,7 @@ def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
             raise ValueError("the BiLSTM Net reads word vectors: build_net needs their matrix")
         return build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
                                       dropout=dropout, fine_tune_embeddings=network.fine_tune_embeddings)
-    from model.transformer import build_transformer_encoder
+    from model.net.transformer import build_transformer_encoder
 
     return build_transformer_encoder(network.kind.value, frozen_layers=network.frozen_layers, dropout=dropout,
                                      layers=network.transformer_layers)

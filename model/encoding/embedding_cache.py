@@ -7,7 +7,7 @@ per method and writes `<folder>/<method>.parquet` with
 `model.embed`'s columns (`id`: a stable hash of the text, `text`, `embedding`), then
 `<method>.json`, the key that lets a later run reuse the file: the encoder spec, a SHA-256 of the
 sentences in order, and one of the encoder's files. A spec of kind `SpecKind.CACHED`
-(`model.encoders`) is an encoder that answers from such a file, so every job scores it like any
+(`model.encoding.encoders`) is an encoder that answers from such a file, so every job scores it like any
 other method; a sentence that is not in the file is an error, never a silent zero.
 
 An encoder whose vectors depend on the set encoded together (`fits_each_call`: TF-IDF, whose IDF
@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
-from model.encoder import SentenceEncoder
-from model.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
+from model.encoding.encoder import SentenceEncoder
+from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
 from pipeline.outputs import write_bytes
 from pipeline.splits import stable_hash
 

@@ -8,7 +8,7 @@ it, and a reader never meets a history without a field it relies on.
     MODEL/inputs.json                 what the run was trained on, its flags (`model.train`)
     MODEL/history.json                the run's record: curves, scores, counts (HISTORY_FIELDS)
     MODEL/checkpoints/best.weights.h5 the best validation epoch (Keras weights, any backend)
-    MODEL/encoder/                    strings-in SavedModel (`model.saved_model`; `model.export --format saved-model`)
+    MODEL/encoder/                    strings-in SavedModel (`model.formats.saved_model`; `--format saved-model`)
     MODEL/sentence-transformers/      the same weights for sentence-transformers (transformers only)
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ModelDir:
         return self.file(SENTENCE_TRANSFORMERS)
 
     def has(self, name: str) -> bool:
-        from model.storage import exists
+        from model.training.storage import exists
 
         return exists(self.file(name))
 

@@ -17,8 +17,8 @@ import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from model.backbone import mean_pooled_encoder
-from model.text import pad_ids
+from model.net.backbone import mean_pooled_encoder
+from model.net.text import pad_ids
 
 # Special token ids of the uncased BERT vocabulary (vocab.txt rows): padding is id 0, as for
 # the word-vector network, so the trainer's batching and length slicing work unchanged.
@@ -51,7 +51,7 @@ def normalize(sentences: tf.Tensor) -> tf.Tensor:
 
 class BertIds(tf.Module):
     """Sentences -> int32 wordpiece ids [n, t] with [CLS] first and [SEP] last (at most
-    `max_tokens` in all), 0 = [PAD]: the same interface as `model.text.WordIds`, so the
+    `max_tokens` in all), 0 = [PAD]: the same interface as `model.net.text.WordIds`, so the
     trainer's input pipeline and the export take either. A `tf.Module`, so the vocabulary table
     is saved inside the exported encoder."""
 
@@ -87,7 +87,7 @@ def token_ids(max_tokens: int = 64, name: str = "minilm") -> BertIds:
 def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0, dropout: float | None = None,
                               layers: int | None = None) -> keras.Model:
     """Net: int wordpiece ids [n, t] (0 = padding) -> float32 [n, hidden]: the pre-trained
-    backbone, mean-pooled (`model.backbone.mean_pooled_encoder`). `frozen_layers`:
+    backbone, mean-pooled (`model.net.backbone.mean_pooled_encoder`). `frozen_layers`:
     the embeddings and that many lowest transformer layers are not trained (0 = all are).
     `layers`: keep only the checkpoint's lowest that many transformer layers (None = all), the
     layer-reduced student of sentence-transformers' distillation examples: keras-hub's reader

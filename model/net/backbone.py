@@ -1,5 +1,5 @@
 """The transformer Net around a keras-hub backbone, in Keras alone (no TensorFlow import), so the
-same Net is built under every Keras backend (`model.transformer`)."""
+same Net is built under every Keras backend (`model.net.transformer`)."""
 from __future__ import annotations
 
 import keras

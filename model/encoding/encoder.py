@@ -4,7 +4,7 @@
 `serving_default` signature maps a 1-D tf.string tensor of raw sentences to
 `{"embeddings": float32 [n, d]}`; tokenisation and the vocabulary live inside the graph.
 A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
-FileSystems (`model.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
+FileSystems (`model.training.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
 
 A model dir is code, not data: a SavedModel's graph runs whatever ops it holds when it is loaded
 and called (it could read or write files: `tf.io.write_file`), so load only exports you trust,
@@ -26,7 +26,7 @@ from typing import Literal, Protocol, overload, runtime_checkable
 import numpy as np
 
 from model.similarity import Similarity, unit_rows
-from model.storage import download_tree, is_remote
+from model.training.storage import download_tree, is_remote
 
 SIGNATURE = "serving_default"
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")   # sentence-transformers' `precision`

@@ -1,9 +1,9 @@
 """The triplet network's head, written once in Keras ops, so every backend (TensorFlow, JAX) runs
 the same code: the distances, the paper's triplet loss, the section-masked in-batch loss, the
-distillation distance and triplet accuracy. `model.network.SharedSentenceDistances` calls it on
+distillation distance and triplet accuracy. `model.net.network.SharedSentenceDistances` calls it on
 a batch's blocks; `model.similarity.Similarity` scores NumPy matrices by the same names.
 
-A batch comes as `blocks` self-contained blocks (one per replica, `model.data.shared_sentences`):
+A batch comes as `blocks` self-contained blocks (one per replica, `model.training.data.shared_sentences`):
 embeddings [blocks, s, d] of each block's distinct sentences, `roles` [blocks, n, 3] each
 triplet's anchor, positive and negative rows in its block, `sections` [blocks, s] each sentence's
 section key (negative on padding rows). Outputs are per triplet, flat ([blocks * n, ...]), as

@@ -1,4 +1,4 @@
-"""The trained encoder as a TensorFlow SavedModel that takes raw strings: what `model.encoder`
+"""The trained encoder as a TensorFlow SavedModel that takes raw strings: what `model.encoding.encoder`
 loads, TF Serving serves and Vertex AI deploys. TensorFlow alone (the in-graph tokenizer is
 tensorflow-text), so it sits apart from the network, which every Keras backend builds. A run
 trained under JAX gets it from `python -m model.export --format saved-model`, in a TensorFlow
@@ -21,7 +21,7 @@ class ExportableEncoder(tf.Module):
     """Raw strings -> embeddings: the in-graph tokenizer and vocabulary lookup (`word_ids`)
     followed by Net, saved together so clients need only strings. The export records the
     similarity its embeddings were trained for, by sentence-transformers' name (`cosine`, or
-    `manhattan` for the `l1` distance), which `model.encoder.SavedModelEncoder.similarity` uses,
+    `manhattan` for the `l1` distance), which `model.encoding.encoder.SavedModelEncoder.similarity` uses,
     and the tokens kept per sentence (its `max_seq_length`)."""
 
     def __init__(self, word_ids, sentence_encoder: keras.Model, similarity: str = "cosine"):

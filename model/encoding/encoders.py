@@ -13,7 +13,7 @@ Specs:
     saved:<name>=<model-dir>     a trained encoder exported by `model.train` (`<model-dir>/encoder`)
     concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
                                  (triplets-sen-titles = triplets-sen + triplets-titles, as in the paper)
-    cached:<name>=<file>         embeddings computed earlier (`model.embedding_cache`), looked up
+    cached:<name>=<file>         embeddings computed earlier (`model.encoding.embedding_cache`), looked up
 
 Importing this module loads neither TensorFlow nor scikit-learn nor PyTorch: a method's libraries
 load with its encoder, so a job's flags parse at once. PyTorch (minilm) is the exception that
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from model.encoder import SavedModelEncoder, SentenceEncoder, utf8_sentences
-from model.storage import exists
+from model.encoding.encoder import SavedModelEncoder, SentenceEncoder, utf8_sentences
+from model.training.storage import exists
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
@@ -112,12 +112,12 @@ class EncoderSpec:
 class MeanVectorsEncoder:
     """The paper's mean-vectors baseline: the average word vector of a sentence's in-vocabulary tokens.
 
-    Tokenised by `model.text.tokenize`, the same in-graph tokenizer the trained model uses. A sentence
+    Tokenised by `model.net.text.tokenize`, the same in-graph tokenizer the trained model uses. A sentence
     with no in-vocabulary token gets the zero vector (cosine 0 to everything).
     """
 
     def __init__(self, vectors_path: str | None = None, name: str = "mean-vectors"):
-        from model.vectors import load_word_vectors
+        from model.net.vectors import load_word_vectors
 
         self.name = name
         vectors = load_word_vectors(vectors_path)
@@ -125,7 +125,7 @@ class MeanVectorsEncoder:
         self._matrix = vectors.matrix
 
     def encode(self, sentences: list[str]) -> np.ndarray:
-        from model.text import tokenize
+        from model.net.text import tokenize
 
         sentences = utf8_sentences(list(sentences))   # a ValueError naming the one TensorFlow cannot take
         embeddings = np.zeros((len(sentences), self._matrix.shape[1]), np.float32)
@@ -144,7 +144,7 @@ class TfidfEncoder:
     The IDF is fitted on the sentences of each `encode` call, i.e. on the set being compared: one
     SCB article, the sentences of the triplet test split, or all SICK sentences. Callers therefore
     encode a whole evaluation set in one call so every vector lives in the same space, and never
-    keep its vectors for another set (`fits_each_call`). Tokens are `model.text.tokenize`'s, like
+    keep its vectors for another set (`fits_each_call`). Tokens are `model.net.text.tokenize`'s, like
     every other method.
     """
 
@@ -157,7 +157,7 @@ class TfidfEncoder:
         from scipy import sparse
         from sklearn.feature_extraction.text import TfidfVectorizer
 
-        from model.text import tokenize
+        from model.net.text import tokenize
 
         if not sentences:
             return sparse.csr_matrix((0, 0), dtype=np.float32)
@@ -208,7 +208,7 @@ class MiniLMEncoder:
 
 
 class CachedEncoder:
-    """Answers `encode` from embeddings computed earlier, a Parquet file of `model.embedding_cache`
+    """Answers `encode` from embeddings computed earlier, a Parquet file of `model.encoding.embedding_cache`
     (local or gs://): the spec `cached:NAME=FILE`."""
 
     def __init__(self, path: str, name: str):

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from model.text import WordIds, pad_ids, tokenize_graph
+from model.net.text import WordIds, pad_ids, tokenize_graph
 from pipeline import records
 from pipeline.cli import DataLossError, UsageError
 from pipeline.published import MANIFEST, ManifestError, Output, Run

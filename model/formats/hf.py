@@ -289,6 +289,6 @@ keras-hub: `keras_hub.models.BertBackbone.from_preset("THIS_FOLDER")` (mean-pool
 `sequence_output` over the padding mask). Its `BertTokenizer` does not strip accents as this
 checkpoint's tokenizer does, so on accented text ("Café", "Zürich") its embeddings differ from
 the ones above; tokenise with `tokenizers` (`tokenizer.json`) instead. TF Serving: serve the
-model dir's `encoder/` SavedModel, which takes raw strings (`model.encoder.load_encoder` in this
+model dir's `encoder/` SavedModel, which takes raw strings (`model.encoding.encoder.load_encoder` in this
 project).
 """
