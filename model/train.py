@@ -559,9 +559,9 @@ def _train(config: TrainConfig, run: Run, strategy: Strategy, model_dir: str,
              strategy.num_replicas_in_sync, job.global_batch)
     teacher = _claim(job, resume_from)
     data = _data(job, teacher)
-    encoder, model, untrained = _model(job, data)
+    encoder, model, initial_weights = _model(job, data)
     fit_record, best = _fit(job, data, model, extra_callbacks, started)
-    summary = _score(job, data, model, untrained, fit_record, best)
+    summary = _score(job, data, model, initial_weights, fit_record, best)
     _export(job, data.word_ids, encoder, model, summary)
     return summary
 
@@ -612,13 +612,23 @@ def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
     return _Data(word_ids, vocabulary, matrix, teacher, validation_batches, record_counts)
 
 
-def _model(job: _Job, data: _Data):
-    """(sentence encoder, compiled triplet model, the untrained model's validation scores)."""
+def _model(job: _Job, data: _Data) -> tuple:
+    """(sentence encoder, compiled triplet model, its initial weights). The untrained model is
+    scored from these weights after training (`_score`), not before it: on a transformer that
+    pass (and, under JAX, its compilation) would delay the first step by a minute."""
     with job.strategy.scope():
         encoder, model = build_models(job.config, data.matrix, job.global_batch,
                                       data.teacher.dim if data.teacher else None)
-    untrained = model.evaluate(data.validation_batches, verbose=0, return_dict=True)
-    return encoder, model, untrained
+    return encoder, model, [np.array(weight) for weight in model.get_weights()]
+
+
+def _untrained_scores(model, initial_weights: list[np.ndarray], validation_batches) -> dict:
+    """The validation scores of the model with its initial weights; its own weights are put back."""
+    trained = model.get_weights()
+    model.set_weights(initial_weights)
+    untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
+    model.set_weights(trained)
+    return untrained
 
 
 def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
@@ -726,7 +736,8 @@ def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: Ti
     ]
 
 
-def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, best: BestCheckpoint) -> dict:
+def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit_record: dict,
+           best: BestCheckpoint) -> dict:
     """The best epoch (of this run or a killed one) on the test split, every split's records
     checked (TripletDataLoss past `--max-lost-fraction`), and the summary history.json holds."""
     config, inputs = job.config, job.config.inputs
@@ -737,7 +748,9 @@ def _score(job: _Job, data: _Data, model, untrained: dict, fit_record: dict, bes
     LOG.info("training done; scoring the best epoch on the test split")
     test = model.evaluate(evaluation_batches(config, job.run, "test", data.word_ids, job.replicas,
                                              data.embed_by_teacher), verbose=0, return_dict=True)
-    LOG.info("test triplet accuracy %.4f; counting every split's records", test["triplet_accuracy"])
+    LOG.info("test triplet accuracy %.4f; scoring the untrained model on validation, counting every split's "
+             "records", test["triplet_accuracy"])
+    untrained = _untrained_scores(model, initial_weights, data.validation_batches)
     counts = {split: future.result() for split, future in data.record_counts.items()}
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):

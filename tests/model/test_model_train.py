@@ -594,3 +594,27 @@ def test_a_missing_teacher_is_one_error_line_and_claims_nothing(shards, tmp_path
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and len(errors) == 1 and "none" in errors[0] and "Traceback" not in result.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_the_untrained_model_is_scored_after_training_and_the_trained_weights_are_exported(shards, tmp_path):
+    """The untrained validation score comes from the initial weights, after `fit` (not before the
+    first step); the model tested and exported keeps the trained weights."""
+    import keras
+    import numpy as np
+
+    from model.train import train
+
+    class Weights(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.initial = [np.array(weight) for weight in self.model.get_weights()]
+
+        def on_train_end(self, logs=None):
+            self.trained = [np.array(weight) for weight in self.model.get_weights()]
+
+    weights = Weights()
+    summary = train(TrainConfig.from_flags(data=shards, model_dir=str(tmp_path / "m"),
+                                           **{**TINY, "epochs": 1, "learning_rate": 1e-2}), extra_callbacks=[weights])
+    final = weights.model.get_weights()
+    assert all(np.array_equal(a, b) for a, b in zip(final, weights.trained))           # put back after scoring
+    assert not all(np.array_equal(a, b) for a, b in zip(final, weights.initial))       # and they were trained
+    assert 0 <= summary["untrained_val_triplet_accuracy"] <= 1 and summary["untrained_val_loss"] > 0
