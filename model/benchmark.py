@@ -95,7 +95,8 @@ from model.net.network import LENGTH_SLICES  # noqa: E402
 from model.net.text import WordIds  # noqa: E402
 from model.net.transformer import token_ids  # noqa: E402
 from model.train import build_models, build_vocabulary, embedding_matrix  # noqa: E402
-from model.training.data import ARTICLE_ID, article_chunks, open_run, training_batches, triplet_strings  # noqa: E402
+from model.training.data import article_chunks, training_batches, triplet_strings  # noqa: E402
+from model.training.shards import ARTICLE_ID, open_run  # noqa: E402
 from pipeline.records import ROLES  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
@@ -238,8 +239,8 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     pipeline alone over the same batches (what every worker spends tokenising global batches) and
     the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
     (docs/distributed.md)."""
-    from model.train import make_strategy
     from model.training.data import distributed_by_blocks
+    from model.training.strategies import make_strategy
 
     strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
     word_ids, matrix = sentence_ids(config)

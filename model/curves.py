@@ -46,8 +46,9 @@ def tensorboard_curve(model_dir: str, triplets_per_epoch: int) -> list[dict]:
     for raw in tf.data.TFRecordDataset(files):
         event = tf.compat.v1.Event.FromString(raw.numpy())
         for value in event.summary.value:
-            if value.tag == "epoch_triplet_accuracy":
-                by_epoch[event.step] = float(tf.make_ndarray(value.tensor))
+            if value.tag == "epoch_triplet_accuracy":   # tf.summary's tensor, or tensorboardX's simple_value
+                by_epoch[event.step] = float(tf.make_ndarray(value.tensor) if value.HasField("tensor")
+                                             else value.simple_value)
     return [{"triplets_seen": (epoch + 1) * triplets_per_epoch, "val_triplet_accuracy": accuracy}
             for epoch, accuracy in sorted(by_epoch.items())]
 

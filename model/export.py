@@ -138,7 +138,7 @@ def export_model_dir(config: ExportConfig) -> str:
     name = os.path.basename(config.model_dir.rstrip("/"))
     report_lines = report_scores(config.report, name)
     claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
-    from model.net.transformer import checkpoint_dir
+    from model.net.backbone import checkpoint_dir
 
     _, train_config, _, encoder, _ = rebuilt(config.model_dir, weights)
     similarity = train_config.resolved("distance")

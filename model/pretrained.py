@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> str:
     require_tensorflow_keras("model.pretrained")
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
     from model.formats.saved_model import ExportableEncoder
-    from model.net.transformer import build_transformer_encoder, token_ids
+    from model.net.backbone import build_transformer_encoder
+    from model.net.transformer import token_ids
     from model.training.storage import claim_folder, staged
 
     claim_folder(config.model_dir, "model.pretrained", ("encoder",), "--model-dir", config.overwrite)

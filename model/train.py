@@ -45,6 +45,14 @@ from model.config import TrainConfig, parse_args
 from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
 
 
+def reads_arrays(config: TrainConfig) -> bool:
+    """Whether the run reads NumPy arrays (`model.training.arrays`: a transformer under JAX, in
+    article chunks, without a shuffle buffer or teacher) rather than tf.data's input."""
+    from model.training.shards import needs_tf_data
+
+    return config.runtime.backend == "jax" and needs_tf_data(config) is None
+
+
 def use_backend(config: TrainConfig) -> None:
     """Sets KERAS_BACKEND to `--backend` before Keras loads (Keras reads it once, at its import).
     A UsageError where another backend was chosen: KERAS_BACKEND set otherwise, or Keras
@@ -63,6 +71,11 @@ def use_backend(config: TrainConfig) -> None:
         raise UsageError(f"KERAS_BACKEND={chosen} but --backend {backend}: pass --backend {chosen}, or unset "
                          "KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = backend
+    if reads_arrays(config) and "tensorflow" not in sys.modules:
+        # Nothing of this run needs TensorFlow (`model.training.arrays`), but keras-hub imports it at its
+        # own import wherever it is installed (for tokenizers this run does not use): kept out, so the
+        # process is the one an accelerator image without TensorFlow runs, and its memory JAX's alone.
+        sys.modules["tensorflow"] = None   # type: ignore[assignment]
 
 
 if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow and Keras load
@@ -70,62 +83,33 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
     parse_first(lambda argv: use_backend(parse_args(argv)))
 
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from model.encoding.encoder import SavedModelEncoder, load_encoder  # noqa: E402
-from model.net.text import WordIds  # noqa: E402
 from model.net.vectors import load_word_vectors  # noqa: E402
 from model.similarity import Similarity  # noqa: E402
-from model.training.data import (  # noqa: E402
-    TripletDataError,
-    TripletDataLoss,
-    count_records,
-    count_words,
-    distributed_by_blocks,
-    open_run,
-    streamed_triplets,
-    training_batches,
-    triplet_sample,
-    triplet_split,
-    triplet_strings,
-    with_known_length,
-)
 from model.training.model_dir import ModelDir  # noqa: E402
 from model.training.plots import plot_history, plot_learning_curve  # noqa: E402
+from model.training.shards import (  # noqa: E402
+    TripletDataError,
+    TripletDataLoss,
+    needs_tf_data,
+    open_run,
+    triplet_split,
+)
 from model.training.storage import TreeMirror, claim_is_live, staged  # noqa: E402
 from pipeline.published import Run, owner_record, read_json_object, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
+# TensorFlow loads only where it runs: under its backend, or for tf.data's input under JAX (a
+# transformer under JAX reads NumPy arrays, `model.training.arrays`, and never imports it).
 if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
+    import tensorflow as tf
+
+    from model.net.text import WordIds
+    from model.training.arrays import ArrayInput
     from model.training.callbacks import BestCheckpoint, LearningCurve, TimeBudget
 
 LOG = logging.getLogger(__name__)
-
-
-def make_strategy(name: str) -> tf.distribute.Strategy:
-    """`auto`: TPU when one is configured, MultiWorkerMirrored when TF_CONFIG names several
-    workers, Mirrored with more than one GPU, otherwise the default (single-device) strategy."""
-    if name == "auto":
-        if os.environ.get("TPU_NAME") or tf.config.list_logical_devices("TPU"):
-            name = "tpu"
-        elif len(json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {}).get("worker", [])) > 1:
-            name = "multi_worker"
-        elif len(tf.config.list_logical_devices("GPU")) > 1:
-            name = "mirrored"
-        else:
-            return tf.distribute.get_strategy()
-    if name == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(os.environ.get("TPU_NAME", ""))
-        tf.config.experimental_connect_to_cluster(resolver)
-        tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
-    if name == "multi_worker":
-        return NestedReduceMultiWorkerStrategy()
-    gpus = [device.name for device in tf.config.list_logical_devices("GPU")]
-    if name == "mirrored":
-        # Without GPUs, mirror over the logical CPU devices (tests configure two).
-        return tf.distribute.MirroredStrategy(gpus or [d.name for d in tf.config.list_logical_devices("CPU")])
-    return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else "/cpu:0")
 
 
 class KerasDevices:
@@ -136,10 +120,13 @@ class KerasDevices:
 
     cluster_resolver = None   # one process: the chief, as `is_chief` reads it
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, tensorflow_input: bool = False):
         import keras
 
-        tf.config.set_visible_devices([], "GPU")   # tf.data reads and tokenises on the CPU; the GPUs are JAX's
+        if tensorflow_input:   # tf.data reads and tokenises on the CPU; the GPUs are JAX's
+            import tensorflow as tf
+
+            tf.config.set_visible_devices([], "GPU")
         devices = keras.distribution.list_devices()
         self.num_replicas_in_sync = len(devices) if name == "data-parallel" else 1
         if name == "data-parallel":
@@ -165,27 +152,10 @@ def device_kind() -> str:
 def strategy_of(config: TrainConfig) -> Strategy:
     """`--distribution-strategy` under `--backend`: a tf.distribute strategy, or `KerasDevices`."""
     if config.runtime.backend == "jax":
-        return KerasDevices(config.runtime.distribution_strategy)
+        return KerasDevices(config.runtime.distribution_strategy, tensorflow_input=not reads_arrays(config))
+    from model.training.strategies import make_strategy
+
     return make_strategy(config.runtime.distribution_strategy)
-
-
-class NestedReduceMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
-    """MultiWorkerMirroredStrategy with the two `reduce` calls Keras 3 makes that MWMS' own
-    rejects (Keras 3 and MWMS have not been made to fit, tensorflow/tensorflow#72388):
-    * the first distributed batch of `fit` and `evaluate`, reduced to build the model, is a nest
-      (the triplet model's dict of inputs), which MWMS converts to one tensor and fails
-      ("Attempt to convert a value ({'sentences': PerReplica..."): reduced one tensor at a time;
-    * every scalar metric of the logs is reduced with `axis=0` ("Invalid reduction dimension 0
-      for input with 0 dimensions"): a scalar is reduced across replicas only (`axis=None`)."""
-
-    def reduce(self, reduce_op, value, axis):
-        if isinstance(value, dict):
-            return {key: self.reduce(reduce_op, part, axis) for key, part in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.reduce(reduce_op, part, axis) for part in value)
-        if axis is not None and self.experimental_local_results(value)[0].shape.rank == 0:
-            axis = None
-        return super().reduce(reduce_op, value, axis)
 
 
 def is_chief(strategy: Strategy) -> bool:
@@ -333,6 +303,10 @@ def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None
     at no training cost, where the other choice sends it to an OOV bucket that mean-vectors does
     not have. `--vocabulary train`: training-split words seen `min_count` times that have a
     vector, most frequent first."""
+    import tensorflow as tf
+
+    from model.training.data import count_words, triplet_strings
+
     model_dir = model_dir or config.runtime.model_dir
     path = f"{model_dir}/vocabulary.txt"
     if tf.io.gfile.exists(path):
@@ -375,6 +349,14 @@ def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: Word
     the same at every epoch and in every run) or the whole split, counted once so Keras knows
     where it ends. Every worker of a multi-worker job reads them whole, and scores its block of
     each global batch (`distributed_by_blocks`)."""
+    from model.training.data import (
+        distributed_by_blocks,
+        training_batches,
+        triplet_sample,
+        triplet_strings,
+        with_known_length,
+    )
+
     inputs = config.inputs
     triplets = (triplet_sample(run, inputs.dataset, split, inputs.evaluation_triplets, config.runtime.seed)
                 if inputs.evaluation_triplets else triplet_strings(run, inputs.dataset, split))
@@ -401,6 +383,9 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
     is built from its first record and the batches trained are dropped
     (`training_batches(skip_batches=...)`) before they are turned into model inputs: what came
     before is read, parsed and, with length groups, tokenised again."""
+    import tensorflow as tf
+
+    from model.training.data import streamed_triplets, training_batches
     inputs, optimizer = config.inputs, config.optimizer
     consecutive = not inputs.shuffle_buffer and (inputs.article_chunk > 0 or not inputs.group_by_length)
     if resume_at_step:
@@ -499,6 +484,7 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     started = time.monotonic()   # seconds_to_first_step count from here
     refuse_file_as_folder("--model-dir", config.runtime.model_dir)
     use_backend(config)
+    refuse_without_tensorflow(config)
     import keras
 
     keras.utils.set_random_seed(config.runtime.seed)
@@ -532,21 +518,40 @@ class _Job:
         return self.config.optimizer.batch_size * self.replicas
 
 
+class TfDataInput:
+    """tf.data's input (`model.training.data`) as `_train` asks for it, the interface of
+    `model.training.arrays.ArrayInput`: a split's evaluation batches, the training stream from a
+    step, a split's record count."""
+
+    def __init__(self, job: _Job, word_ids: WordIds, teacher: SavedModelEncoder | None):
+        self.job, self.word_ids = job, word_ids
+        self.teacher = teacher.embed_tensor if teacher else None
+
+    def evaluation(self, split: str) -> tf.data.Dataset:
+        return evaluation_batches(self.job.config, self.job.run, split, self.word_ids, self.job.replicas, self.teacher)
+
+    def training(self, resume_at_step: int = 0):
+        return training_stream(self.job.config, self.job.run, self.word_ids, self.job.strategy, resume_at_step,
+                               self.teacher)
+
+    def count_records(self, split: str) -> dict[str, int]:
+        from model.training.data import count_records
+
+        return count_records(self.job.run, self.job.config.inputs.dataset, split)
+
+
 @dataclass(frozen=True)
 class _Data:
-    """The data step's result: the id space, the teacher, the validation batches, and each split's
-    record count, counted in the background until the score step needs it."""
+    """The data step's result: the id space, the teacher, the input, its validation batches, and
+    each split's record count, counted in the background until the score step needs it."""
 
-    word_ids: WordIds
+    word_ids: WordIds | None       # None under the JAX backend's arrays (they tokenise in NumPy)
     vocabulary: list[str] | None   # None for a transformer (its own wordpieces)
     matrix: np.ndarray | None      # the BiLSTM's word vectors
     teacher: SavedModelEncoder | None
-    validation_batches: tf.data.Dataset
+    source: TfDataInput | ArrayInput
+    validation_batches: object     # a tf.data.Dataset, or the arrays' PyDataset
     record_counts: dict[str, concurrent.futures.Future]
-
-    @property
-    def embed_by_teacher(self):
-        return self.teacher.embed_tensor if self.teacher else None
 
 
 def _train(config: TrainConfig, run: Run, strategy: Strategy, model_dir: str,
@@ -592,24 +597,45 @@ def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
     """The id space (the BiLSTM's vocabulary and word vectors, or a transformer's wordpieces) and
     the validation batches; starts counting every split's records."""
     config, run, inputs = job.config, job.run, job.config.inputs
-    if config.network.kind.reads_word_vectors:
+    word_ids: WordIds | None = None
+    vocabulary, matrix = None, None
+    source: TfDataInput | ArrayInput
+    if reads_arrays(config):
+        from model.training.arrays import ArrayInput
+
+        source = ArrayInput(config, run, job.replicas)
+    elif config.network.kind.reads_word_vectors:
+        from model.net.text import WordIds
+
         vocabulary = build_vocabulary(config, run, job.model_dir)
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
+        source = TfDataInput(job, word_ids, teacher)
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
         from model.net.transformer import token_ids
 
-        word_ids, matrix, vocabulary = token_ids(inputs.max_tokens, config.network.encoder), None, None
+        word_ids = token_ids(inputs.max_tokens, config.network.encoder)
+        source = TfDataInput(job, word_ids, teacher)
     if job.mirror:
         job.mirror.push()
-    validation_batches = evaluation_batches(config, run, "validation", word_ids, job.replicas,
-                                            teacher.embed_tensor if teacher else None)
     # The records each split holds are counted beside training (tf.data releases the GIL), not
     # before it, and checked before the export: no extra pass before the first step.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    record_counts = {split: counting.submit(count_records, run, inputs.dataset, split) for split in SPLITS}
+    record_counts = {split: counting.submit(source.count_records, split) for split in SPLITS}
     counting.shutdown(wait=False)   # takes no more work; the counts submitted run on
-    return _Data(word_ids, vocabulary, matrix, teacher, validation_batches, record_counts)
+    return _Data(word_ids, vocabulary, matrix, teacher, source, source.evaluation("validation"), record_counts)
+
+
+def refuse_without_tensorflow(config: TrainConfig) -> None:
+    """A UsageError, before any work, for a run that needs TensorFlow where it is not installed
+    (an accelerator image): only a transformer under JAX in article chunks reads without it."""
+    from model import tensorflow_installed
+    from pipeline.cli import UsageError
+
+    needs = "--backend tensorflow" if config.runtime.backend != "jax" else needs_tf_data(config)
+    if needs and not tensorflow_installed():
+        raise UsageError(f"{needs} needs TensorFlow, which is not installed here; under --backend jax a transformer "
+                         "reads its triplets without it (--article-chunk > 0, no --shuffle-buffer or --teacher)")
 
 
 def _model(job: _Job, data: _Data) -> tuple:
@@ -671,8 +697,7 @@ def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint
 
     config, optimizer, runtime = job.config, job.config.optimizer, job.config.runtime
     step, epochs_done = state["step"], state["epoch"]
-    train_batches = training_stream(config, job.run, data.word_ids, job.strategy, resume_at_step=step,
-                                    teacher=data.embed_by_teacher)
+    train_batches = data.source.training(step)
     # `--steps none`: an epoch is one pass over the train split, by the manifest's count.
     pass_steps = max(1, -(-triplet_split(job.run, config.inputs.dataset, "train").records // job.global_batch))
     first_step = FirstStep(started)
@@ -720,7 +745,7 @@ def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: Ti
     and the caller's."""
     import keras
 
-    from model.training.callbacks import AtomicBackup, MirrorBackups
+    from model.training.callbacks import AtomicBackup, MirrorBackups, tensorboard_log
 
     optimizer, runtime, mirror = job.config.optimizer, job.config.runtime, job.mirror
     return [
@@ -729,8 +754,8 @@ def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: Ti
         *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
-        # scalars every N steps and per epoch
-        keras.callbacks.TensorBoard(f"{job.model_dir}/logs", update_freq=runtime.checkpoint_every),
+        # scalars every N steps and per epoch, where TensorFlow runs (Keras writes them with tf.summary)
+        tensorboard_log(f"{job.model_dir}/logs", runtime.checkpoint_every),
         *([budget] if budget else []),
         *(extra_callbacks or []),
     ]
@@ -741,13 +766,12 @@ def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit
     """The best epoch (of this run or a killed one) on the test split, every split's records
     checked (TripletDataLoss past `--max-lost-fraction`), and the summary history.json holds."""
     config, inputs = job.config, job.config.inputs
-    if tf.io.gfile.exists(best.filepath):
+    if os.path.exists(best.filepath):
         model.load_weights(best.filepath)
 
     # silent otherwise: the test pass takes a while
     LOG.info("training done; scoring the best epoch on the test split")
-    test = model.evaluate(evaluation_batches(config, job.run, "test", data.word_ids, job.replicas,
-                                             data.embed_by_teacher), verbose=0, return_dict=True)
+    test = model.evaluate(data.source.evaluation("test"), verbose=0, return_dict=True)
     LOG.info("test triplet accuracy %.4f; scoring the untrained model on validation, counting every split's "
              "records", test["triplet_accuracy"])
     untrained = _untrained_scores(model, initial_weights, data.validation_batches)
@@ -784,7 +808,7 @@ def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit
     }
 
 
-def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None:
+def _export(job: _Job, word_ids: WordIds | None, encoder, model, summary: dict) -> None:
     """The chief writes the encoder (and its copies: sentence-transformers, serving, Vertex AI),
     history.json and the curves; then the backup goes: a kill before this point resumes here.
     Under JAX the strings-in SavedModels come from a TensorFlow process (`model.export --format saved-model`) that
@@ -800,6 +824,7 @@ def _export(job: _Job, word_ids: WordIds, encoder, model, summary: dict) -> None
         else:
             from model.formats.saved_model import write_saved_models
 
+            assert word_ids is not None   # the TensorFlow backend reads tf.data's input
             write_saved_models(config, word_ids, encoder, model_dir)
         if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
             export_sentence_transformers(encoder, summary, config, model_dir)
@@ -818,10 +843,11 @@ def export_in_tensorflow(model_dir: str, weights: str) -> None:
     trace. Where TensorFlow is not installed (an accelerator image), the model dir keeps its
     checkpoints and sentence-transformers folder, and the log says which command writes
     `encoder/` elsewhere."""
-    import importlib.util
     import subprocess
 
-    if importlib.util.find_spec("tensorflow") is None:
+    from model import tensorflow_installed
+
+    if not tensorflow_installed():
         LOG.warning("no TensorFlow here: encoder/ not written; where TensorFlow is installed run: python -m "
                     "model.export --model-dir %s --format saved-model", model_dir)
         return
@@ -836,7 +862,7 @@ def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, mo
     """`<model-dir>/sentence-transformers`: the fine-tuned transformer for sentence-transformers
     (`model.formats.hf`)."""
     from model.formats.hf import EXPORT_FOLDER, model_card, write_sentence_transformers
-    from model.net.transformer import checkpoint_dir
+    from model.net.backbone import checkpoint_dir
 
     similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
     card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [],

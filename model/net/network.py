@@ -187,7 +187,7 @@ def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
             raise ValueError("the BiLSTM Net reads word vectors: build_net needs their matrix")
         return build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
                                       dropout=dropout, fine_tune_embeddings=network.fine_tune_embeddings)
-    from model.net.transformer import build_transformer_encoder
+    from model.net.backbone import build_transformer_encoder
 
     return build_transformer_encoder(network.kind.value, frozen_layers=network.frozen_layers, dropout=dropout,
                                      layers=network.transformer_layers)

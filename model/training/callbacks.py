@@ -9,10 +9,10 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 
 import keras
-import tensorflow as tf
 
 from model.training.storage import TreeMirror
 from pipeline.published import write_complete
@@ -162,7 +162,8 @@ class TimeBudget(keras.callbacks.Callback):
         expired = time.monotonic() >= self.deadline
         strategy = getattr(self.model, "distribute_strategy", None)   # tf.distribute's (TensorFlow backend)
         # workers stop at the same step, or the first to stop leaves the others hanging
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        tf = sys.modules.get("tensorflow")   # loaded wherever a tf.distribute strategy runs
+        if tf is not None and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
             votes = strategy.run(lambda: tf.constant(float(expired)))
             expired = bool(strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None) > 0)
         if expired:
@@ -241,3 +242,48 @@ class LearningCurve(keras.callbacks.Callback):
             "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
             "learning_rate": float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)),
         })
+
+
+def tensorboard_log(folder: str, update_freq: int) -> keras.callbacks.Callback:
+    """The run's TensorBoard scalars: Keras' own callback where TensorFlow runs (it writes through
+    tf.summary), `ScalarLog` where it does not (the JAX backend's arrays)."""
+    if sys.modules.get("tensorflow") is not None:
+        return keras.callbacks.TensorBoard(folder, update_freq=update_freq)
+    return ScalarLog(folder, update_freq)
+
+
+class ScalarLog(keras.callbacks.Callback):
+    """What Keras' TensorBoard callback writes of scalars, without TensorFlow (tensorboardX; as
+    `simple_value`s, which TensorBoard and `model.curves` read beside tf.summary's tensors):
+    `epoch_<metric>` in `train/` and `validation/` at each epoch's end, `batch_<metric>` in
+    `train/` every `update_freq` steps."""
+
+    def __init__(self, folder: str, update_freq: int):
+        super().__init__()
+        self.folder, self.update_freq = folder, update_freq
+        self.writers: dict = {}
+
+    def _write(self, split: str, tag: str, value, step: int) -> None:
+        from tensorboardX import SummaryWriter
+
+        if split not in self.writers:
+            self.writers[split] = SummaryWriter(os.path.join(self.folder, split))
+        self.writers[split].add_scalar(tag, float(value), step)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if self.update_freq and step % self.update_freq == 0:
+            for name, value in (logs or {}).items():
+                self._write("train", f"batch_{name}", value, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        for name, value in (logs or {}).items():
+            split, metric = ("validation", name[4:]) if name.startswith("val_") else ("train", name)
+            self._write(split, f"epoch_{metric}", value, epoch)
+        for writer in self.writers.values():
+            writer.flush()
+
+    def on_train_end(self, logs=None):
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}

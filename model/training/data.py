@@ -10,20 +10,23 @@ same client Dataflow uses, so what the tests exercise is what runs in the cloud.
 from __future__ import annotations
 
 import collections
-import itertools
-import logging
-from collections.abc import Iterator
 
-import numpy as np
 import tensorflow as tf
 
 from model.net.text import WordIds, pad_ids, tokenize_graph
+from model.training.shards import (
+    ARTICLE_ID,
+    FEATURES,
+    NO_SECTION,
+    SECTIONS_PER_ARTICLE,
+    STATIC_WIDTHS,
+    shard_stream,
+    triplet_split,
+)
 from pipeline import records
-from pipeline.cli import DataLossError, UsageError
-from pipeline.published import MANIFEST, ManifestError, Output, Run
+from pipeline.published import Run
 from pipeline.records import ROLES, SECTION_OF_ROLE, FeatureType
 
-LOG = logging.getLogger(__name__)
 TF_DTYPES = {FeatureType.BYTES: tf.string, FeatureType.INT64: tf.int64}
 
 
@@ -32,64 +35,7 @@ def triplet_feature_spec() -> dict:
     return {name: tf.io.FixedLenFeature([], TF_DTYPES[kind]) for name, kind in records.TRIPLET_FEATURES.items()}
 
 
-# What training reads of a triplet: its three sentences, its article (batches mix articles), and
-# the sections its sentences come from (`records.SECTION_OF_ROLE`: the in-batch loss must not take
-# a sentence of the anchor's own section for a negative).
-ARTICLE_ID = "article_id"
-FEATURES = {key: spec for key, spec in triplet_feature_spec().items()
-            if key in (*ROLES, ARTICLE_ID, *(name for pair in SECTION_OF_ROLE.values() for name in pair))}
-# A section's key: its article id times this, plus its index in the article (`section_keys`).
-SECTIONS_PER_ARTICLE = 1 << 20
-# The section key of the padding rows of a batch's sentences: never a candidate.
-NO_SECTION = -1
-
-
-class TripletDataError(UsageError):
-    """The pipeline output lacks the shards asked for, or the model dir holds another run."""
-
-
-class TripletDataLoss(DataLossError):
-    """Reading a split lost more records than allowed (corrupt or truncated shards)."""
-
-
-def open_run(data: str) -> Run:
-    """`Run.open`, with the trainer's error (a TripletDataError naming the folder)."""
-    try:
-        return Run.open(data)
-    except ManifestError as error:
-        raise TripletDataError(str(error)) from None
-
-
-def verify_split(run: Run, dataset: str, split: str, max_lost_fraction: float = 0.0) -> int:
-    """`Run.verify` of one split (every shard there, of its size and record count), with the
-    trainer's error for a run folder that lacks the split. Returns the records lost."""
-    triplet_split(run, dataset, split)
-    return run.verify(f"{dataset}/{split}", max_lost_fraction)
-
-
-def triplet_split(run: Run, dataset: str, split: str) -> Output:
-    """The split's manifest entry (shards, per-shard records and sizes, order); the run's triplets
-    must carry the features training reads, of the types it parses. A run without the split, or
-    with other features, is one TripletDataError naming the manifest."""
-    written = run.manifest.triplet_features
-    differing = [f"{name} ({written.get(name, 'missing')})" for name in FEATURES
-                 if written.get(name) != records.TRIPLET_FEATURES[name]]
-    if differing:
-        raise TripletDataError(f"{run.root}/{MANIFEST}: its triplets carry {', '.join(differing)}, not as "
-                               "this code parses them; rerun the pipeline with this version")
-    try:
-        return run.output(f"{dataset}/{split}")
-    except ManifestError as error:
-        hint = (f" (pipeline.run writes {dataset} only when given --negatives {dataset.rsplit('-', 1)[1]})"
-                if dataset.startswith("triplets-sen-") else "")
-        raise TripletDataError(f"{error}{hint}") from None
-
-
-def list_shards(data: str, dataset: str, split: str) -> list[str]:
-    """Paths of the split's shards as the run's manifest lists them (a folder without a manifest,
-    one from a failed or unfinished run, is refused); an error names the folder."""
-    run = open_run(data)
-    return [run.path(shard.path) for shard in triplet_split(run, dataset, split).shards]
+PARSE_SPEC = {name: spec for name, spec in triplet_feature_spec().items() if name in FEATURES}   # what training reads
 
 
 def _beam_records(path: bytes):
@@ -123,38 +69,6 @@ def read_records(shards: list[str]) -> tf.data.Dataset:
         lambda path: shard_records(path, remote))
 
 
-def shard_stream(shards: list[tuple[str, int]], seed: int, pipeline: int = 0, pipelines: int = 1,
-                 start: int = 0) -> Iterator[tuple[str, int]]:
-    """(shard path, records to skip in it) in the order input pipeline `pipeline` of `pipelines`
-    reads a split, pass after pass, for ever: pass p permutes the shards by (seed, p) and gives
-    this pipeline every `pipelines`-th of them (FILE sharding: workers read disjoint shards, each
-    record once per pass across them). `start` skips that many of this pipeline's records
-    without reading them: whole shards by the manifest's per-shard records, then the first
-    records of one shard. `shards`: (path, records) in the manifest's order."""
-    if len(shards) < pipelines:
-        raise TripletDataError(f"{len(shards)} shard(s) cannot feed {pipelines} input pipelines: each worker reads "
-                               "its own shards; rerun the pipeline on more data, or train on fewer workers")
-    if not sum(count for _, count in shards):
-        return
-    for passes in itertools.count():
-        order = np.random.default_rng([seed, passes]).permutation(len(shards))
-        mine = [shards[i] for i in order[pipeline::pipelines]]
-        total = sum(count for _, count in mine)
-        if start >= total:
-            start -= total
-            continue
-        for path, count in mine:
-            if start >= count:
-                start -= count
-                continue
-            # Logged where it tells something: which shards each worker of a multi-worker job opens,
-            # and where a resumed run starts; a single pipeline's every shard is noise in a log.
-            LOG.log(logging.INFO if pipelines > 1 or start else logging.DEBUG,
-                    "input pipeline %d of %d, pass %d: %s from record %d", pipeline, pipelines, passes, path, start)
-            yield path, start
-            start = 0
-
-
 def streamed_triplets(run: Run, dataset: str, split: str, seed: int, pipeline: int = 0, pipelines: int = 1,
                       start: int = 0) -> tf.data.Dataset:
     """The split's triplets as an endless stream (`shard_stream`), shard after shard, each read
@@ -176,7 +90,7 @@ def parse_triplets(records: tf.data.Dataset) -> tf.data.Dataset:
     section fields (`FEATURES`). An undecodable record is
     skipped with a logged warning (tf.data's ignore_errors), never fatal; `count_records`
     counts them for the trainer's summary."""
-    return (records.map(lambda record: tf.io.parse_single_example(record, FEATURES),
+    return (records.map(lambda record: tf.io.parse_single_example(record, PARSE_SPEC),
                         num_parallel_calls=tf.data.AUTOTUNE)
             .ignore_errors(log_warning=True))
 
@@ -293,12 +207,6 @@ def _pad_sentences(sentences: tf.Tensor, size) -> tf.Tensor:
     transformer's masked mean pooling divide 0 by 0 (NaN, whose gradient poisons the weights)."""
     filler = tf.concat([sentences[:1], tf.zeros_like(sentences[:1])], axis=0)[:1]   # a zero row for an empty block
     return tf.concat([sentences, tf.repeat(filler, size - tf.shape(sentences)[0], axis=0)], axis=0)
-
-
-# Token widths of `--static-shapes` batches (with `max_tokens` itself): every batch is padded to
-# the smallest that holds its longest sentence, so XLA compiles one step per width (times the row
-# counts of `static_batch`) instead of one per batch.
-STATIC_WIDTHS = (16, 32)
 
 
 def static_batch(inputs: dict, labels: tf.Tensor, weights: tf.Tensor, batch_size: int, max_tokens: int

@@ -1,7 +1,6 @@
 """The training curves `model.train` draws into its model dir from its summary (history.json):
 `training_curve.png` (loss and accuracy per epoch) and `learning_curve.png` (validation accuracy
-against triplets seen and CPU time). matplotlib (and TensorFlow, whose file API writes them)
-load when a curve is drawn, not at import."""
+against triplets seen and CPU time). matplotlib loads when a curve is drawn, not at import."""
 from __future__ import annotations
 
 import os
@@ -23,12 +22,17 @@ def _pyplot():
 
 
 def _save_png(figure, path: str) -> None:
-    import matplotlib.pyplot as plt
-    import tensorflow as tf
+    """The figure as a PNG at `path` (local or gs://), written whole (`pipeline.outputs.write_bytes`)."""
+    import io
 
-    with tf.io.gfile.GFile(path, "wb") as handle:
-        figure.savefig(handle, format="png", dpi=100)
+    import matplotlib.pyplot as plt
+
+    from pipeline.outputs import write_bytes
+
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=100)
     plt.close(figure)
+    write_bytes(path, png.getvalue())
 
 
 def plot_history(history: dict, path: str) -> Figure:

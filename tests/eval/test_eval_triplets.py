@@ -115,7 +115,7 @@ def test_triplets_job_scores_baselines_and_trained_encoders(topic_shards, tiny_m
 
 
 def test_triplets_job_names_missing_shards(tmp_path, topic_shards):
-    from model.training.data import TripletDataError
+    from model.training.shards import TripletDataError
 
     with pytest.raises(TripletDataError, match=f"{tmp_path} has no manifest.json"):
         triplets.main(["--data", str(tmp_path), "--output", str(tmp_path / "out")])

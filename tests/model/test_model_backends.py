@@ -21,7 +21,8 @@ from model.config import TrainConfig
 from model.encoding.encoder import SavedModelEncoder
 from model.net.head import MASKED_SCORE, in_batch_scores
 from model.net.text import WordIds
-from model.training.data import open_run, streamed_triplets, training_batches
+from model.training.data import streamed_triplets, training_batches
+from model.training.shards import open_run
 
 REPO = Path(__file__).resolve().parents[2]
 JAX_ENV = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}

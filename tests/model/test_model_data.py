@@ -89,7 +89,7 @@ def test_a_resumed_stream_starts_at_its_record_without_reading_what_came_before(
     """What `model.train` relies on when it resumes at a backup's step: the stream, planned
     again from the record its step reached, skips whole shards unread and continues exactly
     there (across pass boundaries too)."""
-    from model.training.data import shard_stream
+    from model.training.shards import shard_stream
 
     shards = list(SHARD_SIZES.items())
     unbroken = _records_of(shard_stream(shards, seed=3), 80)          # 21 records a pass: nearly 4 passes
@@ -103,7 +103,7 @@ def test_a_resumed_stream_starts_at_its_record_without_reading_what_came_before(
 
 
 def test_workers_stream_disjoint_shards_and_every_record_once_per_pass():
-    from model.training.data import TripletDataError, shard_stream
+    from model.training.shards import TripletDataError, shard_stream
 
     shards = list(SHARD_SIZES.items())
     for workers in (2, 3):
@@ -137,7 +137,7 @@ def test_each_sentence_carries_its_section_and_padding_none(replicas):
     """What the in-batch loss masks by: the anchor's and positive's section is the anchor's, the
     negative's its own, numbered within the block (int32: one number per section key, and one key
     per number); the rows padding a block to the batch's size have no section."""
-    from model.training.data import NO_SECTION, SECTIONS_PER_ARTICLE
+    from model.training.shards import NO_SECTION, SECTIONS_PER_ARTICLE
 
     triplets = _triplets(40, articles=3)
     vocabulary = ["<pad>"] + [f"k{k}" for k in range(40)] + [f"shared{a}" for a in range(10)] + WORDS
@@ -218,7 +218,7 @@ def test_keras_metrics_weigh_every_triplet_alike_across_uneven_batches():
 def test_a_run_whose_triplets_carry_other_features_is_refused_naming_the_manifest(tmp_path):
     import json
 
-    from model.training.data import TripletDataError, list_shards
+    from model.training.shards import TripletDataError, list_shards
     from pipeline.outputs import write_manifest
     from pipeline.published import MANIFEST
 

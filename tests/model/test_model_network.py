@@ -209,7 +209,8 @@ def test_the_benchmark_times_the_trainers_models(tmp_path):
     from model_shards import write_triplet_shards
 
     from model.benchmark import variants
-    from model.training.data import open_run, triplet_strings
+    from model.training.data import triplet_strings
+    from model.training.shards import open_run
 
     data = write_triplet_shards(str(tmp_path), sizes={"train": 16, "validation": 4, "test": 4}, shards=1)
     triplets = triplet_strings(open_run(data), "triplets-sen", "train")

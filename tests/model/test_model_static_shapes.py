@@ -13,7 +13,8 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def triplets(tmp_path_factory):
-    from model.training.data import open_run, triplet_strings
+    from model.training.data import triplet_strings
+    from model.training.shards import open_run
 
     data = write_triplet_shards(str(tmp_path_factory.mktemp("static-shards")),
                                 sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})

@@ -14,7 +14,8 @@ from model_shards import write_triplet_shards
 
 from model.config import TrainConfig, parse_args
 from model.encoding.encoder import SavedModelEncoder
-from model.training.data import TripletDataError, list_shards, open_run, triplet_strings
+from model.training.data import triplet_strings
+from model.training.shards import TripletDataError, list_shards, open_run
 from pipeline import published
 from pipeline.cli import UsageError
 

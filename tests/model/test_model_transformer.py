@@ -12,7 +12,8 @@ import yaml
 
 from model.config import TrainConfig
 from model.encoding.encoder import SavedModelEncoder
-from model.net.transformer import build_transformer_encoder, checkpoint_dir, token_ids
+from model.net.backbone import build_transformer_encoder, checkpoint_dir
+from model.net.transformer import token_ids
 
 pytestmark = pytest.mark.slow   # the MiniLM checkpoint built and run
 

@@ -15,7 +15,7 @@ import pytest
 from model_shards import write_triplet_shards
 
 from model.config import TrainConfig
-from model.training.data import TripletDataError
+from model.training.shards import TripletDataError
 from pipeline.published import owner_record
 
 REPO = Path(__file__).resolve().parents[2]

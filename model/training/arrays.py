@@ -1,0 +1,221 @@
+"""The trainer's input as NumPy arrays, without TensorFlow: how Keras' JAX backend reads a
+transformer's triplets (an accelerator image has no TensorFlow at all, and a CPU run saves the
+memory TensorFlow takes).
+
+It is tf.data's input (`model.training.data`) in NumPy, not another recipe: the same stream (the
+shards in `shard_stream`'s order, each read front to back, a resumed run from its first record
+not trained on), the same `--article-chunk` batches of consecutive records, the same model
+inputs (`shared_sentences` padded to the fixed shapes of `static_batch`), array for array
+(tests/model/test_model_arrays.py), with the same wordpiece ids (`model.net.wordpieces`). It
+covers what the accelerator recipes use: article chunks, no `--shuffle-buffer`, no `--teacher`
+(`model.training.shards.needs_tf_data` names what is not). Records are parsed by the pipeline's own protobuf class of
+`tf.train.Example` (`pipeline.records.Example`) and framed by `pipeline.tfrecord`; an unreadable
+record is skipped and a corrupt shard ends where it breaks, as under tf.data, and
+`count_records` counts both beside training.
+"""
+from __future__ import annotations
+
+import gzip
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from model.config import TrainConfig
+from model.net.wordpieces import WordPieces
+from model.training.shards import (
+    FEATURES,
+    NO_SECTION,
+    SECTIONS_PER_ARTICLE,
+    STATIC_WIDTHS,
+    shard_stream,
+    triplet_split,
+)
+from pipeline.published import Run
+from pipeline.records import ROLES, SECTION_OF_ROLE, TRIPLET_FEATURES, Example, FeatureType
+from pipeline.tfrecord import CorruptRecordError, read_records
+
+LOG = logging.getLogger(__name__)
+Batch = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]   # (inputs, labels, sample weights)
+
+
+def shard_records(path: str, skip: int = 0) -> Iterator[bytes]:
+    """The serialised records of one gzip TFRecord shard (local, or through Beam's FileSystems),
+    from record `skip` on. A corrupt or truncated shard ends where it breaks, with a warning."""
+    handle: Any
+    if "://" in path:
+        from apache_beam.io.filesystems import CompressionTypes, FileSystems
+
+        handle = FileSystems.open(path, compression_type=CompressionTypes.GZIP)
+    else:
+        handle = gzip.open(path, "rb")
+    with handle:
+        try:
+            yield from itertools.islice(read_records(handle, path), skip, None)
+        except (CorruptRecordError, EOFError, OSError) as error:
+            LOG.warning("%s: read up to a damaged record (%s); the rest of the shard is skipped", path, error)
+
+
+def parse_triplet(record: bytes) -> dict | None:
+    """The features training reads (`shards.FEATURES`: sentences as str, the rest int), or None
+    for a record that is not a triplet Example of this contract."""
+    try:
+        example: Any = Example.FromString(record)
+        features = example.features.feature
+        triplet: dict = {}
+        for name in FEATURES:
+            if TRIPLET_FEATURES[name] is FeatureType.BYTES:
+                (value,) = features[name].bytes_list.value
+                triplet[name] = value.decode("utf-8")
+            else:
+                (triplet[name],) = features[name].int64_list.value
+        return triplet
+    except Exception:   # protobuf's DecodeError, a missing or repeated feature, bytes that are not UTF-8
+        return None
+
+
+def triplets_of(records: Iterator[bytes]) -> Iterator[dict]:
+    return (triplet for triplet in map(parse_triplet, records) if triplet is not None)
+
+
+def _distinct_sentences(triplets: list[dict], pieces: WordPieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block: (ids [s, t] of its distinct sentences, shortest first; rows [n, 3] of each
+    triplet's anchor, positive and negative among them; each sentence's section, numbered in the
+    block). `model.training.data._distinct_sentences`, in NumPy."""
+    stacked = [triplet[role] for role in ROLES for triplet in triplets]
+    row_of: dict[str, int] = {}
+    row_of_sentence = np.array([row_of.setdefault(sentence, len(row_of)) for sentence in stacked], np.int64)
+    ids = pieces(list(row_of))
+    order = np.argsort((ids != 0).sum(axis=1), kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    keys = np.array([triplet[article] * SECTIONS_PER_ARTICLE + triplet[index] for article, index in
+                     (SECTION_OF_ROLE[role] for role in ROLES) for triplet in triplets], np.int64)
+    sections = np.full(len(row_of), np.iinfo(np.int64).min)
+    np.maximum.at(sections, row_of_sentence, keys)
+    numbers: dict[int, int] = {}
+    section_numbers = np.array([numbers.setdefault(key, len(numbers)) for key in sections[order].tolist()], np.int32)
+    return ids[order], rank[row_of_sentence].reshape(3, -1).T.astype(np.int32), section_numbers
+
+
+def _padded(rows: np.ndarray, size: int, value: int | float = 0) -> np.ndarray:
+    return np.concatenate([rows, np.full((size - len(rows), *rows.shape[1:]), value, rows.dtype)])
+
+
+def batch_arrays(triplets: list[dict], pieces: WordPieces, batch_size: int, replicas: int = 1) -> Batch:
+    """A batch of triplets -> the triplet model's (inputs, labels, weights) in the fixed shapes of
+    tf.data's `static_batch(shared_sentences(...))`: `replicas` blocks (the first ones full) of
+    `batch_size` triplets (padding weighs 0), their distinct sentences padded to a multiple of
+    `batch_size` rows (with copies of the block's first) and to the smallest of `STATIC_WIDTHS`
+    or `max_tokens` that holds them."""
+    per_replica = -(-len(triplets) // replicas)
+    blocks = [_distinct_sentences(triplets[r * per_replica:(r + 1) * per_replica], pieces) for r in range(replicas)]
+    longest = max(1, *(ids.shape[1] for ids, _, _ in blocks))
+    width = min(w for w in {*STATIC_WIDTHS, pieces.max_tokens} if w >= longest and w <= pieces.max_tokens)
+    rows = -(-max(len(ids) for ids, _, _ in blocks) // batch_size) * batch_size
+    sentences = []
+    for ids, _, _ in blocks:
+        ids = np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
+        filler = ids[:1] if len(ids) else np.zeros((1, width), np.int32)
+        sentences.append(np.concatenate([ids, np.repeat(filler, rows - len(ids), axis=0)]))
+    inputs = {"sentences": np.stack(sentences),
+              "roles": np.stack([_padded(roles, batch_size) for _, roles, _ in blocks]),
+              "sections": np.stack([_padded(sections, rows, NO_SECTION) for _, _, sections in blocks])}
+    weights = np.concatenate([_padded(np.ones(len(roles), np.float32), batch_size) for _, roles, _ in blocks])
+    return inputs, np.zeros(replicas * batch_size, np.int32), weights
+
+
+class ArrayInput:
+    """The trainer's input of one run under the JAX backend: the validation and test batches, the
+    training stream and the record counts, as `model.train` asks tf.data's for them."""
+
+    def __init__(self, config: TrainConfig, run: Run, replicas: int):
+        self.config, self.run, self.replicas = config, run, replicas
+        self.dataset = config.inputs.dataset
+        self.global_batch = config.optimizer.batch_size * replicas
+        self.pieces = WordPieces(_vocabulary(config), config.inputs.max_tokens)
+
+    def _paths(self, split: str) -> list[tuple[str, int]]:
+        return [(self.run.path(shard.path), shard.records or 0)
+                for shard in triplet_split(self.run, self.dataset, split).shards]
+
+    def _batches(self, triplets: Iterator[dict]) -> Iterator[Batch]:
+        while chunk := list(itertools.islice(triplets, self.global_batch)):
+            yield batch_arrays(chunk, self.pieces, self.config.optimizer.batch_size, self.replicas)
+
+    def evaluation(self, split: str) -> keras.utils.PyDataset | Iterator[Batch]:
+        """A seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`: the
+        split's shards from shard `seed` on, its first records), held for every epoch; without
+        one, the whole split, streamed once."""
+        paths, size = [path for path, _ in self._paths(split)], self.config.inputs.evaluation_triplets
+        if not size:
+            return self._batches(triplets_of(itertools.chain.from_iterable(map(shard_records, paths))))
+        rotation = self.config.runtime.seed % max(len(paths), 1)
+        records = itertools.chain.from_iterable(map(shard_records, paths[rotation:] + paths[:rotation]))
+        sample = list(itertools.islice(triplets_of(records), size))
+        return HeldBatches(list(self._batches(iter(sample))))
+
+    def training(self, resume_at_step: int = 0) -> keras.utils.PyDataset:
+        """The endless training stream, from the first record a resumed run has not trained on."""
+        shards = shard_stream(self._paths("train"), self.config.runtime.seed, start=resume_at_step * self.global_batch)
+        records = itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards)
+        return StreamedBatches(self._batches(triplets_of(records)))
+
+    def count_records(self, split: str) -> dict[str, int]:
+        """What reading the split loses against its manifest (`model.training.data.count_records`)."""
+        read = unparseable = 0
+        for path, _ in self._paths(split):
+            for record in shard_records(path):
+                read += 1
+                unparseable += parse_triplet(record) is None
+        expected = triplet_split(self.run, self.dataset, split).records
+        return {"expected": expected, "read": read, "lost": max(0, expected - read), "unparseable": unparseable}
+
+
+def _vocabulary(config: TrainConfig) -> str:
+    import os
+
+    from model.net.backbone import checkpoint_dir
+
+    return os.path.join(checkpoint_dir(config.network.encoder), "vocab.txt")
+
+
+class HeldBatches(keras.utils.PyDataset):
+    """Batches held in memory (an evaluation sample), the same at every epoch."""
+
+    def __init__(self, batches: list[Batch]):
+        super().__init__()
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.batches[index]
+
+
+class StreamedBatches(keras.utils.PyDataset):
+    """An endless stream of batches, made one after the other in a Keras worker thread beside the
+    training step (`workers=1`: Keras asks for them in order, and this checks it does; the batch
+    Keras peeks at to learn the shapes is asked for again, and kept for it)."""
+
+    def __init__(self, batches: Iterator[Batch]):
+        super().__init__(workers=1, max_queue_size=8)
+        self.batches = batches
+        self.last: tuple[int, Batch | None] = (-1, None)
+
+    @property
+    def num_batches(self) -> None:
+        return None
+
+    def __getitem__(self, index: int) -> Batch:
+        last_index, last = self.last
+        if index == last_index and last is not None:
+            return last
+        if index != last_index + 1:
+            raise RuntimeError(f"the training stream is read in order: batch {index} asked for, {last_index + 1} next")
+        self.last = (index, next(self.batches))
+        return self.last[1]
