@@ -44,7 +44,7 @@ STAGES = ("layout", "pipeline", "scb", "train", "image", "flex")
 FLEX_METADATA = INFRA_DIR / "flex_template.json"
 CLOUD_BUILD = INFRA_DIR / "cloudbuild.yaml"
 GPU_EXTRA_PIP = "tensorflow[and-cuda]"
-JAX_GPU_EXTRA_PIP = "jax[cuda12]"   # the trainer's JAX backend on GPUs (TensorFlow stays, for tf.data)
+JAX_GPU_EXTRA_PIP = "jax[cuda12] tokenizers>=0.20 tensorboardX>=2.6"   # the JAX backend on GPUs (setup.py's jax extra)
 TPU_BUILD = "tensorflow-tpu==2.20.0"   # the newest TPU build of TensorFlow on PyPI
 TPU_CONSTRAINTS = INFRA_DIR / "tpu-constraints.txt"
 TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct6e-")
