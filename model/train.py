@@ -645,15 +645,18 @@ def _model(job: _Job, data: _Data) -> tuple:
     with job.strategy.scope():
         encoder, model = build_models(job.config, data.matrix, job.global_batch,
                                       data.teacher.dim if data.teacher else None)
-    return encoder, model, [np.array(weight) for weight in model.get_weights()]
+    return encoder, model, [np.array(variable) for variable in model.trainable_variables]
 
 
 def _untrained_scores(model, initial_weights: list[np.ndarray], validation_batches) -> dict:
-    """The validation scores of the model with its initial weights; its own weights are put back."""
-    trained = model.get_weights()
-    model.set_weights(initial_weights)
+    """The validation scores of the model with its initial trainable weights (the frozen ones, such
+    as the word vectors, never change and are not copied); its own weights are put back."""
+    trained = [np.array(variable) for variable in model.trainable_variables]
+    for variable, value in zip(model.trainable_variables, initial_weights):
+        variable.assign(value)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
-    model.set_weights(trained)
+    for variable, value in zip(model.trainable_variables, trained):
+        variable.assign(value)
     return untrained
 
 
