@@ -17,14 +17,16 @@ from model.net.transformer import token_ids
 
 pytestmark = pytest.mark.slow   # the MiniLM checkpoint built and run
 
-# Accents, ligatures, full-width forms, CJK, emoji, zero-width and soft hyphens, Greek variants,
-# dashes and quotes: where tensorflow-text's own lower-casing (NFKC) parts from the checkpoint's.
+# Accents, ligatures, full-width forms, CJK, emoji, right-to-left scripts, zero-width and soft
+# hyphens, Greek variants, dashes and quotes: where tensorflow-text's own lower-casing (NFKC)
+# parts from the checkpoint's.
 HARD_SENTENCES = [
     "Café in Zürich, naïve façade — 10 km² (Straße) ﬁne ＡＢＣ",
     "He said: \"don't\"\tgo… now",
     "Φ φ ϕ İstanbul Ångström Øresund",
     "日本語のテキスト and 中文 text",
     "emoji 😀 test\u200b zero\u00adwidth\u00a0space",
+    "right to left: مرحبا بالعالم and שלום עולם",
 ]
 
 
