@@ -23,6 +23,14 @@ MODEL = [
     "keras==3.15.1",
     "keras-hub==0.32.0",
     "safetensors==0.8.0",
+    # The transformer's tokenizer without TensorFlow (model.net.wordpieces: the ONNX encoder's, the JAX
+    # trainer's arrays), the SavedModel's ids from the checkpoint's vocab.txt.
+    "tokenizers==0.23.3",
+    # The CPU encoder (model.export --format onnx, model.encoding.encoder.OnnxEncoder, spec onnx:DIR): the graph is
+    # written with onnx's helpers and run, fp32 or int8, by ONNX Runtime (chosen over OpenVINO by measurement,
+    # docs/export.md).
+    "onnx>=1.23,<2",
+    "onnxruntime>=1.32,<2",
 ]
 
 setuptools.setup(
@@ -45,6 +53,7 @@ setuptools.setup(
         "mwxml>=0.3.8",
         "mwparserfromhell>=0.7.2,<0.8",
         "google-crc32c>=1.5",   # TFRecord framing (pipeline.tfrecord)
+        "pyarrow>=14",   # the triplet splits' Parquet twins (pipeline.parquet); Beam requires it too
         "numpy>=1.26",
         "matplotlib>=3.8",
         "tqdm>=4.66",
@@ -83,8 +92,10 @@ setuptools.setup(
             "types-PyYAML==6.0.12.20261113",
             "types-protobuf==6.32.1.20260221",
             "types-tqdm==4.70.0.20261106",
-            "tokenizers==0.23.3",   # the checkpoint's own tokenizer, the reference of the in-graph one
             "gcp-storage-emulator>=2024.8",
+            # Reads a run back as TFDS users do (tests/pipeline/test_dataset_forms.py:
+            # tfds.builder_from_directory on RUN/triplets-sen); the pipeline writes TFDS's files itself.
+            "tensorflow-datasets>=4.9.10",
         ],
     },
 )

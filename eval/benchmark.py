@@ -1,7 +1,7 @@
 """Throughput of the SCB scoring job: sentences per second, per method, on this machine.
 
     python -m eval.benchmark --data OUT [--encoder SPEC ...] [--model-dir DIR ...] [--output DIR]
-        [--max-articles N] [--encode-only true] [--sentence-transformers true]
+        [--max-articles N] [--encode-only true] [--sentence-transformers true] [--onnx true [--batch-size N]]
 
 For each method separately it times (1) encoding alone: `encode` over every SCB article, as the
 job calls it, and (2) the whole Beam job (DirectRunner: read, encode each article in the job,
@@ -24,6 +24,15 @@ articles: one call each per article, in turn (a load on a shared machine falls o
 at the same batch size and on the same number of threads (PyTorch's set to TensorFlow's), after a
 warm-up article. It prints both sentences/s, their ratio (Keras / sentence-transformers) and the
 min and median cosine between the two embeddings of each sentence.
+
+`--onnx true` exports each transformer `--model-dir` as ONNX, float32 and int8 (`model.export
+--format onnx`, into `--output`'s `onnx/`), and times side by side, on the same articles, one
+call each per article in turn, at `--batch-size` and on TensorFlow's thread count: the SavedModel
+export, the two ONNX exports, and sentence-transformers' own `backend="onnx"` int8 export (its
+`export_dynamic_quantized_onnx_model`, "avx2") of the model dir's `sentence-transformers/` folder
+where sentence-transformers (with optimum) is installed; a row says why it is absent otherwise. It
+prints each one's sentences/s, its ratio to the SavedModel's, and the min and median cosine of its
+embeddings to the SavedModel's, and writes them to `onnx.md` and `.json` in `--output`.
 """
 from __future__ import annotations
 
@@ -179,6 +188,114 @@ def sentence_transformers_markdown(rows: list[dict]) -> str:
          for r in rows])
 
 
+def is_transformer(spec: EncoderSpec) -> bool:
+    """Whether a saved method's model dir holds a transformer (what exports to ONNX)."""
+    from model.export import is_off_the_shelf, recorded_config
+
+    path = spec.paths[0]
+    return is_off_the_shelf(path) or recorded_config(path)[1].network.kind.exports_sentence_transformers
+
+
+def onnx_exports(spec: EncoderSpec, folder: str) -> dict[str, str]:
+    """The model dir's ONNX exports, float32 and int8, written by `model.export` into `folder`."""
+    from model.export import main as export
+
+    folders = {}
+    for quantize in ("float32", "int8"):
+        path = os.path.join(folder, f"{spec.name}-{quantize}")
+        export(["--model-dir", spec.paths[0], "--format", "onnx", "--output", path, "--overwrite", "true",
+                *(["--quantize", quantize] if quantize != "float32" else [])])
+        folders[quantize] = path
+    return folders
+
+
+def sentence_transformers_onnx_int8(folder: str | None, work: str, threads: int,
+                                    batch_size: int) -> Callable[[list[str]], np.ndarray] | str:
+    """sentence-transformers' ONNX int8 export of `folder` (a copy in `work`: "avx2", its
+    `export_dynamic_quantized_onnx_model`) as an encode function, or why there is none."""
+    if folder is None:
+        return "absent: the model dir holds no sentence-transformers/ export"
+    try:
+        import onnxruntime
+        from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+    except ImportError as error:
+        return f"absent: sentence-transformers (with optimum) is not installed here ({error.name})"
+    import shutil
+
+    copy = os.path.join(work, "sentence-transformers")
+    shutil.copytree(folder, copy, dirs_exist_ok=True)
+    export_dynamic_quantized_onnx_model(SentenceTransformer(copy, device="cpu", backend="onnx"), "avx2", copy)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    model = SentenceTransformer(copy, device="cpu", backend="onnx",
+                                model_kwargs={"file_name": "model_qint8_avx2.onnx", "session_options": options})
+    return lambda sentences: model.encode(sentences, batch_size=batch_size, show_progress_bar=False)
+
+
+def side_by_side(encoders: dict[str, Callable[[list[str]], np.ndarray]], articles: list) -> list[dict]:
+    """Each encoder on the same articles, one call each per article in turn (a load on a shared
+    machine falls on all alike), after a warm-up article each: seconds, and the cosines of each
+    sentence's embedding to the first encoder's."""
+    for encode in encoders.values():
+        encode(list(articles[0].sentences))
+    seconds = dict.fromkeys(encoders, 0.0)
+    cosines: dict[str, list[np.ndarray]] = {name: [] for name in encoders}
+    for article in articles:
+        sentences, embeddings = list(article.sentences), {}
+        for name, encode in encoders.items():
+            start = time.perf_counter()
+            embeddings[name] = np.asarray(encode(sentences), np.float32)
+            seconds[name] += time.perf_counter() - start
+        reference = embeddings[next(iter(encoders))]
+        for name, rows in embeddings.items():
+            cosines[name].append((rows * reference).sum(1) / np.linalg.norm(rows, axis=1)
+                                 / np.linalg.norm(reference, axis=1))
+    count = sum(len(article.sentences) for article in articles)
+    return [{"encoder": name, "sentences": count, "seconds": seconds[name], "sentences_per_s": count / seconds[name],
+             "cosine_min": float(np.concatenate(cosines[name]).min()),
+             "cosine_median": float(np.median(np.concatenate(cosines[name])))} for name in encoders]
+
+
+def onnx_comparison(spec: EncoderSpec, articles: list, output: str, batch_size: int) -> list[dict]:
+    """The SavedModel export, its ONNX exports and sentence-transformers' ONNX int8, side by side."""
+    from model.encoding.encoder import OnnxEncoder, SavedModelEncoder
+    from model.training.storage import is_remote
+
+    work = tempfile.mkdtemp(prefix="eval-benchmark-onnx-") if is_remote(output) else os.path.join(output, "onnx")
+    folders = onnx_exports(spec, work)
+    threads = tensorflow_threads()
+    saved = SavedModelEncoder(spec.paths[0], name=spec.name, batch_size=batch_size)
+    encoders: dict[str, Callable[[list[str]], np.ndarray]] = {"SavedModel": saved.encode}
+    for quantize, folder in folders.items():
+        encoders[f"ONNX {quantize}"] = OnnxEncoder(folder, batch_size=batch_size, threads=threads).encode
+    theirs = sentence_transformers_onnx_int8(sentence_transformers_folder(spec), work, threads, batch_size)
+    if callable(theirs):
+        encoders["sentence-transformers ONNX int8"] = theirs
+    rows = side_by_side(encoders, articles)
+    for row in rows:
+        row.update(method=spec.name, threads=threads, batch_size=batch_size,
+                   x_saved_model=row["sentences_per_s"] / rows[0]["sentences_per_s"])
+    if not callable(theirs):
+        rows.append({"method": spec.name, "encoder": "sentence-transformers ONNX int8", "absent": theirs})
+    return rows
+
+
+def onnx_markdown(rows: list[dict]) -> str:
+    """The ONNX comparison's table: each encoder's sentences/s, its ratio and its agreement."""
+    from eval.report import markdown_table
+
+    def cells(r: dict) -> list:
+        if "absent" in r:
+            return [r["method"], r["encoder"], r["absent"], "", "", "", "", ""]
+        return [r["method"], r["encoder"], r["sentences"], f"{r['threads']} / {r['batch_size']}", r["sentences_per_s"],
+                r["x_saved_model"], f"{r['cosine_min']:.6f}", f"{r['cosine_median']:.6f}"]
+
+    title = "## The SavedModel export against its ONNX exports (same sentences, threads, batch size)\n\n"
+    return title + markdown_table(
+        ["method", "encoder", "sentences", "threads / batch", "sentences/s", "x the SavedModel",
+         "cosine min to the SavedModel", "cosine median"], [cells(r) for r in rows])
+
+
 def sentence_transformers_class() -> Callable[..., Any]:
     """`SentenceTransformer`, imported before TensorFlow loads (PyTorch after it can crash the
     process: model.encoding.encoders); where it is not installed, a usage error naming the flag."""
@@ -247,11 +364,18 @@ class ScbBenchmarkConfig:
     sentence_transformers: bool = flag(False, help="also time each --model-dir's sentence-transformers/ export in "
                                                    "sentence-transformers against its Keras export, same sentences "
                                                    "and threads (needs sentence-transformers installed)")
+    onnx: bool = flag(False, help="also export each transformer --model-dir as ONNX (float32, int8) and time them "
+                                  "beside its SavedModel (and sentence-transformers' ONNX int8 where installed)")
+    batch_size: int = flag(512, help="--onnx: sentences per batch, every encoder alike (the SavedModel's default)")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_config(ScbBenchmarkConfig, argv, "python -m eval.benchmark", __doc__.split("\n\n")[0])
     sentence_transformer = sentence_transformers_class() if args.sentence_transformers else None
+    if args.onnx:
+        from model.encoding.encoders import load_pytorch_first
+
+        load_pytorch_first()   # sentence-transformers' ONNX row, where installed: PyTorch before TensorFlow
     from apache_beam.io.filesystems import FileSystems  # Beam and the SCB job load once the flags are parsed
 
     from eval import scb
@@ -289,6 +413,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(table)
         print(clustering)
         print(f"benchmark.md, benchmark.json and the jobs' outputs in {output}")
+    if args.onnx:
+        onnx_rows = [row for spec in specs if spec.kind is SpecKind.SAVED and is_transformer(spec)
+                     for row in onnx_comparison(spec, articles, output, args.batch_size)]
+        text = onnx_markdown(onnx_rows)
+        write_text(FileSystems.join(output, "onnx.md"), text)
+        write_text(FileSystems.join(output, "onnx.json"), json.dumps(onnx_rows, indent=2) + "\n")
+        print(text)
     if sentence_transformer is not None:
         compared = [keras_vs_sentence_transformers(spec, folders[spec.name], articles, sentence_transformer)
                     for spec in specs if spec.name in folders]

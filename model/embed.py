@@ -45,7 +45,8 @@ LINES_SET_ASIDE = "embed_lines_set_aside"   # input lines that break their forma
 class EmbedConfig:
     """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
 
-    model_dir: str = flag(help="a trained model dir (holding encoder/), local or gs://")
+    model_dir: str = flag(help="a trained model dir (holding encoder/), or an ONNX export folder (model.export "
+                               "--format onnx), local or gs://")
     output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
     input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")
     data: str | None = flag(None, help="a pipeline run folder; with --source")
@@ -204,10 +205,12 @@ class ToRowsFn(beam.DoFn):
 def build(pipeline: beam.Pipeline, args: EmbedConfig, dim: int) -> None:
     from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
 
+    from model.encoding.encoder import is_onnx_export
     from model.encoding.encoders import EncoderSpec, SpecKind
     from model.encoding.inference import EncoderModelHandler
 
-    spec = EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,))
+    spec = (EncoderSpec(SpecKind.ONNX, "embed", (args.model_dir,)) if is_onnx_export(args.model_dir)
+            else EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,)))
     handler: KeyedModelHandler[str, Any, PredictionResult, Any] = KeyedModelHandler(
         EncoderModelHandler(spec, args.min_batch, args.max_batch))
     sentences, dead_letters = read_inputs(pipeline, args)

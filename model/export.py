@@ -1,8 +1,14 @@
 """Writes a model dir's fine-tuned transformer as a sentence-transformers / Hugging Face folder
-(`model.formats.hf`), as `model.train` does at the end of a run.
+(`model.formats.hf`), as `model.train` does at the end of a run, or as an ONNX folder for CPU
+workers (`model.formats.onnx_export`).
 
     python -m model.export --model-dir MODEL --output DIR [--format sentence-transformers]
         [--report EVAL_REPORT_DIR] [--overwrite true]
+    python -m model.export --model-dir MODEL --format onnx [--quantize int8] --output DIR [--overwrite true]
+
+`--format onnx` takes any transformer model dir: trained, distilled, a soup (`inputs.json` and a
+best checkpoint), or off the shelf (`model.pretrained`'s, its checkpoint as it ships, at the
+wordpieces per sentence its export records); `onnx:DIR` then names the folder as an encoder.
 
 `--output` is claimed as every writing command claims its folder (`claim.json`): a folder
 holding anything an export does not write (a `NOTES.md`, an `onnx/`) is refused, an earlier
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 
 
 SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in encoder/ (model.formats.saved_model)
+ONNX = "onnx"                 # `--format`: an ONNX folder (model.formats.onnx_export)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,8 +44,11 @@ class ExportConfig:
     model_dir: str = flag(help="a model.train model dir with a transformer encoder")
     output: str | None = flag(None, help="the folder to write (--format sentence-transformers); saved-model "
                                          "writes the model dir's own encoder/")
-    format: str = flag("sentence-transformers", help=f"one of {', '.join(FORMATS)}, or saved-model: the model "
-                                                     "dir's strings-in encoder/ (and serving/N) from --weights")
+    format: str = flag("sentence-transformers", help=f"one of {', '.join(FORMATS)}; onnx: the graph, tokenizer and "
+                                                     "settings for ONNX Runtime; or saved-model: the model dir's "
+                                                     "strings-in encoder/ (and serving/N) from --weights")
+    quantize: str | None = flag(None, help="--format onnx: int8 quantizes the graph's matrix products (dynamic, "
+                                           "for AVX2 CPUs); none = float32")
     weights: str | None = flag(None, help="--format saved-model: the network's weights; none = the model dir's "
                                           "checkpoints/best.weights.h5")
     report: str | None = flag(None, help="an eval.all report folder whose scores go into the model card")
@@ -50,8 +60,10 @@ class ExportConfig:
                                        "folder holding anything else is refused either way")
 
     def __post_init__(self):
-        if self.format not in (*FORMATS, SAVED_MODEL):
-            raise ValueError(f"--format must be one of {', '.join((*FORMATS, SAVED_MODEL))}, got {self.format!r}")
+        if self.format not in (*FORMATS, ONNX, SAVED_MODEL):
+            raise ValueError(f"--format must be one of {', '.join((*FORMATS, ONNX, SAVED_MODEL))}, got {self.format!r}")
+        if self.quantize is not None and (self.format != ONNX or self.quantize != "int8"):
+            raise UsageError(f"--quantize {self.quantize}: only int8, with --format onnx")
         if self.format != SAVED_MODEL and not self.output:
             raise UsageError(f"--format {self.format} writes a folder of its own: give --output")
 
@@ -118,6 +130,8 @@ def export_model_dir(config: ExportConfig) -> str:
 
     if config.output:   # a file where the folder goes: refused first, before the model dir is read
         refuse_file_as_folder("--output", config.output)
+    if config.format == ONNX:   # any transformer model dir, off the shelf too: its own checks
+        return export_onnx(config)
     model_dir = ModelDir(config.model_dir)
     weights = config.weights or model_dir.best_weights
     flags, train_config = recorded_config(config.model_dir)
@@ -146,6 +160,65 @@ def export_model_dir(config: ExportConfig) -> str:
                       int(encoder.output_shape[-1]))
     return write_sentence_transformers(encoder, checkpoint_dir(flags["encoder"]), config.output,
                                        max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
+
+
+def is_off_the_shelf(model_dir: str) -> bool:
+    """Whether `model_dir` is `model.pretrained`'s: a checkpoint's export, no recorded training."""
+    from model.training.model_dir import INPUTS
+    from model.training.storage import CLAIM_FILE
+    from pipeline.published import read_json_object
+
+    claim = os.path.join(model_dir, CLAIM_FILE)
+    return (not os.path.exists(os.path.join(model_dir, INPUTS)) and os.path.exists(claim)
+            and read_json_object(claim).get("command") == "model.pretrained")
+
+
+def onnx_source(model_dir: str, weights: str | None):
+    """A function that rebuilds, once the output is claimed, (keras-hub backbone with the model
+    dir's weights, the Dense projection after pooling or None, checkpoint name, wordpieces per
+    sentence, similarity); what makes the model dir unfit is refused now."""
+    from model.formats.hf import backbone_of
+    from model.training.model_dir import BEST_WEIGHTS, ModelDir
+
+    if is_off_the_shelf(model_dir):
+        def checkpoint():
+            from model.encoding.encoder import SavedModelEncoder
+            from model.net.backbone import build_transformer_encoder
+
+            export = SavedModelEncoder(model_dir)
+            return (backbone_of(build_transformer_encoder("minilm")), None, "minilm", export.max_seq_length or 64,
+                    export.similarity_fn_name)
+        return checkpoint
+    flags, train_config = recorded_config(model_dir)
+    best = ModelDir(model_dir).best_weights
+    if not os.path.exists(weights or best):
+        raise UsageError(f"--weights {weights}: no such file" if weights
+                         else f"--model-dir {model_dir}: no {BEST_WEIGHTS}")
+    if not train_config.network.kind.exports_sentence_transformers:
+        raise UsageError(f"--model-dir {model_dir} holds a bilstm encoder: only transformer encoders export to onnx")
+
+    def trained():
+        _, config, _, encoder, _ = rebuilt(model_dir, weights or best)
+        projection = next((layer for layer in encoder.layers if layer.name == "projection"), None)
+        return backbone_of(encoder), projection, flags["encoder"], config.inputs.max_tokens, config.resolved("distance")
+    return trained
+
+
+def export_onnx(config: ExportConfig) -> str:
+    """Writes the ONNX folder at `--output`, claimed as the sentence-transformers export's is."""
+    from model.formats.onnx_export import export_entries, write_onnx_folder
+    from model.net.backbone import checkpoint_dir
+    from model.training.storage import claim_folder
+
+    assert config.output is not None   # __post_init__
+    if not os.path.isdir(config.model_dir):
+        raise UsageError(f"--model-dir {config.model_dir}: no such folder")
+    source = onnx_source(config.model_dir, config.weights)
+    claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
+    backbone, projection, checkpoint, max_tokens, similarity = source()
+    return write_onnx_folder(backbone, os.path.join(checkpoint_dir(checkpoint), "vocab.txt"), config.output,
+                             max_tokens=max_tokens, similarity=similarity, quantize=config.quantize,
+                             projection=projection, source=os.path.basename(config.model_dir.rstrip("/")))
 
 
 def scb_sentences(data: str, limit: int) -> list[str]:
@@ -194,7 +267,8 @@ def main(argv: list[str] | None = None) -> str:
             raise UsageError("--check-data needs sentence-transformers: pip install sentence-transformers") from None
         sentence_transformer = SentenceTransformer
     path = export_model_dir(config)
-    print(f"{'strings-in SavedModel' if config.format == SAVED_MODEL else 'sentence-transformers folder'} at {path}")
+    kind = {SAVED_MODEL: "strings-in SavedModel", ONNX: f"ONNX folder ({config.quantize or 'float32'})"}
+    print(f"{kind.get(config.format, 'sentence-transformers folder')} at {path}")
     if sentence_transformer is not None:
         check_against_sentence_transformers(config, sentence_transformer)
     return path

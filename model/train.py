@@ -84,7 +84,7 @@ if __name__ == "__main__":   # the flags first: --help and a bad flag answer bef
 
 import numpy as np  # noqa: E402
 
-from model.encoding.encoder import SavedModelEncoder, load_encoder  # noqa: E402
+from model.encoding.encoder import SavedModelEncoder  # noqa: E402
 from model.net.vectors import load_word_vectors  # noqa: E402
 from model.similarity import Similarity  # noqa: E402
 from model.training.model_dir import ModelDir  # noqa: E402
@@ -585,7 +585,8 @@ def _claim(job: _Job, resume_from: str | None) -> SavedModelEncoder | None:
                     inputs.data, inputs.dataset)
     if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
         raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
-    teacher = load_encoder(optimizer.teacher) if optimizer.teacher else None   # a bad path is refused before the claim
+    # a bad path is refused before the claim; a teacher is a SavedModel (it embeds inside tf.data's input)
+    teacher = SavedModelEncoder(optimizer.teacher) if optimizer.teacher else None
     claim_model_dir(config, job.model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
         if resume_from and os.path.isdir(os.path.join(resume_from, entry)):

@@ -49,14 +49,20 @@ def sentences_sha256(sentences: list[str]) -> str:
 
 def encoder_fingerprint(spec: EncoderSpec) -> str:
     """A SHA-256 of what makes a trained encoder (each export's graph and variable index, whose
-    entries hold their tensors' checksums); a baseline's spec names it on its own."""
+    entries hold their tensors' checksums; an ONNX export's settings, graph and vocabulary); a
+    baseline's spec names it on its own."""
+    from model.formats.onnx_export import CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE
+
     digest = hashlib.sha256(str(spec).encode("utf-8"))
-    for model_dir in spec.model_dirs:
-        for part in ("encoder/saved_model.pb", "encoder/variables/variables.index"):
-            path = FileSystems.join(model_dir.rstrip("/"), part)
-            if FileSystems.exists(path):
-                with FileSystems.open(path) as handle:
-                    digest.update(handle.read())
+    parts = [FileSystems.join(model_dir.rstrip("/"), part) for model_dir in spec.model_dirs
+             for part in ("encoder/saved_model.pb", "encoder/variables/variables.index")]
+    if spec.kind is SpecKind.ONNX:
+        parts = [FileSystems.join(spec.paths[0].rstrip("/"), part)
+                 for part in (CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE)]
+    for path in parts:
+        if FileSystems.exists(path):
+            with FileSystems.open(path) as handle:
+                digest.update(handle.read())
     return digest.hexdigest()
 
 

@@ -3,6 +3,10 @@
 `SavedModelEncoder` loads the trainer's export (`<model-dir>/encoder`), whose
 `serving_default` signature maps a 1-D tf.string tensor of raw sentences to
 `{"embeddings": float32 [n, d]}`; tokenisation and the vocabulary live inside the graph.
+`OnnxEncoder` runs an ONNX export folder (`model.export --format onnx`) with ONNX Runtime, without
+TensorFlow; `load_encoder` and the spec `onnx:DIR` (`model.encoding.encoders`) load it, and every
+job then uses it as the SavedModel export. Like a SavedModel, a graph is code: load only exports
+you trust.
 A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
 FileSystems (`model.training.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
 
@@ -25,6 +29,8 @@ from typing import Literal, Protocol, overload, runtime_checkable
 
 import numpy as np
 
+from model.formats.onnx_export import CONFIG_FILE, FORMAT, OUTPUT
+from model.net.wordpieces import WordPieces
 from model.similarity import Similarity, unit_rows
 from model.training.storage import download_tree, is_remote
 
@@ -101,7 +107,83 @@ def _encoder_dir(path: str) -> str:
     raise FileNotFoundError(f"no SavedModel encoder at {path} (nor at {nested})")
 
 
-class SavedModelEncoder:
+class ExportedEncoder:
+    """What every exported encoder gives beside `encode(list[str])`: sentence-transformers'
+    `encode` arguments and `similarity`, by the similarity the export records. A subclass sets
+    `name`, `dim`, `batch_size`, `similarity_function` (`similarity_fn_name`) and
+    `max_seq_length`, and embeds a list of valid sentences in `_embed`."""
+
+    name: str
+    dim: int
+    batch_size: int
+    similarity_function: Similarity
+    similarity_fn_name: str
+    max_seq_length: int | None
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.dim
+
+    # The default (NumPy) is an array: the `SentenceEncoder` every job calls; `convert_to_numpy=False` gives rows.
+    @overload
+    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
+               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
+               precision: str = "float32", convert_to_numpy: Literal[True] = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray: ...
+
+    @overload
+    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
+               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
+               precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray | list[np.ndarray]: ...
+
+    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
+               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
+               precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray | list[np.ndarray]:
+        """float32 [n, d] embeddings of sentences (a list or any iterable of strings), [d] of a
+        single string, with sentence-transformers' `encode` arguments: `normalize_embeddings`
+        scales each row to unit length (cosine similarity becomes a dot product); `precision`
+        quantises as its `quantize_embeddings` does (`quantize`); `convert_to_numpy=False` gives a
+        list of rows. It runs where its runtime places it and returns NumPy: `device` and
+        `convert_to_tensor` are refused."""
+        if convert_to_tensor or device is not None:
+            raise TypeError(f"{type(self).__name__}.encode returns NumPy arrays and runs where its runtime places "
+                            "it: convert_to_tensor and device are not supported (hide GPUs with CUDA_VISIBLE_DEVICES)")
+        if output_value != "sentence_embedding":
+            raise TypeError(f"output_value={output_value!r}: the export gives sentence embeddings only")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if isinstance(sentences, str):
+            return self.encode([sentences], batch_size, show_progress_bar, output_value, precision, convert_to_numpy,
+                               normalize_embeddings=normalize_embeddings)[0]
+        sentences = sentence_list(sentences)
+        embeddings = self._embed(sentences, batch_size or self.batch_size, bool(show_progress_bar))
+        if normalize_embeddings:
+            embeddings = unit_rows(embeddings)
+        embeddings = quantize(embeddings, precision)
+        return embeddings if convert_to_numpy else list(embeddings)
+
+    def _embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def similarity(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """[n, m] similarities of two sets of embeddings (a single one, [d], counts as [1, d]),
+        by the similarity the export records: cosine, or for `manhattan` the negative L1 distance
+        (higher is more similar either way, as sentence-transformers' `similarity`)."""
+        left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
+        return self.similarity_function.matrix(left, right)
+
+    def similarity_pairwise(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        """[n] similarities of row i of `left` with row i of `right`, as sentence-transformers'
+        `similarity_pairwise`."""
+        left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
+        if left.shape != right.shape:
+            raise ValueError(f"similarity_pairwise takes two [n, d] arrays of one shape, got {left.shape} and "
+                             f"{right.shape}")
+        return self.similarity_function.pairwise(left, right)
+
+
+class SavedModelEncoder(ExportedEncoder):
     """Encodes with an exported encoder SavedModel, in batches of `batch_size` sentences."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int = 512):
@@ -129,53 +211,10 @@ class SavedModelEncoder:
         recorded = getattr(self._module, "max_seq_length", None)
         self.max_seq_length = int(recorded.numpy()) if recorded is not None else None
 
-    def get_sentence_embedding_dimension(self) -> int:
-        return self.dim
-
     def embed_tensor(self, sentences):
         """float32 [n, d] of a 1-D tf.string tensor, in TensorFlow: the export's signature, for a
         graph (a tf.data map: `model.train --teacher` embeds each batch's sentences so)."""
         return self._serve(**{INPUT_KEY: sentences})[OUTPUT_KEY]
-
-    # The default (NumPy) is an array: the `SentenceEncoder` every job calls; `convert_to_numpy=False` gives rows.
-    @overload
-    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
-               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
-               precision: str = "float32", convert_to_numpy: Literal[True] = True, convert_to_tensor: bool = False,
-               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray: ...
-
-    @overload
-    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
-               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
-               precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
-               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray | list[np.ndarray]: ...
-
-    def encode(self, sentences: str | Iterable[str], batch_size: int | None = None,
-               show_progress_bar: bool | None = None, output_value: str = "sentence_embedding",
-               precision: str = "float32", convert_to_numpy: bool = True, convert_to_tensor: bool = False,
-               device: str | None = None, normalize_embeddings: bool = False) -> np.ndarray | list[np.ndarray]:
-        """float32 [n, d] embeddings of sentences (a list or any iterable of strings), [d] of a
-        single string, with sentence-transformers' `encode` arguments: `normalize_embeddings`
-        scales each row to unit length (cosine similarity becomes a dot product); `precision`
-        quantises as its `quantize_embeddings` does (`quantize`); `convert_to_numpy=False` gives a
-        list of rows. It runs where TensorFlow places it and returns NumPy: `device` and
-        `convert_to_tensor` are refused."""
-        if convert_to_tensor or device is not None:
-            raise TypeError("SavedModelEncoder.encode returns NumPy arrays and runs where TensorFlow places it: "
-                            "convert_to_tensor and device are not supported (hide GPUs with CUDA_VISIBLE_DEVICES)")
-        if output_value != "sentence_embedding":
-            raise TypeError(f"output_value={output_value!r}: the export gives sentence embeddings only")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if isinstance(sentences, str):
-            return self.encode([sentences], batch_size, show_progress_bar, output_value, precision, convert_to_numpy,
-                               normalize_embeddings=normalize_embeddings)[0]
-        sentences = sentence_list(sentences)
-        embeddings = self._embed(sentences, batch_size or self.batch_size, bool(show_progress_bar))
-        if normalize_embeddings:
-            embeddings = unit_rows(embeddings)
-        embeddings = quantize(embeddings, precision)
-        return embeddings if convert_to_numpy else list(embeddings)
 
     def _embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool) -> np.ndarray:
         """float32 [n, d], in batches of similar length: each is padded to its longest sentence, so
@@ -195,21 +234,90 @@ class SavedModelEncoder:
         embeddings[order] = np.concatenate(chunks)
         return embeddings
 
-    def similarity(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        """[n, m] similarities of two sets of embeddings (a single one, [d], counts as [1, d]),
-        by the similarity the export records: cosine, or for `manhattan` the negative L1 distance
-        (higher is more similar either way, as sentence-transformers' `similarity`)."""
-        left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
-        return self.similarity_function.matrix(left, right)
 
-    def similarity_pairwise(self, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-        """[n] similarities of row i of `left` with row i of `right`, as sentence-transformers'
-        `similarity_pairwise`."""
-        left, right = np.atleast_2d(left).astype(np.float32), np.atleast_2d(right).astype(np.float32)
-        if left.shape != right.shape:
-            raise ValueError(f"similarity_pairwise takes two [n, d] arrays of one shape, got {left.shape} and "
-                             f"{right.shape}")
-        return self.similarity_function.pairwise(left, right)
+def read_settings(folder: str) -> dict:
+    """The folder's `onnx.json`, checked to be this format's (`JsonFileError`, one line naming it,
+    otherwise); FileNotFoundError where there is none."""
+    from pipeline.published import JsonFileError, read_json_object
+
+    path = os.path.join(folder, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no ONNX export at {folder} (no {CONFIG_FILE}; python -m model.export --format onnx "
+                                "writes one)")
+    settings = read_json_object(path, {"format": str, "embedding_dim": int, "max_seq_length": int,
+                                       "similarity_fn_name": str, "graph": str, "vocabulary": str})
+    if settings["format"] != FORMAT:
+        raise JsonFileError(f"{path}: format {settings['format']!r}, not {FORMAT!r}")
+    return settings
+
+
+def session_options(threads: int):
+    """ONNX Runtime's options: every graph optimization (it fuses the int8 products' quantize,
+    multiply and rescale), `threads` for one operator, one operator at a time."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3   # no warnings about the contrib operators' shape inference
+    # Idle threads sleep instead of spinning: on shared cores (a Beam worker's other threads, other
+    # processes) a spinning pool takes the time the working threads need.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+class OnnxEncoder(ExportedEncoder):
+    """Encodes with an ONNX export folder (`model.export --format onnx`, `model.formats.onnx_export`)
+    without TensorFlow: `model.net.wordpieces` tokenizes (the SavedModel's ids), ONNX Runtime runs
+    the graph, in batches of `batch_size` sentences of like length. `threads`: ONNX Runtime's
+    threads per operator (none = the CPUs this process may run on, as TensorFlow takes them)."""
+
+    def __init__(self, path: str, name: str | None = None, batch_size: int = 512, threads: int | None = None):
+        import onnxruntime
+
+        self.path = str(path).rstrip("/")
+        self.name = name or os.path.basename(self.path) or "onnx"
+        self.batch_size = batch_size
+        local = self.path
+        if is_remote(self.path):
+            self._download = tempfile.TemporaryDirectory(prefix="onnx-encoder-")
+            local = self._download.name
+            download_tree(self.path, local)
+        settings = read_settings(local)
+        self.settings = settings
+        self.dim = int(settings["embedding_dim"])
+        self.max_seq_length = int(settings["max_seq_length"])
+        self.similarity_function = Similarity.named(settings["similarity_fn_name"])
+        self.similarity_fn_name = self.similarity_function.fn_name
+        self.quantization = (settings.get("quantization") or {}).get("type")
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self.pieces = WordPieces(os.path.join(local, settings["vocabulary"]), self.max_seq_length)
+        self._session = onnxruntime.InferenceSession(os.path.join(local, settings["graph"]),
+                                                     session_options(self.threads),
+                                                     providers=["CPUExecutionProvider"])
+
+    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
+        """float32 [n, d] of wordpiece ids [n, t] (0 = padding), as the tokenizer gives them."""
+        ids = np.asarray(ids, np.int64)
+        return self._session.run([OUTPUT], {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64)})[0]
+
+    def _embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool) -> np.ndarray:
+        """float32 [n, d], in batches of like length (by wordpieces), each cut to its longest
+        sentence; the order is undone."""
+        if not sentences:
+            return np.zeros((0, self.dim), np.float32)
+        from tqdm import tqdm
+
+        ids = self.pieces(sentences)
+        lengths = (ids != 0).sum(axis=1)
+        order = np.argsort(lengths, kind="stable")
+        embeddings = np.empty((len(sentences), self.dim), np.float32)
+        for start in tqdm(range(0, len(sentences), batch_size), desc="Batches", unit="batch",
+                          disable=not show_progress_bar):
+            rows = order[start:start + batch_size]
+            embeddings[rows] = self.embed_ids(ids[rows, :lengths[rows].max()])
+        return embeddings
 
 
 def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
@@ -229,7 +337,19 @@ def quantize(embeddings: np.ndarray, precision: str) -> np.ndarray:
     return (packed.astype(np.int16) - 128).astype(np.int8) if precision == "binary" else packed
 
 
-def load_encoder(path: str, batch_size: int = 512) -> SavedModelEncoder:
-    """The trained encoder at `path`: a model dir, its `encoder/`, local or `gs://`. Loading runs
-    the export's graph: load only model dirs you trust (see the module docstring)."""
+def is_onnx_export(path: str) -> bool:
+    """Whether `path` (local or remote) is a folder `model.export --format onnx` wrote (its `onnx.json`)."""
+    if is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.exists(FileSystems.join(path.rstrip("/"), CONFIG_FILE))
+    return os.path.exists(os.path.join(path, CONFIG_FILE))
+
+
+def load_encoder(path: str, batch_size: int = 512) -> ExportedEncoder:
+    """The trained encoder at `path`: a model dir, its `encoder/`, or an ONNX export folder
+    (`OnnxEncoder`), local or `gs://`. Loading runs the export's graph: load only
+    exports you trust (see the module docstring)."""
+    if is_onnx_export(str(path)):
+        return OnnxEncoder(str(path), batch_size=batch_size)
     return SavedModelEncoder(path, batch_size=batch_size)

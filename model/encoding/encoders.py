@@ -11,6 +11,8 @@ Specs:
     tfidf                        TF-IDF vectors (see TfidfEncoder for what the IDF is fitted on)
     minilm                       all-MiniLM-L6-v2 (optional extra `minilm`)
     saved:<name>=<model-dir>     a trained encoder exported by `model.train` (`<model-dir>/encoder`)
+    onnx:<dir>, onnx:<name>=<dir>  an ONNX export folder (`model.export --format onnx`, fp32 or int8),
+                                 run by ONNX Runtime (`model.encoding.encoder.OnnxEncoder`); named after <dir>
     concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
                                  (triplets-sen-titles = triplets-sen + triplets-titles, as in the paper)
     cached:<name>=<file>         embeddings computed earlier (`model.encoding.embedding_cache`), looked up
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from model.encoding.encoder import SavedModelEncoder, SentenceEncoder, utf8_sentences
+from model.encoding.encoder import OnnxEncoder, SavedModelEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
 from model.training.storage import exists
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
@@ -54,6 +56,7 @@ class SpecKind(enum.Enum):
     SAVED = "saved"
     CONCAT = "concat"
     CACHED = "cached"
+    ONNX = "onnx"
 
     @property
     def named(self) -> bool:
@@ -86,6 +89,8 @@ class EncoderSpec:
         kind = next((member for member in SpecKind if member.value == word), None)
         if kind is SpecKind.MEAN_VECTORS:
             return cls(kind, word, (value,) if value else ())
+        if kind is SpecKind.ONNX:
+            return cls.onnx(value, text)
         if kind is not None and not kind.named and not colon:
             return cls(kind, word)
         if kind is not None and kind.named and colon:
@@ -95,10 +100,23 @@ class EncoderSpec:
             return cls(kind, name, tuple(paths.split("+")) if kind is SpecKind.CONCAT else (paths,))
         raise EncoderSpecError(
             f"unknown encoder spec {text!r}; expected mean-vectors[:PATH], tfidf, minilm, "
-            "saved:NAME=DIR, concat:NAME=DIR1+DIR2 or cached:NAME=FILE"
+            "saved:NAME=DIR, concat:NAME=DIR1+DIR2, cached:NAME=FILE or onnx:[NAME=]DIR"
         )
 
+    @classmethod
+    def onnx(cls, value: str, text: str | None = None) -> EncoderSpec:
+        """`onnx:DIR` (named after DIR) or `onnx:NAME=DIR` (a name holds no `/`)."""
+        name, separator, path = value.partition("=")
+        if not (separator and name and path and "/" not in name):
+            name, path = os.path.basename(value.rstrip("/")), value
+        if not path or not name:
+            raise EncoderSpecError(f"encoder spec {text or value!r}: expected 'onnx:DIR' or 'onnx:NAME=DIR'")
+        return cls(SpecKind.ONNX, name, (path,))
+
     def __str__(self) -> str:
+        if self.kind is SpecKind.ONNX:
+            path = self.paths[0]
+            return f"onnx:{path}" if self.name == os.path.basename(path.rstrip("/")) else f"onnx:{self.name}={path}"
         if self.kind.named:
             return f"{self.kind.value}:{self.name}={'+'.join(self.paths)}"
         return ":".join((self.kind.value, *self.paths))
@@ -246,13 +264,16 @@ class ConcatEncoder:
 
 def as_encoder_spec(spec_or_path: EncoderSpec | str) -> EncoderSpec:
     """A spec as it is, a spec's text parsed, or a trained encoder's path (a model dir or its
-    `encoder/`, local or remote) as a saved spec; anything else is an EncoderSpecError, raised now."""
+    `encoder/`, local or remote) as a saved spec, an ONNX export folder as an onnx spec; anything
+    else is an EncoderSpecError, raised now."""
     if isinstance(spec_or_path, EncoderSpec):
         return spec_or_path
     try:
         return EncoderSpec.parse(spec_or_path)
     except EncoderSpecError:
         path = spec_or_path.rstrip("/")
+        if is_onnx_export(path):
+            return EncoderSpec.onnx(path)
         for export in (path, f"{path}/encoder"):
             if exists(f"{export}/saved_model.pb"):
                 name = os.path.basename(path if export != path else os.path.dirname(path)) or "saved"
@@ -277,6 +298,8 @@ def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | Non
             return CachedEncoder(spec.paths[0], spec.name)
         case SpecKind.CONCAT:
             return ConcatEncoder(spec.name, [exports.get(path) or SavedModelEncoder(path) for path in spec.paths])
+        case SpecKind.ONNX:
+            return OnnxEncoder(spec.paths[0], name=spec.name)
 
 
 def method_names(specs: list[EncoderSpec]) -> list[str]:
@@ -296,6 +319,9 @@ def check_encoder_specs(specs: list[EncoderSpec]) -> None:
     for spec in specs:
         if spec.kind is SpecKind.CACHED and not exists(spec.paths[0]):
             raise EncoderSpecError(f"encoder spec {str(spec)!r}: no such embedding file")
+        if spec.kind is SpecKind.ONNX and not is_onnx_export(spec.paths[0]):
+            raise EncoderSpecError(f"encoder spec {str(spec)!r}: no ONNX export there (no onnx.json; python -m "
+                                   "model.export --format onnx writes one)")
         for path in spec.model_dirs:
             if not exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
                 raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({path}/encoder/saved_model.pb "
@@ -350,7 +376,7 @@ class Methods:
 
     encoders: tuple[str, ...] = flag((), name="encoder", repeatable=True,
                                      help="baseline encoder spec (default: the baselines installed): mean-vectors, "
-                                          "tfidf, minilm, saved:NAME=DIR, concat:NAME=DIR1+DIR2")
+                                          "tfidf, minilm, saved:NAME=DIR, concat:NAME=DIR1+DIR2, onnx:[NAME=]DIR")
     model_dirs: tuple[str, ...] = flag((), name="model-dir", repeatable=True,
                                        help="trained model dir (DIR or NAME=DIR); triplets-sen + triplets-titles "
                                             "also give triplets-sen-titles")

@@ -74,10 +74,12 @@ class WordPieces:
         if not sentences:
             return np.zeros((0, 2), np.int32)
         rows = [encoding.ids for encoding in self.tokenizer.encode_batch(list(sentences))]
-        for index, sentence in enumerate(sentences):
-            if not sentence.isascii() and len(sentence.encode("utf-8")) > MAX_WORD_BYTES:
-                rows[index] = self._byte_limited(sentence, len(rows[index]))
-        return np.array(rows, np.int32)
+        redone = [index for index, sentence in enumerate(sentences)
+                  if not sentence.isascii() and len(sentence.encode("utf-8")) > MAX_WORD_BYTES]
+        for index in redone:
+            rows[index] = self._byte_limited(sentences[index], len(rows[index]))
+        ids = np.array(rows, np.int32)
+        return ids[:, : (ids != 0).sum(axis=1).max()] if redone else ids
 
     def _byte_limited(self, sentence: str, width: int) -> list[int]:
         """The ids of a sentence tokenized word by word, a word of more than `MAX_WORD_BYTES` bytes

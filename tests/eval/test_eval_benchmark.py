@@ -88,3 +88,23 @@ def test_sentence_transformers_is_timed_beside_the_keras_export_on_the_same_sent
     assert compared["max_seq_length"] == {"keras": 32, "sentence_transformers": 32}
     assert compared["cosine_min"] >= 0.9999   # the same weights: the same embeddings
     assert "| Keras / sentence-transformers |" in capsys.readouterr().out
+
+
+def test_onnx_exports_are_timed_beside_the_saved_model_on_the_same_sentences(
+        fine_tuned, embedded_pipeline_output, tmp_path, capsys):
+    model_dir, _ = fine_tuned
+    main(["--data", str(embedded_pipeline_output), "--encoder", "mean-vectors", "--model-dir", str(model_dir),
+          "--max-articles", "2", "--encode-only", "true", "--onnx", "true", "--batch-size", "64",
+          "--output", str(tmp_path)])
+    rows = json.loads((tmp_path / "onnx.json").read_text())   # mean-vectors is no transformer: no rows
+    timed = [row for row in rows if "absent" not in row]
+    assert [row["encoder"] for row in timed[:3]] == ["SavedModel", "ONNX float32", "ONNX int8"]
+    assert {row["sentences"] for row in timed} == {timed[0]["sentences"]} and timed[0]["sentences"] > 0
+    assert {(row["threads"], row["batch_size"]) for row in timed} == {(timed[0]["threads"], 64)}
+    assert timed[0]["x_saved_model"] == 1.0 and timed[0]["cosine_min"] > 0.99999
+    assert timed[1]["cosine_min"] > 0.9999 and timed[2]["cosine_median"] >= 0.99
+    assert timed[2]["x_saved_model"] == timed[2]["sentences_per_s"] / timed[0]["sentences_per_s"]
+    if len(timed) == 3:   # sentence-transformers is not installed: its row says so
+        assert rows[-1]["encoder"] == "sentence-transformers ONNX int8" and rows[-1]["absent"].startswith("absent")
+    assert "| x the SavedModel |" in capsys.readouterr().out
+    assert (tmp_path / "onnx" / "minilm-sen-int8" / "onnx.json").exists()

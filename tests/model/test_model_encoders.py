@@ -78,7 +78,7 @@ def test_a_spec_is_parsed_into_its_parts_and_prints_back_as_its_text(text, kind,
 
 @pytest.mark.parametrize("text, message", [
     ("bert", "unknown encoder spec 'bert'; expected mean-vectors[:PATH], tfidf, minilm, saved:NAME=DIR, "
-             "concat:NAME=DIR1+DIR2 or cached:NAME=FILE"),
+             "concat:NAME=DIR1+DIR2, cached:NAME=FILE or onnx:[NAME=]DIR"),
     ("tfidf:x", "unknown encoder spec 'tfidf:x'"),
     ("saved", "unknown encoder spec 'saved'"),
     ("mean-vectorsx", "unknown encoder spec 'mean-vectorsx'"),
