@@ -15,6 +15,7 @@ READ_FRAGMENTS_DEAD_LETTERED = "read_fragments_dead_lettered"
 READ_RANGES = "read_ranges"
 READ_STREAMS_LOST = "read_streams_lost_unindexed"   # streams that stopped decoding, without an index
 READ_REASON_PREFIX = "read_"                      # + a dead letter's reason
+PAGE_IDS_REPEATED = "page_ids_repeated"            # ids listed or read more than once (`pipeline.dedupe`)
 
 # Every page that was read ends in exactly one of these.
 ARTICLES_USED = "articles_used"

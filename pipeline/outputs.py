@@ -212,7 +212,8 @@ def _claim(out: str, overwrite: bool, folders: list[str]) -> None:
                                "--overwrite to replace it, or choose an empty or new folder")
     stale = read_bytes(f"{out}/{LOCK}") if LOCK in files else None   # checked above
     previous = sorted(set(files) - {LOCK})
-    lock = json.dumps(owner_record(folders=folders, files=sorted({*RUN_FILES, *previous}))).encode()
+    own = run_files(folders)
+    lock = json.dumps(owner_record(folders=folders, files=sorted({*own, *previous}))).encode()
     try:   # a stale lock is replaced in one step, under the folder's flock: a failed write keeps it
         write_complete(f"{out}/{LOCK}", lock, exclusive=stale is None)
     except FileExistsError as err:
@@ -227,7 +228,15 @@ def _claim(out: str, overwrite: bool, folders: list[str]) -> None:
                                "replacing it now would mix two runs' data under them: wait for them to finish")
     _delete_files(out, previous)   # the lock lists them until they are gone
     if previous:
-        write_complete(f"{out}/{LOCK}", json.dumps(owner_record(folders=folders, files=list(RUN_FILES))).encode())
+        write_complete(f"{out}/{LOCK}", json.dumps(owner_record(folders=folders, files=own)).encode())
+
+
+def run_files(folders: list[str]) -> list[str]:
+    """The files a run writing `folders` writes besides their shards and its manifest: its
+    top-level files and its triplet datasets' TFDS metadata (`pipeline.dataset_info`)."""
+    from pipeline.dataset_info import info_files
+
+    return [*RUN_FILES, *info_files(folders)]
 
 
 def _delete_files(out: str, relative: list[str]) -> None:
@@ -266,24 +275,43 @@ def write_manifest(out: str, counts: dict[str, int], orders: dict[str, dict] | N
     (`counts` maps an output folder, e.g. `triplets-sen/train` or `scb`, to its records; `orders`
     a triplet folder to how its records are ordered, `pipeline.order.order_record`). Where
     the two differ, records were lost or mixed on the way to the files: ShardError, and nothing
-    is published."""
+    is published. A triplet split's Parquet twins must hold what its TFRecord shards hold, shard
+    by shard; its dataset's TFDS metadata is written from them, before the manifest."""
     from apache_beam.io.filesystems import FileSystems
+
+    from pipeline import parquet
+    from pipeline.dataset_info import dataset_infos
 
     outputs = {}
     for folder, n_records in counts.items():
         metadata = sorted(FileSystems.match([f"{out}/{folder}/part-*"])[0].metadata_list, key=lambda meta: meta.path)
-        shards = []
+        shards: list[Shard] = []
+        twins: list[Shard] = []
         for meta in metadata:
             count, broken = count_shard_records(meta.path)
             if broken:
                 raise ShardError(f"{meta.path}: {broken} after {count:,} records, as written by this run")
-            shards.append(Shard(meta.path[len(out) + 1:], meta.size_in_bytes, count))
+            shard = Shard(meta.path[len(out) + 1:], meta.size_in_bytes, count)
+            (twins if meta.path.endswith(parquet.SUFFIX) else shards).append(shard)
         check_record_count(f"{out}/{folder}", sum(shard.records or 0 for shard in shards), n_records)
-        outputs[folder] = Output(folder, n_records, tuple(shards), (orders or {}).get(folder))
-    files = tuple(name for name in RUN_FILES if FileSystems.exists(f"{out}/{name}"))
+        if twins and [twin.records for twin in twins] != [shard.records for shard in shards]:
+            raise ShardError(f"{out}/{folder}: its Parquet files hold {[twin.records for twin in twins]} records, its "
+                             f"TFRecord shards {[shard.records for shard in shards]}, as written by this run")
+        outputs[folder] = Output(folder, n_records, tuple(shards), (orders or {}).get(folder), tuple(twins))
+    infos = dataset_infos({folder: output for folder, output in outputs.items() if output.parquet})
+    for path, content in infos.items():
+        write_bytes(f"{out}/{path}", content)
+    files = (*(name for name in RUN_FILES if FileSystems.exists(f"{out}/{name}")), *infos)
     manifest = Manifest(MANIFEST_VERSION, outputs, dict(TRIPLET_FEATURES), STATS, files)
     write_complete(f"{out}/{MANIFEST}", json.dumps(manifest.to_json(), indent=2, sort_keys=True).encode("utf-8"))
     return manifest
+
+
+def record_submitted_job(out: str, job: dict, run: dict) -> None:
+    """Adds the Dataflow job a `--wait false` run submitted (`job`: id, project, region) and what
+    publishing it needs (`run`: the run's flags and input) to the folder's lock, which the job
+    then holds (`pipeline.published.submitted_job`) until `pipeline.publish` ends it."""
+    write_complete(f"{out}/{LOCK}", json.dumps({**_record_of(out, LOCK), "job": job, "run": run}).encode())
 
 
 def end_unpublished(out: str, why: str) -> None:

@@ -1,4 +1,4 @@
-"""Progress of a local run: pages gone on to parsing so far (after `DeduplicatePages`), pages/s
+"""Progress of a local run: pages read and gone on to parsing so far (`pipeline.read`), pages/s
 and the total the index lists.
 
 Beam's local runners give the launching process no counters until the pipeline ends (and the

@@ -39,16 +39,19 @@ from pipeline.records import TRIPLET_FEATURES
 
 LOG = logging.getLogger(__name__)
 
-# Written last by a run (`pipeline.outputs`): {"format_version": 4, "outputs": {folder: {"records": n,
+# Written last by a run (`pipeline.outputs`): {"format_version": 5, "outputs": {folder: {"records": n,
 # "shards": [path relative to the run folder, ...], "shard_bytes": [size, ...], "shard_records":
-# [n, ...], "order": how a triplet split is ordered, or null}}, "triplet_features": TRIPLET_FEATURES,
-# "stats": "stats.json", "files": [the run's other top-level files]}; folders are
-# `<dataset>/<split>`, `scb`, `passages` and `dead_letters`. Version 3 had no `files` and no
-# `order` (its triplets lay in page order, article by article), version 2 no `triplet_features`
-# either (they were these), version 1 (no version field) no per-shard sizes or counts.
+# [n, ...], "order": how a triplet split is ordered, or null, "parquet": a triplet split's Parquet
+# twins as {"shards", "shard_bytes", "shard_records"} (`pipeline.parquet`), or null}},
+# "triplet_features": TRIPLET_FEATURES, "stats": "stats.json", "files": [the run's other files:
+# top-level ones and each triplet dataset's TFDS metadata, `pipeline.dataset_info`]}; folders are
+# `<dataset>/<split>`, `scb`, `passages` and `dead_letters`. Version 4 had no `parquet`, version 3
+# no `files` and no `order` (its triplets lay in page order, article by article), version 2 no
+# `triplet_features` either (they were these), version 1 (no version field) no per-shard sizes or
+# counts.
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 4
-READABLE_MANIFEST_VERSIONS = (1, 2, 3, MANIFEST_VERSION)
+MANIFEST_VERSION = 5
+READABLE_MANIFEST_VERSIONS = (1, 2, 3, 4, MANIFEST_VERSION)
 LOCK = "_RUNNING"          # a run is writing the folder (`pipeline.outputs`)
 READERS = "_READERS"       # one lease file per command reading the folder
 STALE_EMPTY_LOCK_S = 60.0  # an empty lock (a writer killed between create and write) older than this is stale
@@ -79,6 +82,10 @@ class Output:
     records: int
     shards: tuple[Shard, ...]
     order: dict | None = None   # how a triplet split's records are ordered (`pipeline.order.order_record`)
+    parquet: tuple[Shard, ...] = ()   # a triplet split's Parquet twins of `shards` (`pipeline.parquet`)
+
+    def all_shards(self) -> tuple[Shard, ...]:
+        return (*self.shards, *self.parquet)
 
 
 def _require(condition: bool, where: str, field: str, why: str) -> None:
@@ -103,6 +110,37 @@ def _relative_path(value: Any, where: str, field: str) -> str:
     _require(posixpath.normpath(value) == value and ".." not in value.split("/") and "\\" not in value,
              where, field, f"is {value!r}, which leaves the run folder or is not normalised")
     return value
+
+
+def _shards(entry: Any, version: int, where: str, field: str, folder: str, seen: set[str]) -> tuple[Shard, ...]:
+    """The shards `entry` lists ({"shards", "shard_bytes", "shard_records"}), each a path inside
+    `folder` listed once in the whole manifest (`seen`), with a size and a count from version 2."""
+    _require(isinstance(entry, dict), where, field, "is not an object")
+    shards = entry.get("shards")
+    _require(isinstance(shards, list), where, f"{field}.shards", "is missing or not a list")
+    paths = [_relative_path(shard, where, f"{field}.shards[{i}]") for i, shard in enumerate(shards)]
+    for i, path in enumerate(paths):
+        _require(path not in seen, where, f"{field}.shards[{i}]", f"lists {path} a second time")
+        _require(path.startswith(folder + "/"), where, f"{field}.shards[{i}]",
+                 f"is {path}, outside its folder {folder}/")
+        seen.add(path)
+    per_shard: dict[str, list[int | None]] = {}
+    for key in ("shard_bytes", "shard_records"):
+        if version == 1:
+            per_shard[key] = [None] * len(paths)
+            continue
+        values = entry.get(key)
+        _require(isinstance(values, list) and len(values) == len(paths), where, f"{field}.{key}",
+                 f"must list one count per shard ({len(paths)}), got "
+                 f"{len(values) if isinstance(values, list) else values!r}")
+        per_shard[key] = [_count(value, where, f"{field}.{key}[{i}]") for i, value in enumerate(values)]
+    return tuple(Shard(path, size, n) for path, size, n in zip(paths, per_shard["shard_bytes"],
+                                                               per_shard["shard_records"]))
+
+
+def _shards_json(shards: tuple[Shard, ...]) -> dict:
+    return {"shards": [shard.path for shard in shards], "shard_bytes": [shard.size for shard in shards],
+            "shard_records": [shard.records for shard in shards]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,34 +168,21 @@ class Manifest:
                                 f"{', '.join(map(str, READABLE_MANIFEST_VERSIONS))}); upgrade wikisim")
         outputs = fields.get("outputs")
         _require(isinstance(outputs, dict) and bool(outputs), where, "outputs", "is missing or empty")
-        parsed, seen = {}, set()
+        parsed: dict[str, Output] = {}
+        seen: set[str] = set()
         for folder, entry in outputs.items():
             field = f"outputs[{folder!r}]"
             _relative_path(folder, where, f"{field} (its name)")
             _require(isinstance(entry, dict), where, field, "is not an object")
-            shards = entry.get("shards")
-            _require(isinstance(shards, list), where, f"{field}.shards", "is missing or not a list")
-            paths = [_relative_path(shard, where, f"{field}.shards[{i}]") for i, shard in enumerate(shards)]
-            for i, path in enumerate(paths):
-                _require(path not in seen, where, f"{field}.shards[{i}]", f"lists {path} a second time")
-                _require(path.startswith(folder + "/"), where, f"{field}.shards[{i}]",
-                         f"is {path}, outside its folder {folder}/")
-                seen.add(path)
-            per_shard: dict[str, list[int | None]] = {}
-            for key in ("shard_bytes", "shard_records"):
-                if version == 1:
-                    per_shard[key] = [None] * len(paths)
-                    continue
-                values = entry.get(key)
-                _require(isinstance(values, list) and len(values) == len(paths), where, f"{field}.{key}",
-                         f"must list one count per shard ({len(paths)}), got "
-                         f"{len(values) if isinstance(values, list) else values!r}")
-                per_shard[key] = [_count(value, where, f"{field}.{key}[{i}]") for i, value in enumerate(values)]
+            shards = _shards(entry, version, where, field, folder, seen)
             ordering = entry.get("order")
             _require(ordering is None or isinstance(ordering, dict), where, f"{field}.order", "is not an object")
-            parsed[folder] = Output(folder, _count(entry.get("records"), where, f"{field}.records"), tuple(
-                Shard(path, size, n) for path, size, n in zip(paths, per_shard["shard_bytes"],
-                                                              per_shard["shard_records"])), ordering)
+            twins = entry.get("parquet")   # a pipeline run's triplet splits have them; a hand-made run may not
+            parquet = _shards(twins, version, where, f"{field}.parquet", folder, seen) if twins is not None else ()
+            _require(not parquet or len(parquet) == len(shards), where, f"{field}.parquet.shards",
+                     f"must list one Parquet twin per shard ({len(shards)}), got {len(parquet)}")
+            parsed[folder] = Output(folder, _count(entry.get("records"), where, f"{field}.records"), shards, ordering,
+                                    parquet)
         features = fields.get("triplet_features", dict(TRIPLET_FEATURES))
         _require(isinstance(features, dict) and all(isinstance(v, str) for v in features.values()), where,
                  "triplet_features", "is not an object of type names")
@@ -168,14 +193,14 @@ class Manifest:
     def to_json(self) -> dict:
         return {"format_version": self.format_version, "triplet_features": self.triplet_features,
                 "stats": self.stats, "files": list(self.files), "outputs": {
-                    folder: {"records": output.records, "shards": [shard.path for shard in output.shards],
-                             "shard_bytes": [shard.size for shard in output.shards],
-                             "shard_records": [shard.records for shard in output.shards], "order": output.order}
+                    folder: {"records": output.records, **_shards_json(output.shards), "order": output.order,
+                             "parquet": _shards_json(output.parquet) if output.parquet else None}
                     for folder, output in self.outputs.items()}}
 
     def written_files(self) -> list[str]:
-        """Every file the run lists as its own, relative to the run folder: shards, stats, the rest, this manifest."""
-        shards = [shard.path for output in self.outputs.values() for shard in output.shards]
+        """Every file the run lists as its own, relative to the run folder: shards (both forms),
+        stats, the rest, this manifest."""
+        shards = [shard.path for output in self.outputs.values() for shard in output.all_shards()]
         return sorted({*shards, *self.files, *([self.stats] if self.stats else []), MANIFEST})
 
 
@@ -232,12 +257,16 @@ def file_sizes(paths: list[str]) -> dict[str, int | None]:
 def count_shard_records(path: str) -> tuple[int, str | None]:
     """(records, why the shard broke off or None) of one shard, read back through Beam
     FileSystems: TFRecord frames (length, CRC, data, CRC) of a `.tfrecord.gz`, lines of a
-    `.jsonl.gz`. A shard that ends inside a record or stops decompressing counts the records
-    before the break."""
+    `.jsonl.gz`, rows of a `.parquet` (its footer's count). A shard that ends inside a record or
+    stops decompressing counts the records before the break."""
     import zlib
 
     from apache_beam.io.filesystems import CompressionTypes, FileSystems
 
+    from pipeline import parquet
+
+    if path.endswith(parquet.SUFFIX):
+        return parquet.count_rows(path)
     count = 0
     try:
         with FileSystems.open(path, compression_type=CompressionTypes.GZIP) as handle:
@@ -381,8 +410,9 @@ class Run:
 
     def check_sizes(self, folder: str) -> None:
         """ShardError naming the first shard that is missing or not of the size the run wrote:
-        a missing, truncated or replaced shard is refused in seconds, before anything is read."""
-        shards = self.output(folder).shards
+        a missing, truncated or replaced shard is refused in seconds, before anything is read.
+        A triplet split's Parquet twins are checked with its TFRecord shards."""
+        shards = self.output(folder).all_shards()
         found = file_sizes([self.path(shard.path) for shard in shards])
         for shard in shards:
             size = found[self.path(shard.path)]
@@ -399,9 +429,11 @@ class Run:
         (ShardError naming the shard or the folder). A shard of the size the run wrote that reads
         whole but holds another count of records is not the run's (another run's shard of the
         same size): refused naming it, whatever `max_lost_fraction`. Returns the records lost to
-        shards that break off, allowed up to `max_lost_fraction` of the output."""
+        shards that break off, allowed up to `max_lost_fraction` of the output. A triplet split's
+        Parquet twins are verified too, each whole (`verify_parquet`)."""
         self.check_sizes(folder)
         output = self.output(folder)
+        self.verify_parquet(output)
         lost = 0
         for shard in output.shards:
             read, broken = count_shard_records(self.path(shard.path))
@@ -416,6 +448,16 @@ class Run:
         if output.shards and output.shards[0].records is None:
             lost += output.records
         return check_record_count(f"{self.root}/{folder}", output.records - lost, output.records, max_lost_fraction)
+
+    def verify_parquet(self, output: Output) -> None:
+        """Each Parquet twin holds, by its footer, the records the run wrote to it: ShardError
+        naming the first that is not whole or holds another count. No loss is allowed: a twin is
+        read whole or not at all, and its records are already checked in its TFRecord shard."""
+        for shard in output.parquet:
+            read, broken = count_shard_records(self.path(shard.path))
+            if broken or read != shard.records:
+                raise ShardError(f"{self.path(shard.path)}: {broken or f'{read:,} records'} where the run wrote "
+                                 f"{shard.records:,} records; rerun the pipeline or restore the file")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[Run]:
@@ -527,19 +569,31 @@ def record_is_stale(owner: dict | None, age: float | None) -> bool:
 
 def live_lock_owner(out: str) -> str | None:
     """'pid N on HOST' when the folder's `_RUNNING` lock belongs to a live run (or one on another
-    host, which cannot be checked from here); None without a lock or with a stale one
-    (`record_is_stale`)."""
+    host, which cannot be checked from here), or the Dataflow job a `--wait false` run submitted
+    (`submitted_job`: live until `pipeline.publish` ends it, whatever became of the process that
+    submitted it); None without a lock or with a stale one (`record_is_stale`)."""
     from apache_beam.io.filesystems import FileSystems
 
     path = f"{out}/{LOCK}"
     if not FileSystems.exists(path):
         return None
     owner, age = _owner_of(path)
+    job = submitted_job(owner)
+    if job:
+        return (f"Dataflow job {job['id']} in {job.get('project')}/{job.get('region')}, submitted with --wait false; "
+                f"once it ends, python -m pipeline.publish --output {out} publishes the run or releases the folder")
     if record_is_stale(owner, age):
         return None
     if owner is None:
         return "a run starting now (its lock is being written)"
     return f"pid {owner['pid']} on {owner.get('host')}"
+
+
+def submitted_job(owner: dict | None) -> dict | None:
+    """The Dataflow job a lock record names (`pipeline.run --wait false` writes it once the job is
+    submitted: {"id", "project", "region"}), or None for a lock held by a running process."""
+    job = (owner or {}).get("job")
+    return job if isinstance(job, dict) and isinstance(job.get("id"), str) and job["id"] else None
 
 
 # `write_complete`'s temporary beside `path`: `path.<pid>-<8 hex digits>.partial`; one that stays

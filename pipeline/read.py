@@ -1,8 +1,9 @@
 """The read stage as a Beam transform: dump files -> pages and dead letters.
 
 `pipeline.dumps` decodes pages from a byte range of a dump file (pure functions);
-`pipeline.multistream` plans the byte ranges from a multistream index; this module composes
-them into `ReadDumpPages`, counting every outcome. The arrows point one way: read -> multistream
+`pipeline.multistream` plans the byte ranges from a multistream index; `pipeline.dedupe` chooses
+the copy kept of a page id read twice, from page ids alone; this module composes them into
+`ReadDumpPages`, counting every outcome. The arrows point one way: read -> dedupe -> multistream
 -> dumps.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 
 import apache_beam as beam
 
-from pipeline import counters, multistream, progress
+from pipeline import counters, dedupe, multistream, progress
 from pipeline.dumps import STREAM_FAULTS, Page, check_input, dead_letter, decode_pages, range_source
 from pipeline.records import DEAD_LETTERS
 
@@ -49,7 +50,8 @@ def decode_read_unit(read_unit) -> Iterator[Page | dict]:
 
 
 class _DecodeReadUnitsFn(beam.DoFn):
-    """Thin wrapper over `decode_read_unit`: counts each outcome and routes dead letters."""
+    """Thin wrapper over `decode_read_unit`: counts each outcome, routes dead letters, and of a
+    repeated page id passes on only the copy `choices` (a side input, `pipeline.dedupe`) names."""
 
     def __init__(self, progress_folder: str | None = None):
         self.progress_folder = progress_folder
@@ -61,18 +63,27 @@ class _DecodeReadUnitsFn(beam.DoFn):
         self.units_read = counter(counters.NAMESPACE, counters.READ_RANGES)
         self.index_pages = counter(counters.NAMESPACE, counters.INDEX_PAGES)
         self.streams_lost = counter(counters.NAMESPACE, counters.READ_STREAMS_LOST)
+        self.pages_duplicate = counter(counters.NAMESPACE, counters.PAGES_DUPLICATE_ID)
 
     def setup(self):
         if self.progress_folder:
             self.progress = progress.PageCounts(self.progress_folder)
 
-    def process(self, read_unit):
+    def process(self, read_unit, choices: dict):
         self.units_read.inc()
         self.index_pages.inc(len(read_unit.expected))
+        copies = dedupe.Copies(read_unit, choices)
         for item in decode_read_unit(read_unit):
-            if isinstance(item, Page):   # shown in progress as it leaves `DeduplicatePages` for parsing
+            if isinstance(item, Page):   # shown in progress as it goes on to be parsed
                 self.pages_read.inc()
-                yield item
+                if self.progress:
+                    self.progress.add(pages=1)
+                lost_to = copies.is_kept(item)
+                if lost_to is None:
+                    yield item
+                else:
+                    self.pages_duplicate.inc()
+                    yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dedupe.duplicate_letter(item, lost_to))
                 continue
             if item["page_id"] is not None:
                 self.pages_dead_lettered.inc()
@@ -91,14 +102,16 @@ class _DecodeReadUnitsFn(beam.DoFn):
 
 
 class ReadDumpPages(beam.PTransform):
-    """Dump file(s) -> {"pages": PCollection[Page], "dead_letters": PCollection[dict]}.
+    """Dump file(s) -> {"pages": PCollection[Page], one per page id, "dead_letters": PCollection[dict]}.
 
     Files are listed and checked when the transform is constructed (a bad `--input` fails at once
     with its path). Each file becomes read units: one per bz2 stream range when a multistream index
     is given or lies beside it, else one per page shard of the whole file (`page_shards`);
     units are reshuffled so that workers decode them in parallel, and each unit is read and
     decoded by one worker, fused with whatever consumes the pages (no dump-sized buffer
-    between read and parse).
+    between read and parse). A page id read twice goes on once: `dedupe.ChooseCopies` names the
+    copy kept from the units' page ids before the decode; the others are counted
+    (`pages_duplicate_id`) and dead-lettered.
     """
 
     def __init__(self, file_pattern: str, index: str | None = None, page_shards: int = 1,
@@ -118,12 +131,14 @@ class ReadDumpPages(beam.PTransform):
 
     def expand(self, pbegin):
         files = self.files
-        decoded = (
+        units = (
             pbegin
             | "ListDumpFiles" >> beam.Create(files)
             | "PlanReadUnits" >> beam.FlatMap(multistream.plan_read_units, self.page_shards)
             | "SpreadReadUnits" >> beam.Reshuffle()
-            | "DecodePages" >> beam.ParDo(_DecodeReadUnitsFn(self.progress_folder)).with_outputs(
-                DEAD_LETTERS, main="pages")
         )
+        choices = units | "ChooseCopies" >> dedupe.ChooseCopies()
+        decoded = units | "DecodePages" >> beam.ParDo(
+            _DecodeReadUnitsFn(self.progress_folder), beam.pvalue.AsDict(choices)).with_outputs(DEAD_LETTERS,
+                                                                                                main="pages")
         return {"pages": decoded.pages, DEAD_LETTERS: decoded[DEAD_LETTERS]}

@@ -7,7 +7,8 @@ Without `--input` it reads the real Wikipedia excerpt inside the gensim wheel. T
 Beam pipeline option and is passed through unchanged, so the same command runs on the
 DirectRunner, the PrismRunner (give `--prism_location` when the Prism binary cannot be
 downloaded) or Dataflow (`--runner DataflowRunner --project ... --region ...
---temp_location gs://... --setup_file ./setup.py`).
+--temp_location gs://... --setup_file ./setup.py`). On Dataflow, `--wait false` returns once the job
+is submitted, printing its id; `python -m pipeline.publish --output ...` then publishes the run.
 """
 from __future__ import annotations
 
@@ -94,6 +95,11 @@ class PipelineConfig:
                                     "unless this is 1")
     other_article_bucket_size: int = flag(1000, help="about how many articles share a bucket when drawing "
                                                      "other_article negatives")
+    wait: bool = flag(True, help="wait for the job to end, then publish the run (stats.json, manifest). false: on "
+                                 "Dataflow only, return once the job is submitted, printing its id; the run is "
+                                 "then published by a follow-up step, python -m pipeline.publish --output OUTPUT, "
+                                 "which waits for the job to end (until then readers and other runs refuse the "
+                                 "folder)")
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
@@ -159,9 +165,8 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
 
     out = config.output.rstrip("/")
     reader = ReadDumpPages(input_pattern, config.index, config.page_shards, progress_folder)
-    read = pipeline | "ReadDump" >> reader
-    unique = read["pages"] | "DeduplicatePages" >> transforms.DeduplicatePages(progress_folder)
-    built = unique["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
+    read = pipeline | "ReadDump" >> reader   # one page per page id (`pipeline.dedupe`)
+    built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
     articles = built["articles"]
 
     for strategy in config.negative_strategies():
@@ -190,7 +195,7 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
                                                       counter_names.PASSAGES_ARTICLES)
     )
     (
-        (read[records.DEAD_LETTERS], unique[records.DEAD_LETTERS], built[records.DEAD_LETTERS])
+        (read[records.DEAD_LETTERS], built[records.DEAD_LETTERS])
         | "AllDeadLetters" >> beam.Flatten()
         | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/{records.DEAD_LETTERS}/part",
                                                          counter_names.DEAD_LETTERS_WRITTEN)
@@ -339,17 +344,20 @@ def triplets_plot_png(counters: dict[str, int], datasets: list[str]) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Runs the job and returns what it wrote to stats.json."""
+    """Runs the job and returns what it wrote to stats.json (with `--wait false`, the job it submitted)."""
     config, beam_args = parse_args(argv)
     import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from pipeline.dumps import embedded_dump_path
 
-    input_pattern = config.input or embedded_dump_path()
-    check_spacy_model(config.spacy_model)
     options = PipelineOptions(beam_args)
     runner = options.view_as(StandardOptions).runner
+    if not config.wait and not is_dataflow(runner):
+        raise ConfigError(f"--wait false: only a Dataflow job runs on once this command exits; under "
+                          f"{runner or 'DirectRunner'} the job runs in this process, so the command waits for it")
+    input_pattern = config.input or embedded_dump_path()
+    check_spacy_model(config.spacy_model)
     with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
         folder = progress.progress_folder() if progress.is_local(runner) else None
         pipeline = beam.Pipeline(options=options)
@@ -357,10 +365,17 @@ def main(argv: list[str] | None = None) -> dict:
         return _run(pipeline, config, input_pattern, runner, folder, indexes)
 
 
+def is_dataflow(runner: str | None) -> bool:
+    """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
+    return bool(runner) and str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner") in ("dataflow",
+                                                                                              "testdataflow")
+
+
 def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: str | None,
          folder: str | None, indexes: list[str]) -> dict:
     """Claims the output, runs the built job, reconciles its counters and publishes the run, or
-    ends it unpublished (the lock released, what it wrote recorded for --overwrite)."""
+    ends it unpublished (the lock released, what it wrote recorded for --overwrite). With
+    `--wait false` it returns once the job is submitted, the folder still locked (`submitted`)."""
     from pipeline import outputs
 
     out = config.output.rstrip("/")
@@ -374,36 +389,86 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             shown = progress.show_progress(folder, indexes, log_path)
         with writes_of(out), shown:
             result = pipeline.run()
+            if not config.wait:
+                return submitted(result, pipeline, config, input_pattern, runner)
             result.wait_until_finish()
-        counters = counters_of(result, config)
-        stats: dict[str, Any] = {
-            "counters": counters,
-            "reconciliation": reconciliation(counters, config.negative_strategies()),
-            "input": input_pattern,
-            "config": dataclasses.asdict(config),
-            "runner": runner or "DirectRunner",
-            "wall_seconds": round(time.perf_counter() - started, 2),
-        }
-        plot = triplets_plot_png(counters, config.triplet_datasets())
-        with writes_of(out):
-            outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
-            outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", plot)
-        print(summary_table(counters))
-        print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
-              f"wall time {stats['wall_seconds']} s; outputs in {out}")
-        loss = input_loss(stats, config.max_lost_fraction) or unreconciled(stats)
-        if loss:   # outputs, dead letters and stats stay for inspection, unpublished: readers refuse them
-            raise InputLossError(loss)
+        stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
         outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
         raise
+    publish(config, stats["counters"])
+    return stats
+
+
+def finish(result, config: PipelineConfig, input_pattern: str, runner: str | None, wall_seconds: float) -> dict:
+    """What follows a job that ended (`result`, a Beam PipelineResult): its counters reconciled,
+    stats.json and the plot written, the summary printed; InputLossError when it lost more of
+    its input than allowed or its counts do not reconcile (the run then stays unpublished)."""
+    from pipeline import outputs
+
+    out = config.output.rstrip("/")
+    counters = counters_of(result, config)
+    stats: dict[str, Any] = {
+        "counters": counters,
+        "reconciliation": reconciliation(counters, config.negative_strategies()),
+        "input": input_pattern,
+        "config": dataclasses.asdict(config),
+        "runner": runner or "DirectRunner",
+        "wall_seconds": round(wall_seconds, 2),
+    }
+    plot = triplets_plot_png(counters, config.triplet_datasets())
+    with writes_of(out):
+        outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
+        outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", plot)
+    print(summary_table(counters))
+    print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
+          f"wall time {stats['wall_seconds']} s; outputs in {out}")
+    loss = input_loss(stats, config.max_lost_fraction) or unreconciled(stats)
+    if loss:   # outputs, dead letters and stats stay for inspection, unpublished: readers refuse them
+        raise InputLossError(loss)
+    return stats
+
+
+def publish(config: PipelineConfig, counters: dict[str, int]) -> None:
+    """Writes the manifest (checked against the counters) and releases the folder: the run is published."""
+    from pipeline import outputs
     from pipeline.order import order_record
 
+    out = config.output.rstrip("/")
     triplet_folders = [folder for folder in output_counters(config) if folder.split("/")[0] in records.TRIPLET_DATASETS]
     with writes_of(out):
         outputs.publish_manifest(out, output_records(counters, config),
                                  dict.fromkeys(triplet_folders, order_record(config.seed)))
-    return stats
+
+
+def submitted(result, pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
+              runner: str | None) -> dict:
+    """`--wait false`: the Dataflow job `result` is submitted. Its id, project and region and
+    this run's flags go into the folder's lock (`pipeline.published.submitted_job`), which then
+    stays, held by the job: readers and other runs refuse the folder until `pipeline.publish`
+    publishes it (or releases it, once the job failed). Prints the job's id. When the lock
+    cannot be written the job is cancelled: no job may write a folder nothing holds."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    from pipeline import outputs
+    from pipeline.cli import config_flags
+
+    out = config.output.rstrip("/")
+    cloud = pipeline.options.view_as(GoogleCloudOptions)
+    job = {"id": result.job_id(), "project": cloud.project, "region": cloud.region, "submitted": time.time()}
+    try:
+        outputs.record_submitted_job(out, job, {"config": config_flags(config), "input": input_pattern,
+                                                "runner": runner})
+    except BaseException:
+        result.cancel()
+        with contextlib.suppress(Exception):   # a cancelled job ends in a state wait_until_finish raises for
+            result.wait_until_finish()
+        raise
+    print(f"pipeline: submitted Dataflow job {job['id']} (project {job['project']}, region {job['region']}): "
+          f"https://console.cloud.google.com/dataflow/jobs/{job['region']}/{job['id']}?project={job['project']}")
+    print(f"pipeline: {out} stays unpublished (readers refuse it) until the job ends and "
+          f"`python -m pipeline.publish --output {out}` publishes it")
+    return {"job": job}
 
 
 def unreconciled(stats: dict) -> str | None:

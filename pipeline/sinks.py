@@ -16,12 +16,14 @@ own) and the line framing, so sharding, naming and finalisation stay Beam's. A t
 files equal Beam's own sink's byte for byte. A triplet shard is written whole by one worker in
 its key order (`write_tfrecord_shard`, framed by `pipeline.tfrecord`) to a temporary folder, and
 the split's shards are renamed into place together (`finalize_shards`), as Beam's sinks
-finalise; a test checks a shard equals `WriteToTFRecord`'s file of the same records.
+finalise; a test checks a shard equals `WriteToTFRecord`'s file of the same records. Its Parquet
+twin (`pipeline.parquet`) is written beside it, by the same worker, from the same records.
 """
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam.coders.coders import Coder, ToBytesCoder
@@ -124,18 +126,27 @@ def write_tfrecord_shard(path: str, chunks) -> int:
     return written
 
 
-def finalize_shards(temp_paths: list[str], folder: str, temp_folder: str) -> list[str]:
-    """Renames a split's shards from its temporary folder into `folder` (all at the end, as Beam's
-    file sinks finalise), or writes one empty shard when the split got none, then removes the
-    temporary folder. Returns the final paths."""
-    from apache_beam.io.filesystems import FileSystems
-
+def write_triplet_shard(folder: str, index: int, n_shards: int, chunks: Iterable[list[bytes]]) -> list[str]:
+    """Shard `index` of `n_shards` of a triplet split in both its forms, in one pass over
+    `chunks` (any iterable): the gzip TFRecord file and its Parquet twin (`pipeline.parquet`),
+    the same records in the same order. Returns their paths."""
+    from pipeline import parquet
     from pipeline.order import shard_name
 
+    tfrecord = f"{folder}/{shard_name(index, n_shards)}"
+    table = f"{folder}/{shard_name(index, n_shards, parquet.SUFFIX)}"
+    write_tfrecord_shard(tfrecord, parquet.passing_through(table, chunks))
+    return [tfrecord, table]
+
+
+def finalize_shards(temp_paths: list[str], folder: str, temp_folder: str) -> list[str]:
+    """Renames a split's shards from its temporary folder into `folder` (all at the end, as Beam's
+    file sinks finalise), or writes one empty shard (in both forms) when the split got none, then
+    removes the temporary folder. Returns the final paths."""
+    from apache_beam.io.filesystems import FileSystems
+
     if not temp_paths:
-        empty = f"{folder}/{shard_name(0, 1)}"
-        write_tfrecord_shard(empty, [])
-        return [empty]
+        return write_triplet_shard(folder, 0, 1, [])
     final = [f"{folder}/{path.rsplit('/', 1)[1]}" for path in sorted(temp_paths)]
     FileSystems.rename(sorted(temp_paths), final)
     if FileSystems.exists(temp_folder):

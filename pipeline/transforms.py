@@ -10,8 +10,9 @@ import uuid
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
-from pipeline import counters, order, progress, records, sinks, triplets
+from pipeline import counters, order, records, runs, sinks, triplets
 from pipeline.dumps import Page, dead_letter
 from pipeline.records import DATASET_OF_STRATEGY, DEAD_LETTERS
 from pipeline.rules import Article, RuleConfig, build_article, scb_eligible
@@ -31,63 +32,6 @@ def increment_all(counts: collections.Counter) -> None:
     for name, value in counts.items():
         if value:
             count(name, value)
-
-
-def first_of_duplicates(page_id: int, pages: list[Page]) -> tuple[Page, list[dict]]:
-    """The page kept of those sharing one id (the first by source, title and text: the same
-    whatever order they arrived in), and a dead letter for each other."""
-    kept, *others = sorted(pages, key=lambda page: (page.source, page.title, page.text))
-    return kept, [dead_letter(page.source, page_id, page.title, "duplicate_page_id",
-                              f"page id {page_id} was already read from {kept.source} ({kept.title!r})")
-                  for page in others]
-
-
-class _KeepOnePageFn(beam.DoFn):
-    """`first_of_duplicates`, counted; on a local run, each page is shown in the progress bar
-    (`pipeline.progress`) here, as it goes on to be parsed, the costly stage."""
-
-    def __init__(self, progress_folder: str | None = None):
-        self.progress_folder = progress_folder
-        self.progress = None
-
-    def setup(self):
-        if self.progress_folder:
-            self.progress = progress.PageCounts(self.progress_folder)
-
-    def process(self, keyed):
-        page_id, pages = keyed
-        pages = list(pages)
-        kept, letters = first_of_duplicates(page_id, pages)
-        if self.progress:
-            self.progress.add(pages=len(pages))
-        if letters:
-            count(counters.PAGES_DUPLICATE_ID, len(letters))
-            for letter in letters:
-                yield beam.pvalue.TaggedOutput(DEAD_LETTERS, dict(letter, stage="dedupe"))
-        yield kept
-
-    def finish_bundle(self):
-        if self.progress:
-            self.progress.flush()
-
-
-class DeduplicatePages(beam.PTransform):
-    """Pages -> {"pages": one per page id, "dead_letters": the others}: a dump that lists a page
-    id twice (or two inputs that hold the same pages) would otherwise make each such article's
-    triplets twice. Grouping by id is also a shuffle that spreads the parsing over workers,
-    whatever the size of the read units the pages came from."""
-
-    def __init__(self, progress_folder: str | None = None):
-        super().__init__()
-        self.progress_folder = progress_folder
-
-    def expand(self, pages):
-        outputs = (pages
-                   | "KeyById" >> beam.Map(lambda page: (page.page_id, page))
-                   | "GroupById" >> beam.GroupByKey()
-                   | "KeepOne" >> beam.ParDo(_KeepOnePageFn(self.progress_folder)).with_outputs(DEAD_LETTERS,
-                                                                                             main="pages"))
-        return {"pages": outputs.pages, DEAD_LETTERS: outputs[DEAD_LETTERS]}
 
 
 class _BuildArticlesFn(beam.DoFn):
@@ -248,62 +192,82 @@ def keyed_chunks(article_and_records: tuple[int, list[bytes]], seed: int, datase
         yield order.order_key(seed, dataset, split, article_id, index), chunk
 
 
-def assign_shard(keyed_chunk: tuple[int, list[bytes]], record_bytes: int, n_chunks: int):
-    """(shard index, (key, chunk)), the shard from the key and the split's size."""
-    return order.shard_of(keyed_chunk[0], order.shard_count(record_bytes, n_chunks)), keyed_chunk
+class _SortedRunsFn(beam.DoFn):
+    """One split's records -> `runs.RunInfo`s: each article's chunks and their order keys
+    (`keyed_chunks`) gathered into a `runs.RunBuffer`, written as a sorted run whenever it holds
+    `run_bytes` of records, and the rest at the end of the bundle."""
+
+    def __init__(self, temp_folder: str, seed: int, dataset: str, split: str, run_bytes: int):
+        self.temp_folder = temp_folder
+        self.seed, self.dataset, self.split = seed, dataset, split
+        self.run_bytes = run_bytes
+        self.buffer: runs.RunBuffer | None = None
+
+    def start_bundle(self):
+        self.buffer = runs.RunBuffer(self.temp_folder, self.run_bytes)
+
+    def process(self, article_and_records: tuple[int, list[bytes]]):
+        assert self.buffer is not None, "start_bundle() makes the buffer"
+        for key, chunk in keyed_chunks(article_and_records, self.seed, self.dataset, self.split):
+            written = self.buffer.add(key, chunk)
+            if written:
+                yield written
+
+    def finish_bundle(self):
+        assert self.buffer is not None, "start_bundle() makes the buffer"
+        written = self.buffer.flush()
+        if written:
+            yield GlobalWindows.windowed_value(written)
 
 
 class _WriteShardFn(beam.DoFn):
-    """Writes one shard, its chunks sorted by key, to the split's temporary folder."""
+    """Writes one shard, merged from the split's runs (`runs.shard_chunks`), to the split's
+    temporary folder (TFRecord and Parquet)."""
 
     def __init__(self, temp_folder: str):
         self.temp_folder = temp_folder
 
-    def process(self, shard: tuple[int, list], record_bytes: int, n_chunks: int):
-        index, keyed = shard
-        path = f"{self.temp_folder}/{order.shard_name(index, order.shard_count(record_bytes, n_chunks))}"
-        sinks.write_tfrecord_shard(path, (chunk for _, chunk in sorted(keyed, key=lambda pair: pair[0])))
-        yield path
+    def process(self, plan: tuple[int, int, list[runs.RunInfo]]):
+        index, n_shards, infos = plan
+        chunks = runs.shard_chunks(infos, index, n_shards)
+        yield from sinks.write_triplet_shard(self.temp_folder, index, n_shards, chunks)
 
 
 class WriteTripletSplits(beam.PTransform):
-    """{split: (article id, serialised triplets)} -> `<out>/<dataset>/<split>/part-SSSSS-of-NNNNN.tfrecord.gz`,
-    each split in its fixed pseudo-random order (`pipeline.order`): chunks keyed by a seeded hash,
-    grouped by shard (the shard count from the split's size, a side input), sorted within each
-    shard, written to a temporary folder and renamed into place once every shard is written. A
-    split that gets no triplet is written as one empty shard, so every split of every dataset is
-    readable (as zero records).
+    """{split: (article id, serialised triplets)} -> `<out>/<dataset>/<split>/part-SSSSS-of-NNNNN.tfrecord.gz`
+    (and its Parquet twin `.parquet`, `pipeline.parquet`), each split in its fixed pseudo-random
+    order (`pipeline.order`): chunks keyed by a seeded hash, sorted into runs by each worker and
+    merged by shard (`pipeline.runs`: no shuffle carries a triplet, so a local run's memory does
+    not grow with the split), written to a temporary folder and renamed into place once every
+    shard is written. A split that gets no triplet is written as one empty shard, so every split
+    of every dataset is readable (as zero records).
 
-    The chunks go through a Reshuffle before their shard is assigned, so that step reads them
-    from a shuffle rather than from the PCollection the runner holds back while the side inputs
-    are computed from it. On the DirectRunner's multi_processing mode (Beam 2.77, 2 workers) that
-    held-back PCollection lost 1-10 % of the 2019 dump's train chunks in 2 runs of 2 (caught by
-    the run's reconciliation: exit 1, nothing published); through the Reshuffle, none in the runs
-    since (docs/pipeline.md). It also spreads the chunks evenly over the workers.
+    The shard count comes from the runs' sizes, gathered in one list, rather than from side
+    inputs over the chunks: on the DirectRunner's multi_processing mode (Beam 2.77, 2 workers)
+    the PCollection held back while such side inputs were computed lost 1-10 % of the 2019
+    dump's train chunks in 2 runs of 2 (docs/pipeline.md). The shard plans pass a Reshuffle,
+    which spreads the shards over the workers.
     """
 
-    def __init__(self, output: str, dataset: str, seed: int):
+    def __init__(self, output: str, dataset: str, seed: int, run_bytes: int = runs.RUN_BYTES):
         super().__init__()
         self.output = output.rstrip("/")
         self.dataset = dataset
         self.seed = seed
+        self.run_bytes = run_bytes
         self.run_id = uuid.uuid4().hex   # one temporary folder per split and run; a retried shard rewrites its file
 
     def expand(self, records_of_split):
         for split in SPLITS:
             folder = f"{self.output}/{self.dataset}/{split}"
             temp_folder = f"{folder}/beam-temp-part-{self.run_id}"
-            keyed = (records_of_split[split]
-                     | f"Chunk[{split}]" >> beam.FlatMap(keyed_chunks, self.seed, self.dataset, split))
-            record_bytes = beam.pvalue.AsSingleton(
-                keyed | f"Bytes[{split}]" >> beam.Map(lambda pair: sum(map(len, pair[1])))
-                | f"SumBytes[{split}]" >> beam.CombineGlobally(sum))
-            n_chunks = beam.pvalue.AsSingleton(keyed | f"CountChunks[{split}]" >> beam.combiners.Count.Globally())
-            _ = (keyed
+            _ = (records_of_split[split]
+                 | f"SortedRuns[{split}]" >> beam.ParDo(_SortedRunsFn(temp_folder, self.seed, self.dataset, split,
+                                                                      self.run_bytes))
+                 | f"AllRuns[{split}]" >> beam.combiners.ToList()
+                 | f"PlanShards[{split}]" >> beam.FlatMap(runs.shard_plans)
                  | f"Spread[{split}]" >> beam.Reshuffle()
-                 | f"AssignShard[{split}]" >> beam.Map(assign_shard, record_bytes, n_chunks)
-                 | f"GroupShards[{split}]" >> beam.GroupByKey()
-                 | f"WriteShards[{split}]" >> beam.ParDo(_WriteShardFn(temp_folder), record_bytes, n_chunks)
+                 | f"WriteShards[{split}]" >> beam.ParDo(_WriteShardFn(temp_folder))
                  | f"AllShards[{split}]" >> beam.combiners.ToList()
                  | f"Finalize[{split}]" >> beam.Map(sinks.finalize_shards, folder, temp_folder))
         return beam.pvalue.PDone(records_of_split[SPLITS[0]].pipeline)

@@ -15,14 +15,14 @@ from pipeline.transforms import DATASET_OF_STRATEGY
 ALL_NEGATIVES = ["--negatives", ",".join(DATASET_OF_STRATEGY)]
 
 
-def run_read(file_pattern: str, out_dir: str, index=None, workers: int = 1):
+def run_read(file_pattern: str, out_dir: str, index=None, workers: int = 1, page_shards: int = 1):
     """Runs ReadDumpPages on the DirectRunner, writes both outputs as JSON lines under
     `out_dir`, and returns (pages sorted by id, dead letters sorted, wikisim counters)."""
     options = ["--runner", "DirectRunner"]
     if workers > 1:
         options += ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(workers)]
     pipeline = beam.Pipeline(argv=options)
-    read = pipeline | ReadDumpPages(file_pattern, index)
+    read = pipeline | ReadDumpPages(file_pattern, index, page_shards)
     (read["pages"] | "PagesToJson" >> beam.Map(lambda page: json.dumps(page._asdict()))
      | "WritePages" >> beam.io.WriteToText(os.path.join(out_dir, "pages")))
     (read["dead_letters"] | "DeadToJson" >> beam.Map(json.dumps, sort_keys=True)

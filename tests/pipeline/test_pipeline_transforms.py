@@ -191,7 +191,7 @@ def test_build_articles_gives_the_rules_articles_and_counts_every_page_once(real
         counters.ARTICLES_USED: n_articles,
         counters.ARTICLES_TOO_FEW_SECTIONS: counts[counters.ARTICLES_TOO_FEW_SECTIONS],
         counters.PAGES_NON_ARTICLE: non_article,
-        counters.PAGES_DUPLICATE_ID: 0,   # counted by DeduplicatePages, before BuildArticles
+        counters.PAGES_DUPLICATE_ID: 0,   # counted by the read (`pipeline.dedupe`), before BuildArticles
         counters.PAGES_REDIRECT: redirects,
         counters.PARSE_ERRORS: 1,
         counters.PARAGRAPHS_TOO_LONG: 1,
@@ -363,7 +363,8 @@ def test_write_triplet_splits_writes_each_split_in_its_key_order_and_an_empty_sp
         expected = sorted((order.order_key(0, "some-dataset", split, article_id, index), chunk)
                           for article_id, batch in batches[split] for index, chunk in enumerate(order.chunks(batch)))
         assert written == [record for _, chunk in expected for record in chunk]
-    assert [p.name for p in (tmp_path / "some-dataset" / "validation").iterdir()] == ["part-00000-of-00001.tfrecord.gz"]
+    assert sorted(p.name for p in (tmp_path / "some-dataset" / "validation").iterdir()) \
+        == ["part-00000-of-00001.parquet", "part-00000-of-00001.tfrecord.gz"]   # an empty shard in both forms
     assert not list((tmp_path / "some-dataset").glob("*/beam-temp-*"))
 
 
@@ -376,7 +377,7 @@ def test_the_write_order_depends_on_the_seed_and_the_data_not_on_the_input_order
     _write(batches, tmp_path / "c", seed=1)
 
     def train_records(folder):
-        return [record for shard in sorted((folder / "some-dataset" / "train").glob("part-*"))
+        return [record for shard in sorted((folder / "some-dataset" / "train").glob("part-*.tfrecord.gz"))
                 for record in _tfrecords(shard)]
 
     assert train_records(tmp_path / "a") == train_records(tmp_path / "b")

@@ -57,7 +57,16 @@ def test_the_manifest_carries_its_version_files_and_the_triplet_schema(run_folde
     (lambda m: m["outputs"]["scb"].__setitem__("records", "2"), r"records is str '2', not an integer"),
     (lambda m: m["outputs"]["scb"].pop("records"), r"records is missing"),
     (lambda m: m.__setitem__("format_version", "3"), r"format_version is str '3', not an integer"),
-    (lambda m: m.__setitem__("format_version", published.MANIFEST_VERSION + 1), r"format_version 5 is unknown"),
+    (lambda m: m.__setitem__("format_version", published.MANIFEST_VERSION + 1),
+     rf"format_version {published.MANIFEST_VERSION + 1} is unknown"),
+    (lambda m: m["outputs"]["scb"].__setitem__("parquet", dict(m["outputs"]["scb"])),   # the same shards again
+     r"parquet\.shards\[0\].* a second time"),
+    (lambda m: m["outputs"]["scb"].__setitem__("parquet", {"shards": ["scb/a.parquet"], "shard_bytes": [1],
+                                                           "shard_records": [1]}),
+     r"parquet\.shards must list one Parquet twin per shard \(2\), got 1"),
+    (lambda m: m["outputs"]["scb"].__setitem__("parquet", {"shards": ["passages/a.parquet", "scb/b.parquet"],
+                                                           "shard_bytes": [1, 1], "shard_records": [1, 1]}),
+     r"parquet\.shards\[0\].*outside its folder scb/"),
     (lambda m: m.pop("outputs"), r"field outputs is missing or empty"),
 ])
 def test_an_edited_manifest_is_one_error_naming_the_file_and_the_field(run_folder, change, field):

@@ -465,7 +465,8 @@ def test_a_full_disk_that_fails_the_unpublished_record_keeps_the_lock_and_overwr
     dump, _ = small_multistream
     out = tmp_path / ("o" * 200)
     config, _ = run.parse_args(["--output", str(out), *FAST])
-    lock = json.dumps(published.owner_record(folders=list(run.output_counters(config)), files=list(outputs.RUN_FILES)))
+    folders = list(run.output_counters(config))
+    lock = json.dumps(published.owner_record(folders=folders, files=outputs.run_files(folders)))
     args = [sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump), *FAST]
     full = subprocess.run(args, cwd=REPO, capture_output=True, text=True, preexec_fn=_limited(len(lock) + 150))
     last = full.stderr.strip().splitlines()[-1]
