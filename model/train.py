@@ -649,15 +649,18 @@ def _model(job: _Job, data: _Data) -> tuple:
     return encoder, model, [np.array(variable) for variable in model.trainable_variables]
 
 
-def _untrained_scores(model, initial_weights: list[np.ndarray], validation_batches) -> dict:
+def _untrained_scores(job: _Job, model, initial_weights: list[np.ndarray], validation_batches) -> dict:
     """The validation scores of the model with its initial trainable weights (the frozen ones, such
-    as the word vectors, never change and are not copied); its own weights are put back."""
+    as the word vectors, never change and are not copied); its own weights are put back. The
+    weights are assigned in the strategy's scope, where a tf.distribute strategy's variables live."""
     trained = [np.array(variable) for variable in model.trainable_variables]
-    for variable, value in zip(model.trainable_variables, initial_weights):
-        variable.assign(value)
+    with job.strategy.scope():
+        for variable, value in zip(model.trainable_variables, initial_weights):
+            variable.assign(value)
     untrained = model.evaluate(validation_batches, verbose=0, return_dict=True)
-    for variable, value in zip(model.trainable_variables, trained):
-        variable.assign(value)
+    with job.strategy.scope():
+        for variable, value in zip(model.trainable_variables, trained):
+            variable.assign(value)
     return untrained
 
 
@@ -678,7 +681,8 @@ def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
     from model.training.callbacks import BestCheckpoint
 
     backup = f"{job.model_dir}/{BACKUP}"
-    state = restored_state(model, backup)
+    with job.strategy.scope():   # the optimizer's variables are built where the model's live
+        state = restored_state(model, backup)
     best = BestCheckpoint(f"{job.model_dir}/checkpoints")
     fitted = f"{backup}/{FIT_RECORD}"
     if os.path.exists(fitted):   # a run killed after training, before its export: straight to test and export
@@ -778,7 +782,7 @@ def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit
     test = model.evaluate(data.source.evaluation("test"), verbose=0, return_dict=True)
     LOG.info("test triplet accuracy %.4f; scoring the untrained model on validation, counting every split's "
              "records", test["triplet_accuracy"])
-    untrained = _untrained_scores(model, initial_weights, data.validation_batches)
+    untrained = _untrained_scores(job, model, initial_weights, data.validation_batches)
     counts = {split: future.result() for split, future in data.record_counts.items()}
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):
