@@ -25,7 +25,7 @@ import keras
 import numpy as np
 
 from model.config import TrainConfig
-from model.net.wordpieces import WordPieces
+from model.net.wordpieces import WordPieces, wordpieces
 from model.training.shards import (
     FEATURES,
     NO_SECTION,
@@ -136,7 +136,7 @@ class ArrayInput:
         self.config, self.run, self.replicas = config, run, replicas
         self.dataset = config.inputs.dataset
         self.global_batch = config.optimizer.batch_size * replicas
-        self.pieces = WordPieces(_vocabulary(config), config.inputs.max_tokens)
+        self.pieces = wordpieces(config.inputs.max_tokens, config.network.encoder)
 
     def _paths(self, split: str) -> list[tuple[str, int]]:
         return [(self.run.path(shard.path), shard.records or 0)
@@ -173,14 +173,6 @@ class ArrayInput:
                 unparseable += parse_triplet(record) is None
         expected = triplet_split(self.run, self.dataset, split).records
         return {"expected": expected, "read": read, "lost": max(0, expected - read), "unparseable": unparseable}
-
-
-def _vocabulary(config: TrainConfig) -> str:
-    import os
-
-    from model.net.backbone import checkpoint_dir
-
-    return os.path.join(checkpoint_dir(config.network.encoder), "vocab.txt")
 
 
 class HeldBatches(keras.utils.PyDataset):
