@@ -11,6 +11,11 @@ they score (`eval.scb` says why: no driver holds a full dump's SCB). Each evalua
 own JSON/Markdown/PNG into `--output`, and `report.md` puts the tables and plots together with the
 wall time of each step (`seconds` in report.json). The whole sets by default; `--max-triplets` and
 `--max-scb-articles` score seeded samples.
+
+A killed run resumes: rerun the same command. Each method's embeddings and its SCB rows are kept
+as they complete and reused while the run's data, the method and the seed are the same, and
+refused with one line when they are not (`eval.kept`); `runs` in report.json lists the wall time
+of every run that went into the report.
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ class ReportConfig:
     seed: int = flag(0, help="seed of the clustering and of the samples")
     max_triplets: int | None = flag(None, help="score a seeded sample of this many test triplets; none = all")
     max_scb_articles: int | None = flag(None, help="score a seeded sample of this many SCB articles; none = all")
+    keep_seconds: float = flag(30.0, help="how often the SCB job writes the rows it has scored, which a rerun into "
+                                          "the same --output reuses (eval.kept); 0 = after each article")
 
 
 def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
@@ -86,16 +93,22 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
     """Checks the inputs and claims `--output` (before any work), embeds the triplets' and SICK's
     sentences once per method, runs the evaluations and writes the report."""
     from eval import scb, sick
+    from eval.kept import check_kept, runs_ledger
     from eval.report import claim_report_folder
+    from pipeline.published import Run
 
     scb.check_scb_input(args.data)
     sick_splits = sick.read_sick(args.sick) if args.sick else None
     claim_report_folder(args.output)
+    # kept embeddings and SCB rows of another model, run or seed: refused before any work (eval.kept)
+    check_kept(args.output, args.methods.specs(), Run.open(args.data).sha256, args.seed)
     seconds: dict[str, float] = {}
-    with _timed(seconds, "embed"):
-        triplet_config, test_triplets, sentences, specs = _embed(args, sick_splits)
-    results = _run_evaluations(args, beam_args, triplet_config, test_triplets, specs, seconds)
-    return _write_report(args, results, seconds, len(sentences))
+    with runs_ledger(args.output) as runs:   # a resumed report's cost: every run's wall time
+        with _timed(seconds, "embed"):
+            triplet_config, test_triplets, sentences, specs = _embed(args, sick_splits)
+        results = _run_evaluations(args, beam_args, triplet_config, test_triplets, specs, seconds)
+        runs[-1].update(finished=True, seconds=round(sum(seconds.values()), 1))
+        return _write_report(args, results, seconds, len(sentences), runs)
 
 
 @contextlib.contextmanager
@@ -146,7 +159,8 @@ def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: T
     sections: list[str] = []
     with _timed(seconds, "scb"):
         scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, methods=args.methods, seed=args.seed,
-                                           max_articles=args.max_scb_articles), beam_args)
+                                           max_articles=args.max_scb_articles, keep_seconds=args.keep_seconds),
+                           beam_args)
     sections.append(scb_markdown(scb_result) + "\n![per-article ARI](scb_ari.png)\n")
 
     with _timed(seconds, "triplets"):
@@ -161,7 +175,8 @@ def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: T
     return _Results(scb_result, triplet_result, sick_result, sections)
 
 
-def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, float], sentences: int) -> dict:
+def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, float], sentences: int,
+                  runs: list[dict]) -> dict:
     """report.md (every table and plot, with the trained models' learning curves), summary.md (its
     head and each benchmark's main table) and report.json, which is returned."""
     from apache_beam.io.filesystems import FileSystems
@@ -187,7 +202,9 @@ def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, floa
               + scale_lines(triplet_result["triplets"], scb_result["articles"], sick_result)
               + f"Wall time: {', '.join(f'{step} {value:.1f} s' for step, value in seconds.items())} "
               f"({sentences} distinct triplet and SICK sentences embedded once per method; the SCB job embeds its "
-              "articles).\n"
+              "articles)"
+              + (f"; with the {len(runs) - 1} killed run(s) it resumed, {sum(run['seconds'] for run in runs):.1f} s"
+                 if len(runs) > 1 else "") + ".\n"
               "Reference numbers marked \"paper\" are Ein Dor et al.'s, on their data, not ours.\n\n")
     report = header + "\n".join(sections)
     write_text(FileSystems.join(args.output, "report.md"), report)
@@ -197,8 +214,9 @@ def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, floa
         + ([sick_markdown(sick_result)] if sick_result else [])
         + [f"\nEvery table (MI, AMI, RI, openers, differences) and plot: "
            f"{FileSystems.join(args.output, 'report.md')}"]))
-    combined = {"data": args.data, "methods": methods, "seconds": seconds, "sentences_embedded": sentences,
-                "scb": scb_result["summary"], "triplets": triplet_result, "sick": sick_result}
+    combined = {"data": args.data, "methods": methods, "seconds": seconds, "runs": runs,
+                "sentences_embedded": sentences, "scb": scb_result["summary"], "triplets": triplet_result,
+                "sick": sick_result}
     write_json(FileSystems.join(args.output, "report.json"), combined)
     print(f"report: {FileSystems.join(args.output, 'report.md')} (+ report.json and the PNG plots beside it)")
     return combined

@@ -49,11 +49,14 @@ def headline_markdown(report: dict, source: str) -> str:
         rows.append(row)
     articles = max((entry["articles"] for entry in scb.values()), default=0)
     seconds = report.get("seconds", {})
+    runs = report.get("runs", [])
+    resumed = (f"; {sum(run['seconds'] for run in runs) / 60:.1f} min over the {len(runs)} runs that made it, "
+               "killed ones included" if len(runs) > 1 else "")
     return (markdown_table(header, rows)
             + f"\nn = {report['triplets']['triplets']} test triplets and {articles} SCB articles, "
               f"95 % intervals in brackets; from `{source}/report.md` (wall time "
               f"{sum(seconds.values()) / 60:.1f} min: "
-              + ", ".join(f"{step} {value / 60:.1f}" for step, value in seconds.items()) + ").\n")
+              + ", ".join(f"{step} {value / 60:.1f}" for step, value in seconds.items()) + resumed + ").\n")
 
 
 def replace_block(text: str, block: str, path: str) -> str:

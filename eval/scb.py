@@ -7,9 +7,10 @@ once, clusters them with k-means, Iclust and average-link (k = the article's num
 and scores MI, AMI, RI and ARI, for all sentences and for paragraph openers only. Each method
 embeds the articles through Beam's RunInference with the project's handler
 (`model.encoding.inference.EncoderModelHandler`: the encoder built once per worker from its spec string, an
-article's sentences encoded together). Per-article rows go to
-`<output>/scb/articles-*.jsonl`, malformed records to `<output>/scb/dead_letters-*.jsonl`; the
-driver then macro-averages per method x algorithm x variant and writes the report files.
+article's sentences encoded together). Per-article rows are kept as they are scored, in
+`<output>/scb/rows/<method>/part-*.jsonl` (`eval.kept`: a killed job's rerun scores only the
+rest), malformed records go to `<output>/scb/dead_letters-*.jsonl`; the driver then
+macro-averages per method x algorithm x variant and writes the report files.
 
 The job is the only reader of the SCB files: the driver checks them from the manifest and their
 sizes (`check_scb_input`, no record read), the job reads, parses and samples them, its workers
@@ -31,6 +32,9 @@ from pipeline.cli import flag, parse_config, parse_first, run_cli
 
 VARIANTS = ("all", "openers")
 ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read, checked against the manifest
+METHODS_SCORED = "scb_eval_article_methods_scored"   # (article, method) pairs embedded and clustered by this job
+METHODS_KEPT = "scb_eval_article_methods_kept"       # ... whose rows an earlier, killed run kept (eval.kept)
+SAMPLE = "scb/sample"   # the ids of the articles the job scores, one per line: the report's rows are theirs
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class ScbConfig:
     methods: Methods = Methods()
     seed: int = flag(0, help="seed of the clustering and of the article sample")
     max_articles: int | None = flag(None, help="score a seeded sample of this many articles; none = all")
+    keep_seconds: float = flag(30.0, help="how often the job writes the rows it has scored, which a rerun into the "
+                                          "same --output reuses (eval.kept); 0 = after each article")
 
 
 def parse_args(argv: list[str] | None) -> tuple[ScbConfig, list[str]]:
@@ -124,24 +130,30 @@ class ParseScbFn(beam.DoFn):
 
 
 class ScoreArticleFn(beam.DoFn):
-    """(article, its embeddings by every method) -> the article's score rows."""
+    """(article, its embeddings by the methods that do not keep its rows) -> the article's score
+    rows, as one list (`eval.kept.KeepRowsFn` writes them)."""
 
-    def __init__(self, seed: int, articles: int | None = None):
+    def __init__(self, seed: int, methods: int, articles: int | None = None):
         self.seed = seed
+        self.methods = methods     # every method of the job: those missing from an article keep its rows
         self.articles = articles   # the progress bar's total: the articles the job scores
         self.sentences = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_sentences_scored")
         self.skipped = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_variants_skipped")
+        self.scored = beam.metrics.Metrics.counter(NAMESPACE, METHODS_SCORED)
+        self.kept = beam.metrics.Metrics.counter(NAMESPACE, METHODS_KEPT)
 
     def setup(self):
         self.progress = tqdm(desc="scb articles clustered", unit="article", total=self.articles)
 
     def process(self, embedded: tuple[records.ScbRecord, dict[str, Any]]):   # (article, its embeddings by method)
         record, embeddings_by_method = embedded
-        self.sentences.inc(len(record.sentences))
-        for row in score_article(record, embeddings_by_method, self.seed):
-            if "skipped" in row:
-                self.skipped.inc()
-            yield row
+        self.scored.inc(len(embeddings_by_method))
+        self.kept.inc(self.methods - len(embeddings_by_method))
+        if embeddings_by_method:
+            self.sentences.inc(len(record.sentences))
+            rows = score_article(record, embeddings_by_method, self.seed)
+            self.skipped.inc(sum("skipped" in row for row in rows))
+            yield rows
         self.progress.update()
 
     def teardown(self):
@@ -182,12 +194,15 @@ def scb_files(data: str) -> list[str]:
         raise FileNotFoundError(str(error)) from None
 
 
-def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
-    """read SCB -> parse (dead letters aside) -> [seeded sample] -> embed by each method -> score
-    per article -> rows as JSON lines.
+def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, frozenset[int]]) -> None:
+    """read SCB -> parse (dead letters aside) -> [seeded sample] -> embed by each method that does
+    not keep the article's rows (`kept`: method -> article ids) -> score per article -> rows
+    written whole into each method's rows folder (`eval.kept`), as they are scored.
 
     The sample keeps the `max_articles` articles of smallest `sample_rank`: the same articles in
-    every run and on every runner, chosen here and nowhere else."""
+    every run and on every runner, chosen here and nowhere else; their ids go to `SAMPLE`."""
+    from eval.kept import KeepRowsFn
+
     parsed = (
         pipeline
         | "ListScb" >> beam.Create(scb_files(config.data))
@@ -202,31 +217,48 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig) -> None:
                     | "Sample" >> beam.combiners.Top.Of(config.max_articles,
                                                         key=lambda record: -sample_rank(record, seed))
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
-    # Each method embeds every article with RunInference (one element = one article's sentences,
-    # encoded together), each adding its embeddings to the article's; then all are scored at once.
-    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference  # PyTorch too, where installed
-
-    from model.encoding.inference import EncoderModelHandler
-
+    (articles
+     | "SampleIds" >> beam.Map(lambda record: str(record.article_id))
+     | "WriteSampleIds" >> beam.io.WriteToText(FileSystems.join(config.output, SAMPLE), file_name_suffix=".txt"))
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
     specs = config.methods.specs()
     for spec, method in zip(specs, method_names(specs)):
-        embedded = (embedded
-                    | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0].sentences)))
-                    | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
-                    | f"Add[{method}]" >> beam.Map(lambda keyed, method=method: (
-                        keyed[0][0], {**keyed[0][1], method: keyed[1].inference})))
+        embedded = embed_unless_kept(embedded, spec, method, kept[method])
     listed = Run.open(config.data).output(records.SCB).records
     scored = min(listed, config.max_articles) if config.max_articles else listed
-    rows = embedded | "Score" >> beam.ParDo(ScoreArticleFn(config.seed, scored))
-    (rows
-     | "RowsToJson" >> beam.Map(json.dumps)
-     | "WriteRows" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "articles"),
-                                          file_name_suffix=".jsonl"))
+    (embedded
+     | "Score" >> beam.ParDo(ScoreArticleFn(config.seed, len(specs), scored))
+     | "KeepRows" >> beam.ParDo(KeepRowsFn(config.output, config.keep_seconds)))
     (parsed[records.DEAD_LETTERS]
      | "DeadLettersToJson" >> beam.Map(json.dumps)
      | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "dead_letters"),
                                                  file_name_suffix=".jsonl"))
+
+
+class KeptRows(beam.PartitionFn):
+    """Partition 1: the (article, embeddings) whose article a method keeps the rows of."""
+
+    def __init__(self, kept_ids: frozenset[int]):
+        self.kept_ids = kept_ids
+
+    def partition_for(self, element, num_partitions):
+        return int(element[0].article_id in self.kept_ids)
+
+
+def embed_unless_kept(embedded: beam.PCollection, spec, method: str, kept_ids: frozenset[int]) -> beam.PCollection:
+    """Adds `method`'s embeddings to each (article, embeddings by method) whose rows it does not
+    keep, through RunInference (one element = one article's sentences, encoded together)."""
+    from apache_beam.ml.inference.base import KeyedModelHandler, RunInference  # PyTorch too, where installed
+
+    from model.encoding.inference import EncoderModelHandler
+
+    to_embed, kept_rows = embedded | f"Kept[{method}]" >> beam.Partition(KeptRows(kept_ids), 2)
+    now = (to_embed
+           | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0].sentences)))
+           | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
+           | f"Add[{method}]" >> beam.Map(lambda keyed, method=method: (
+               keyed[0][0], {**keyed[0][1], method: keyed[1].inference})))
+    return (now, kept_rows) | f"Join[{method}]" >> beam.Flatten()
 
 
 def check_scb_input(data: str) -> None:
@@ -247,8 +279,9 @@ def check_scb_read(data: str, counters: dict[str, int]) -> None:
 
 
 def remove_previous_rows(output: str) -> None:
-    """Deletes a previous run's row files, which a run with fewer shards would not overwrite."""
-    stale = [metadata.path for pattern in ("articles-*.jsonl", "dead_letters-*.jsonl")
+    """Deletes a previous run's sample and dead-letter files, which a run with fewer shards would
+    not overwrite (the kept rows stay: `eval.kept`)."""
+    stale = [metadata.path for pattern in ("sample-*.txt", "dead_letters-*.jsonl")
              for metadata in FileSystems.match([FileSystems.join(output, "scb", pattern)])[0].metadata_list]
     if stale:
         FileSystems.delete(stale)
@@ -295,16 +328,23 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     """Runs the job and writes `<output>/scb.{json,md}` and the ARI plot; returns the JSON result.
     The caller has checked the input and the encoders (`check_scb_input`, `check_encoder_specs`)
     before any work of its own."""
+    from eval.kept import check_kept, kept_articles, read_kept_rows
     from eval.report import read_jsonl, write_scb_report
 
+    specs = config.methods.specs()
+    kept = kept_articles(config.output, check_kept(config.output, specs, Run.open(config.data).sha256, config.seed))
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
-    build_pipeline(pipeline, config)
+    build_pipeline(pipeline, config, kept)
     pipeline_result = pipeline.run()
     pipeline_result.wait_until_finish()
     counters = job_totals(pipeline_result)
     check_scb_read(config.data, counters)
-    rows = read_jsonl(FileSystems.join(config.output, "scb", "articles-*.jsonl"))
+    sample: set[int] = set()
+    for metadata in FileSystems.match([FileSystems.join(config.output, f"{SAMPLE}-*.txt")])[0].metadata_list:
+        with FileSystems.open(metadata.path) as handle:
+            sample.update(int(line) for line in handle.read().decode("utf-8").split())
+    rows = read_kept_rows(config.output, method_names(specs), sample)
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
         "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
@@ -322,12 +362,14 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
+    from eval.kept import check_kept
     from eval.report import claim_report_folder, scb_markdown
 
     with Run.open(config.data).reading():
         check_scb_input(config.data)
         check_encoder_specs(config.methods.specs())
         claim_report_folder(config.output)
+        check_kept(config.output, config.methods.specs(), Run.open(config.data).sha256, config.seed)
         result = run(config, beam_args)
 
     print(scb_markdown(result))

@@ -172,3 +172,64 @@ def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
     (tmp_path / "sen" / "history.json").write_text(json.dumps({"learning_curve": [0.5]}))   # not a trainer's
     with pytest.raises(JsonFileError, match="history.json: field best_val_triplet_accuracy is missing"):
         eval_all.trained_histories((str(tmp_path / "sen"),))
+
+
+def _data_with_more_scb_articles(data: Path, copy: Path, copies: int) -> int:
+    """A copy of the run whose SCB holds its real articles `copies` times over, each copy under
+    new ids (so an SCB job lasts long enough to be killed in its middle); returns their number."""
+    import shutil
+
+    shutil.copytree(data, copy)
+    articles = [json.loads(line) for path in sorted((copy / "scb").glob("part-*")) for line in gzip.open(path, "rt")]
+    for path in (copy / "scb").glob("part-*"):
+        path.unlink()
+    shard = copy / "scb" / "part-00000-of-00001.jsonl.gz"
+    with gzip.open(shard, "wt", encoding="utf-8") as handle:
+        for copy_number in range(copies):
+            for article in articles:
+                handle.write(json.dumps({**article, "article_id": article["article_id"] + 10**7 * copy_number}) + "\n")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["outputs"]["scb"].update(records=len(articles) * copies, shards=[f"scb/{shard.name}"],
+                                      shard_bytes=[shard.stat().st_size], shard_records=[len(articles) * copies])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return len(articles) * copies
+
+
+def test_a_killed_eval_all_resumes_where_it_stopped(embedded_pipeline_output, tiny_model, tmp_path):
+    """SIGKILL in the middle of the SCB job; the rerun into the same --output embeds and clusters
+    only the (method, article) pairs without kept rows, and its report is an uninterrupted run's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from eval.kept import ROWS_FOLDER
+
+    data = tmp_path / "data"
+    articles = _data_with_more_scb_articles(embedded_pipeline_output, data, copies=3)
+    methods = ["mean-vectors", "triplets-sen"]
+    flags = ["--data", str(data), "--encoder", "mean-vectors", "--model-dir", tiny_model,
+             "--max-triplets", "300", "--keep-seconds", "0", "--runner", "DirectRunner"]
+    killed = tmp_path / "killed"
+    job = subprocess.Popen([sys.executable, "-m", "eval.all", "--output", str(killed), *flags],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        while job.poll() is None and not list((killed / ROWS_FOLDER).glob("*/part-*.jsonl")):
+            time.sleep(0.02)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    kept = {(path.parent.name, json.loads(line)["article_id"])
+            for path in (killed / ROWS_FOLDER).glob("*/part-*.jsonl") for line in path.read_text().splitlines()}
+    assert 0 < len(kept) < articles * len(methods) and not (killed / "report.json").exists()
+
+    resumed = eval_all.main(["--output", str(killed), *flags])
+    counters = json.loads((killed / "scb.json").read_text())["counters"]
+    assert counters[scb.METHODS_KEPT] == len(kept)
+    assert counters[scb.METHODS_SCORED] == articles * len(methods) - len(kept)
+
+    whole = eval_all.main(["--output", str(tmp_path / "whole"), *flags])
+    assert resumed["scb"] == whole["scb"] and resumed["triplets"] == whole["triplets"]
+    assert (json.loads((killed / "scb.json").read_text())["rows"]
+            == json.loads((tmp_path / "whole" / "scb.json").read_text())["rows"])

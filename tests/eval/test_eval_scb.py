@@ -4,11 +4,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eval_fixtures import count_scb_opens, write_scb
+from eval_fixtures import count_scb_opens, scb_article, write_scb
 
 from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
 from pipeline import published, records
+from pipeline.cli import UsageError
 from pipeline.outputs import write_manifest
 
 
@@ -110,15 +111,31 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
 
 
 @pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
-def test_scb_job_rerun_ignores_a_previous_runs_shards(tmp_path):
+def test_scb_job_rerun_reuses_its_rows_and_ignores_a_previous_runs_sample(tmp_path):
     articles = write_scb(tmp_path / "data")
-    scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
-    stale = tmp_path / "out" / "scb" / "articles-00001-of-00002.jsonl"   # as a run with more shards left it
-    stale.write_text(json.dumps({"article_id": 77, "method": "old", "variant": "all", "algorithm": "kmeans",
-                                 "MI": 0.0, "AMI": 0.0, "RI": 0.0, "ARI": 0.0}) + "\n")
+    first = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
+    assert first["counters"][scb.METHODS_SCORED] == len(articles)
+    stale = tmp_path / "out" / "scb" / "sample-00001-of-00002.txt"   # as a run with more shards left it
+    stale.write_text("77\n")
+    (tmp_path / "out" / "scb" / "rows" / "tfidf" / "part-old.jsonl").write_text(json.dumps(
+        {"article_id": 77, "method": "tfidf", "variant": "all", "algorithm": "kmeans",
+         "MI": 0.0, "AMI": 0.0, "RI": 0.0, "ARI": 0.0}) + "\n")
     result = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
     assert not stale.exists()
     assert {row["article_id"] for row in result["rows"]} == {a["article_id"] for a in articles}
+    # Every article's rows were kept by the first run: none is embedded or clustered again.
+    assert result["counters"].get(scb.METHODS_SCORED, 0) == 0
+    assert result["counters"][scb.METHODS_KEPT] == len(articles)
+    assert result["summary"] == first["summary"] and result["rows"] == first["rows"]
+    # Kept rows of another seed, or of another run's data: one line naming the key, before any work.
+    rows_files = sorted((tmp_path / "out" / "scb" / "rows").rglob("*"))
+    with pytest.raises(UsageError, match=r"rows/tfidf/key.json keeps results of another --seed; .*another --output"):
+        scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf",
+                  "--seed", "1"])
+    write_scb(tmp_path / "data", extra_lines=(json.dumps(scb_article(14, ["Music", "Cooking"])),))
+    with pytest.raises(UsageError, match=r"another pipeline run \(another manifest\)"):
+        scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
+    assert sorted((tmp_path / "out" / "scb" / "rows").rglob("*")) == rows_files
 
 
 def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):

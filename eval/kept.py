@@ -1,0 +1,182 @@
+"""What a killed evaluation keeps, and when a rerun into the same --output may reuse it.
+
+Two things cost an evaluation its time: each method's embeddings of the triplets' and SICK's
+sentences (`model.encoding.embedding_cache`, one Parquet file per method, written whole), and the
+SCB job's per-article rows (embedding and clustering every article by every method). Both are
+kept as they complete, under a key of what they depend on:
+
+- a method's embeddings: its encoder spec and the SHA-256 of its files (`encoder_fingerprint`),
+  and the sentences (`<output>/embeddings/<method>.json`);
+- a method's SCB rows, in `<output>/scb/rows/<method>/`: the same encoder key, the run's
+  manifest SHA-256 (`Run.sha256`) and the clustering seed (`key.json`, written before the job).
+  The job writes the rows of the articles it has scored in files written whole (`KeepRowsFn`),
+  every `--keep-seconds` and at the end of each bundle, so a kill loses at most that much.
+
+A rerun with the same key does only the rest: each method embeds and clusters only the articles
+whose rows it does not keep. A method whose kept files have another key (another model in the
+same folder, another run's data or seed) is refused with one line before any work
+(`check_kept`): a report never mixes two models' or two runs' rows. A row is one (article,
+method, variant, algorithm); a bundle retried by the runner writes its rows again, and
+`read_kept_rows` keeps one of each (they are equal: the clustering is seeded).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from eval.clustering import ALGORITHMS
+from eval.report import read_jsonl
+from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, encoder_fingerprint
+from model.encoding.encoders import EncoderSpec, method_names
+from pipeline.cli import UsageError
+from pipeline.outputs import write_bytes
+
+ROWS_FOLDER = "scb/rows"
+KEY_FILE = "key.json"
+RUNS_FILE = "report.runs.json"   # the wall time of each run that went into the report (`runs_ledger`)
+HEARTBEAT_SECONDS = 30
+
+
+def encoder_key(spec: EncoderSpec) -> dict:
+    """What a method's kept embeddings and rows are of: its spec and its encoder's files."""
+    return {"spec": str(spec), "encoder_sha256": encoder_fingerprint(spec)}
+
+
+def rows_key(spec: EncoderSpec, data_sha256: str, seed: int) -> dict:
+    return {**encoder_key(spec), "data_sha256": data_sha256, "seed": seed}
+
+
+def rows_folder(output: str, method: str) -> str:
+    return FileSystems.join(output, ROWS_FOLDER, method)
+
+
+def _read_key(path: str) -> dict | None:
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as handle:
+        return json.load(handle)
+
+
+# What each key field tells a user who reruns into a folder that keeps other results.
+DIFFERENCES = {"spec": "encoder spec", "encoder_sha256": "encoder (its files changed)",
+               "data_sha256": "pipeline run (another manifest)", "seed": "--seed"}
+
+
+def _refuse_other(path: str, kept: dict | None, key: dict, fields: tuple[str, ...], output: str) -> None:
+    differing = [DIFFERENCES[field] for field in fields if kept is not None and kept.get(field) != key[field]]
+    if differing:
+        raise UsageError(f"--output {output}: {path} keeps results of another {' and '.join(differing)}; a report "
+                         "never mixes them: choose another --output")
+
+
+def check_kept(output: str, specs: list[EncoderSpec], data_sha256: str, seed: int) -> dict[str, dict]:
+    """Before any work: UsageError (one line) when a method's kept embeddings or SCB rows in
+    `output` are of another encoder, run or seed; returns each method's SCB rows key."""
+    keys = {}
+    for spec, method in zip(specs, method_names(specs)):
+        key = rows_key(spec, data_sha256, seed)
+        embeddings_key = FileSystems.join(output, EMBEDDINGS_FOLDER, f"{method}.json")
+        _refuse_other(embeddings_key, _read_key(embeddings_key), key, ("spec", "encoder_sha256"), output)
+        scb_key = FileSystems.join(rows_folder(output, method), KEY_FILE)
+        _refuse_other(scb_key, _read_key(scb_key), key, ("spec", "encoder_sha256", "data_sha256", "seed"), output)
+        keys[method] = key
+    return keys
+
+
+def kept_articles(output: str, keys: dict[str, dict]) -> dict[str, frozenset[int]]:
+    """method -> the ids of the articles whose SCB rows it keeps (after `check_kept`); writes
+    each method's key first, so every rows file has one."""
+    kept = {}
+    for method, key in keys.items():
+        folder = rows_folder(output, method)
+        if _read_key(FileSystems.join(folder, KEY_FILE)) is None:
+            write_bytes(FileSystems.join(folder, KEY_FILE), (json.dumps(key, indent=2, sort_keys=True) + "\n").encode())
+        kept[method] = frozenset(row["article_id"] for row in read_jsonl(FileSystems.join(folder, "part-*.jsonl")))
+    return kept
+
+
+def read_kept_rows(output: str, methods: list[str], article_ids: set[int]) -> list[dict]:
+    """The methods' kept rows of `article_ids` (the articles this run scores), one of each
+    (method, article, variant, algorithm), in that order: the same report however the runs that
+    wrote them were cut."""
+    rows: dict[tuple, dict] = {}
+    for position, method in enumerate(methods):
+        for row in read_jsonl(FileSystems.join(rows_folder(output, method), "part-*.jsonl")):
+            if row["article_id"] in article_ids:
+                algorithm = ALGORITHMS.index(row["algorithm"]) if "algorithm" in row else -1   # skipped: none
+                rows.setdefault((position, row["article_id"], row["variant"], algorithm), row)
+    return [rows[key] for key in sorted(rows)]
+
+
+class KeepRowsFn(beam.DoFn):
+    """Writes the SCB rows it receives to their method's rows folder, each file whole, every
+    `keep_seconds` (0: after each article's rows) and at the end of each bundle."""
+
+    def __init__(self, output: str, keep_seconds: float):
+        self.output = output
+        self.keep_seconds = keep_seconds
+
+    def start_bundle(self) -> None:
+        self.pending: dict[str, list[dict]] = {}
+        self.last_write = time.monotonic()
+
+    def process(self, rows: list[dict]):   # one article's rows, all methods it scored
+        for row in rows:
+            self.pending.setdefault(row["method"], []).append(row)
+        if time.monotonic() - self.last_write >= self.keep_seconds:
+            self._write()
+
+    def finish_bundle(self):
+        self._write()
+
+    def _write(self):
+        for method, rows in self.pending.items():
+            lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+            write_bytes(FileSystems.join(rows_folder(self.output, method), f"part-{uuid.uuid4().hex}.jsonl"),
+                        lines.encode("utf-8"))
+        self.pending = {}
+        self.last_write = time.monotonic()
+
+
+@contextlib.contextmanager
+def runs_ledger(output: str) -> Iterator[list[dict]]:
+    """The wall time of each run into `output` since the last one that finished, this one last:
+    the seconds a resumed report cost. Each run's entry in `RUNS_FILE` is rewritten whole every
+    HEARTBEAT_SECONDS, so a killed run counts to within that; the caller marks it `finished`
+    before writing the report, and the yielded list is the ledger then."""
+    from pipeline.published import read_bytes
+
+    path = FileSystems.join(output, RUNS_FILE)
+    earlier = json.loads(read_bytes(path)) if FileSystems.exists(path) else []
+    if earlier and earlier[-1].get("finished"):
+        earlier = []   # that report was complete: this run starts the next one's ledger
+    entry = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+             "seconds": 0.0, "finished": False}
+    ledger = [*earlier, entry]
+    start, stop = time.monotonic(), threading.Event()
+
+    def write() -> None:
+        entry["seconds"] = round(time.monotonic() - start, 1)
+        write_bytes(path, (json.dumps(ledger, indent=2) + "\n").encode("utf-8"))
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            write()
+
+    write()
+    heartbeat = threading.Thread(target=beat, name="eval-runs-ledger", daemon=True)
+    heartbeat.start()
+    try:
+        yield ledger
+    finally:
+        stop.set()
+        heartbeat.join()
+        write()
