@@ -214,9 +214,6 @@ class RuntimeConfig:
                                                    "auto or one_device (one device), data-parallel "
                                                    "(keras.distribution.DataParallel over every local device)")
     jit_compile: bool = flag(False, help="XLA for the training step (slower on CPU)")
-    remat: bool = flag(False, help="--encoder minilm under --backend jax: recompute each transformer layer's "
-                                   "activations in the backward pass instead of keeping them (keras.remat): less "
-                                   "memory for more compute")
     static_shapes: bool = flag(False, help="every batch of a few fixed shapes (token widths bucketed, distinct "
                                            "sentences and triplets padded to fixed counts, one Net call): the "
                                            "XLA-compiled step a TPU needs; implies --jit-compile true")
@@ -242,8 +239,6 @@ class RuntimeConfig:
                              "program per input shape)")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise ValueError(f"--budget-minutes must be > 0 or none, got {self.budget_minutes}")
-        if self.remat and self.backend != "jax":
-            raise ValueError("--remat true needs --backend jax (the recomputation is jax.checkpoint's)")
         _check_at_least_one(self, ("checkpoint_every",))
         _check_at_least_one_or_none(self, ("serving_version",))
 

@@ -189,7 +189,7 @@ STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_c
 # (batch size, learning rate, network...) would continue the backup as another run than
 # history.json says, so it is refused unless --overwrite.
 RESUME_MAY_CHANGE = ("model_dir", "overwrite", "budget_minutes", "progress", "serving_version", "epochs",
-                     "patience", "max_lost_fraction", "jit_compile", "remat", "checkpoint_every")
+                     "patience", "max_lost_fraction", "jit_compile", "checkpoint_every")
 
 # What a training run writes into its model dir, and only that: `--overwrite` deletes these and
 # nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.

@@ -17,7 +17,7 @@ import pytest
 from conftest import TRAINING_WARNINGS
 from model_shards import FILLER, TOPICS, write_triplet_shards
 
-from model.config import MINILM_LAYERS, TrainConfig
+from model.config import TrainConfig
 from model.encoding.encoder import SavedModelEncoder
 from model.net.head import MASKED_SCORE, in_batch_scores
 from model.net.text import WordIds
@@ -102,41 +102,6 @@ def test_both_backends_give_the_same_loss_and_accuracy_on_the_same_batch_and_wei
     np.testing.assert_array_equal(under_jax["accuracy"], triplet_accuracy(labels, outputs).numpy())
 
 
-@pytest.mark.slow   # a JAX process building MiniLM twice
-def test_remat_recomputes_each_transformer_layer_and_leaves_the_gradients_unchanged():
-    """`--remat true`: the gradient's program recomputes the 6 transformer layers (a `remat` each)
-    where the plain one keeps their activations, and both give the same loss and gradients."""
-    done = _in_jax("""
-        import json, jax, numpy as np, keras
-        from model.net.backbone import build_transformer_encoder
-        ids = np.random.default_rng(0).integers(1000, 5000, size=(4, 12)).astype("int32")
-        ids[:, 9:] = 0
-        found = {}
-        for remat in (False, True):
-            keras.utils.set_random_seed(0)   # the same dropout masks, recomputed in the backward pass
-            net = build_transformer_encoder("minilm", remat=remat)
-            fixed = [variable.value for variable in net.non_trainable_variables]
-
-            def loss(weights):
-                return (net.stateless_call(weights, fixed, ids, training=True)[0] ** 2).sum()
-
-            weights = [variable.value for variable in net.trainable_variables]
-            value, grads = jax.value_and_grad(loss)(weights)
-            found[remat] = {"loss": float(value), "grads": [np.asarray(grad) for grad in grads],
-                            "remats": str(jax.make_jaxpr(jax.grad(loss))(weights)).count("remat")}
-        print(json.dumps({"loss": [found[False]["loss"], found[True]["loss"]],
-                          "remats": [found[False]["remats"], found[True]["remats"]],
-                          "largest_difference": max(float(np.max(np.abs(a - b))) for a, b
-                                                    in zip(found[False]["grads"], found[True]["grads"])),
-                          "largest_gradient": max(float(np.max(np.abs(a))) for a in found[False]["grads"])}))""")
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["remats"] == [0, MINILM_LAYERS]
-    # float32 sums in another order: a few millionths of the largest gradient entry
-    assert found["loss"][0] == pytest.approx(found["loss"][1], rel=1e-6)
-    assert found["largest_difference"] < 1e-5 * found["largest_gradient"]
-
-
 TINY = ["--vocabulary", "train", "--lstm-units", "8", "--attention-size", "4", "--batch-size", "8",
         "--progress", "false"]
 
@@ -171,7 +136,7 @@ def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path):
 CHECK_REPLICAS = """
     import json, sys, keras
     import numpy as np
-    from model.config import MINILM_LAYERS, TrainConfig
+    from model.config import TrainConfig
     from model.train import train
 
     class Replicated(keras.callbacks.Callback):
@@ -262,8 +227,6 @@ def test_the_backend_and_its_strategies_are_checked_with_the_flags():
     with pytest.raises(ValueError, match="--distribution-strategy data-parallel is not one of --backend tensorflow"):
         TrainConfig.from_flags(data="d", model_dir="m", distribution_strategy="data-parallel")
     assert TrainConfig.from_flags(data="d", model_dir="m", backend="jax").runtime.static_batches
-    with pytest.raises(ValueError, match=r"--remat true needs --backend jax"):
-        TrainConfig.from_flags(data="d", model_dir="m", encoder="minilm", remat=True)
 
 
 @pytest.mark.parametrize("command", ["model.pretrained", "model.export"])
