@@ -86,7 +86,8 @@ def check_kept(output: str, specs: list[EncoderSpec], data_sha256: str, seed: in
         embeddings_key = FileSystems.join(output, EMBEDDINGS_FOLDER, f"{method}.json")
         _refuse_other(embeddings_key, _read_key(embeddings_key), key, ("spec", "encoder_sha256"), output)
         scb_key = FileSystems.join(rows_folder(output, method), KEY_FILE)
-        _refuse_other(scb_key, _read_key(scb_key), key, ("spec", "encoder_sha256", "data_sha256", "seed"), output)
+        if _rows_files(output, method):   # a key without rows (a job that failed first) keeps nothing
+            _refuse_other(scb_key, _read_key(scb_key), key, ("spec", "encoder_sha256", "data_sha256", "seed"), output)
         keys[method] = key
     return keys
 
@@ -97,10 +98,15 @@ def kept_articles(output: str, keys: dict[str, dict]) -> dict[str, frozenset[int
     kept = {}
     for method, key in keys.items():
         folder = rows_folder(output, method)
-        if _read_key(FileSystems.join(folder, KEY_FILE)) is None:
+        if _read_key(FileSystems.join(folder, KEY_FILE)) != key:   # only where no rows are kept (`check_kept`)
             write_bytes(FileSystems.join(folder, KEY_FILE), (json.dumps(key, indent=2, sort_keys=True) + "\n").encode())
-        kept[method] = frozenset(row["article_id"] for row in read_jsonl(FileSystems.join(folder, "part-*.jsonl")))
+        kept[method] = frozenset(row["article_id"] for path in _rows_files(output, method) for row in read_jsonl(path))
     return kept
+
+
+def _rows_files(output: str, method: str) -> list[str]:
+    pattern = FileSystems.join(rows_folder(output, method), "part-*.jsonl")
+    return [metadata.path for metadata in FileSystems.match([pattern])[0].metadata_list]
 
 
 def read_kept_rows(output: str, methods: list[str], article_ids: set[int]) -> list[dict]:

@@ -136,6 +136,13 @@ def test_scb_job_rerun_reuses_its_rows_and_ignores_a_previous_runs_sample(tmp_pa
     with pytest.raises(UsageError, match=r"another pipeline run \(another manifest\)"):
         scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
     assert sorted((tmp_path / "out" / "scb" / "rows").rglob("*")) == rows_files
+    # A key without rows (a job that failed before scoring) keeps nothing, and refuses nothing.
+    for path in (tmp_path / "out" / "scb" / "rows" / "tfidf").glob("part-*"):
+        path.unlink()
+    reseeded = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf",
+                         "--seed", "1"])
+    assert reseeded["counters"][scb.METHODS_SCORED] == len(articles) + 1
+    assert json.loads((tmp_path / "out" / "scb" / "rows" / "tfidf" / "key.json").read_text())["seed"] == 1
 
 
 def test_scb_job_reads_and_writes_gcs(tmp_path, gcs_emulator):
