@@ -55,7 +55,7 @@ SCALE_MODEL_DIRS = --model-dir minilm-keras=$(MODELS)/minilm-keras --model-dir m
 # The SCB job clusters articles in 2 local worker processes.
 EVAL_FLAGS = $(if $(filter-out 0,$(EVAL_TRIPLETS)),--max-triplets $(EVAL_TRIPLETS)) \
   $(if $(filter-out 0,$(EVAL_SCB_ARTICLES)),--max-scb-articles $(EVAL_SCB_ARTICLES)) \
-  --direct_running_mode=multi_processing --direct_num_workers=2
+  --int8 true --direct_running_mode=multi_processing --direct_num_workers=2
 else
 # The demo's training budget on 2 CPU cores: the sentence model with its defaults, the titles model
 # one pass over its (much smaller) training split per epoch.

@@ -154,23 +154,23 @@ class KeepRowsFn(beam.DoFn):
 
 @contextlib.contextmanager
 def runs_ledger(output: str) -> Iterator[list[dict]]:
-    """The wall time of each run into `output` since the last one that finished, this one last:
-    the seconds a resumed report cost. Each run's entry in `RUNS_FILE` is rewritten whole every
-    HEARTBEAT_SECONDS, so a killed run counts to within that; the caller marks it `finished`
-    before writing the report, and the yielded list is the ledger then."""
+    """The wall time of each run into `output`, this one last: what the report's kept results
+    cost, a resumed report's or one that added methods to an earlier one's. Each run's entry in
+    `RUNS_FILE` is rewritten whole every HEARTBEAT_SECONDS, so a killed run counts to within
+    that; the caller marks it `finished` before writing the report, and the yielded list is the
+    ledger then."""
     from pipeline.published import read_bytes
 
     path = FileSystems.join(output, RUNS_FILE)
     earlier = json.loads(read_bytes(path)) if FileSystems.exists(path) else []
-    if earlier and earlier[-1].get("finished"):
-        earlier = []   # that report was complete: this run starts the next one's ledger
     entry = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
              "seconds": 0.0, "finished": False}
     ledger = [*earlier, entry]
     start, stop = time.monotonic(), threading.Event()
 
     def write() -> None:
-        entry["seconds"] = round(time.monotonic() - start, 1)
+        if not entry["finished"]:   # a finished run's seconds are the report's
+            entry["seconds"] = round(time.monotonic() - start, 1)
         write_bytes(path, (json.dumps(ledger, indent=2) + "\n").encode("utf-8"))
 
     def beat() -> None:

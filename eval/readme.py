@@ -50,8 +50,8 @@ def headline_markdown(report: dict, source: str) -> str:
     articles = max((entry["articles"] for entry in scb.values()), default=0)
     seconds = report.get("seconds", {})
     runs = report.get("runs", [])
-    resumed = (f"; {sum(run['seconds'] for run in runs) / 60:.1f} min over the {len(runs)} runs that made it, "
-               "killed ones included" if len(runs) > 1 else "")
+    resumed = (f"; {sum(run['seconds'] for run in runs) / 60:.1f} min over the {len(runs)} runs whose kept "
+               "results it reuses, killed ones included" if len(runs) > 1 else "")
     return (markdown_table(header, rows)
             + f"\nn = {report['triplets']['triplets']} test triplets and {articles} SCB articles, "
               f"95 % intervals in brackets; from `{source}/report.md` (wall time "

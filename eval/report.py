@@ -41,7 +41,8 @@ def read_jsonl(pattern: str) -> list[dict]:
 
 # What the eval commands write into their --output (one report folder may hold all of them): a
 # folder holding anything else, a model dir or a run, is refused (`model.training.storage.claim_folder`).
-REPORT_WRITES = ("report.", "scb", "triplets", "sick", "learning_curves", "qs3m", "embeddings", "beam-temp-")
+REPORT_WRITES = ("report.", "summary.", "scb", "triplets", "sick", "learning_curves", "qs3m", "embeddings", "onnx",
+                 "beam-temp-")
 
 
 def claim_report_folder(output: str) -> None:

@@ -229,7 +229,42 @@ def test_a_killed_eval_all_resumes_where_it_stopped(embedded_pipeline_output, ti
     assert counters[scb.METHODS_KEPT] == len(kept)
     assert counters[scb.METHODS_SCORED] == articles * len(methods) - len(kept)
 
+    # The wall time of both runs, the killed one's as its last heartbeat left it.
+    assert [run["finished"] for run in resumed["runs"]] == [False, True]
+    assert resumed["runs"][1]["seconds"] == round(sum(resumed["seconds"].values()), 1)
+
     whole = eval_all.main(["--output", str(tmp_path / "whole"), *flags])
     assert resumed["scb"] == whole["scb"] and resumed["triplets"] == whole["triplets"]
+    assert [run["finished"] for run in whole["runs"]] == [True]
     assert (json.loads((killed / "scb.json").read_text())["rows"]
             == json.loads((tmp_path / "whole" / "scb.json").read_text())["rows"])
+
+
+def test_int8_scores_a_transformer_model_dir_through_its_int8_export(embedded_pipeline_output, fine_tuned,
+                                                                     tiny_model, tmp_path):
+    """`--int8 true`: the MiniLM model dir is exported once into the report folder and every step
+    encodes with the export; the BiLSTM stays a SavedModel, the learning curves are the model
+    dirs', and a rerun reuses the export and every kept row."""
+    from eval.kept import ROWS_FOLDER
+
+    model_dir, _ = fine_tuned
+    out = tmp_path / "eval"
+    flags = ["--data", str(embedded_pipeline_output), "--output", str(out), "--encoder", "mean-vectors",
+             "--model-dir", f"minilm-sen={model_dir}", "--model-dir", tiny_model, "--int8", "true",
+             "--max-triplets", "200", "--max-scb-articles", "2", "--runner", "DirectRunner"]
+    report = eval_all.main(flags)
+    export = out / eval_all.ONNX_FOLDER / "minilm-sen"
+    assert json.loads((export / "onnx.json").read_text())["quantization"]["type"] == "int8"
+    assert report["methods"] == ["mean-vectors", f"onnx:{export}", f"saved:triplets-sen={tiny_model}"]
+    assert [entry["method"] for entry in report["triplets"]["methods"]] == ["mean-vectors", "minilm-sen",
+                                                                           "triplets-sen"]
+    markdown = (out / "report.md").read_text()
+    assert "int8 ONNX exports (`--int8 true`" in markdown and "![learning curves](learning_curves.png)" in markdown
+
+    written = (export / "model.onnx").stat().st_mtime_ns
+    rerun = eval_all.main(flags)
+    assert (export / "model.onnx").stat().st_mtime_ns == written
+    counters = json.loads((out / "scb.json").read_text())["counters"]
+    assert counters.get(scb.METHODS_SCORED, 0) == 0 and counters[scb.METHODS_KEPT] == 2 * 3
+    assert rerun["scb"] == report["scb"] and rerun["triplets"] == report["triplets"]
+    assert {path.name for path in (out / ROWS_FOLDER).iterdir()} == {"mean-vectors", "minilm-sen", "triplets-sen"}
