@@ -235,30 +235,30 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
                                                  file_name_suffix=".jsonl"))
 
 
-class KeptRows(beam.PartitionFn):
-    """Partition 1: the (article, embeddings) whose article a method keeps the rows of."""
-
-    def __init__(self, kept_ids: frozenset[int]):
-        self.kept_ids = kept_ids
-
-    def partition_for(self, element, num_partitions):
-        return int(element[0].article_id in self.kept_ids)
-
-
 def embed_unless_kept(embedded: beam.PCollection, spec, method: str, kept_ids: frozenset[int]) -> beam.PCollection:
     """Adds `method`'s embeddings to each (article, embeddings by method) whose rows it does not
-    keep, through RunInference (one element = one article's sentences, encoded together)."""
+    keep, through RunInference (one element = one article's sentences, encoded together; a kept
+    article's element is empty, and is not encoded). One chain of maps, no Partition and Flatten:
+    the runner fuses every method's step with the scoring and the writing of the rows, so an
+    article's rows are kept as soon as it is scored, not after every article is embedded."""
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference  # PyTorch too, where installed
 
     from model.encoding.inference import EncoderModelHandler
 
-    to_embed, kept_rows = embedded | f"Kept[{method}]" >> beam.Partition(KeptRows(kept_ids), 2)
-    now = (to_embed
-           | f"Sentences[{method}]" >> beam.Map(lambda keyed: (keyed, tuple(keyed[0].sentences)))
-           | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
-           | f"Add[{method}]" >> beam.Map(lambda keyed, method=method: (
-               keyed[0][0], {**keyed[0][1], method: keyed[1].inference})))
-    return (now, kept_rows) | f"Join[{method}]" >> beam.Flatten()
+    return (embedded
+            | f"Sentences[{method}]" >> beam.Map(lambda keyed, ids=kept_ids: (
+                keyed, () if keyed[0].article_id in ids else tuple(keyed[0].sentences)))
+            | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
+            | f"Add[{method}]" >> beam.Map(add_embeddings, method))
+
+
+def add_embeddings(keyed, method: str) -> tuple[records.ScbRecord, dict[str, Any]]:
+    """((article, embeddings by method), RunInference's result) -> the article with `method`'s
+    embeddings added, unless it was not embedded (its rows are kept)."""
+    (record, embeddings_by_method), result = keyed
+    if result.inference is None:
+        return record, embeddings_by_method
+    return record, {**embeddings_by_method, method: result.inference}
 
 
 def check_scb_input(data: str) -> None:

@@ -39,7 +39,8 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
 
     An element is either one sentence (str), and a batch of them is encoded in one `encode` call,
     or a tuple of sentences that are encoded together into one [n, d] array (an SCB article: a
-    method fitted on the set it compares, like TF-IDF, then sees exactly that set)."""
+    method fitted on the set it compares, like TF-IDF, then sees exactly that set). An empty
+    tuple is not encoded: its inference is None (an article the SCB job does not embed again)."""
 
     def __init__(self, spec: EncoderSpec | str, min_batch_size: int = 32, max_batch_size: int = 512):
         """`spec`: an encoder spec, its text, or a trained encoder's path (checked here, not at run time)."""
@@ -59,7 +60,7 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
         if batch and isinstance(batch[0], str):
             embeddings = model.encode(list(batch))
         else:
-            embeddings = [model.encode(list(sentences)) for sentences in batch]
+            embeddings = [model.encode(list(sentences)) if sentences else None for sentences in batch]
         return [PredictionResult(example, embedding) for example, embedding in zip(batch, embeddings)]
 
     def batch_elements_kwargs(self):
