@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -90,7 +89,7 @@ def int8_methods(methods: Methods, output: str) -> Methods:
     from eval.report import write_json
     from model.encoding.encoders import SpecKind
     from model.export import main as export
-    from pipeline.published import read_bytes
+    from pipeline.published import read_json_object
 
     texts = []
     for spec in methods.specs():
@@ -98,7 +97,7 @@ def int8_methods(methods: Methods, output: str) -> Methods:
             texts.append(str(spec))
             continue
         folder, source = (FileSystems.join(output, ONNX_FOLDER, spec.name + suffix) for suffix in ("", ".source.json"))
-        if not FileSystems.exists(source) or json.loads(read_bytes(source)) != encoder_key(spec):
+        if not FileSystems.exists(source) or read_json_object(source) != encoder_key(spec):
             export(["--model-dir", spec.paths[0], "--format", "onnx", "--quantize", "int8", "--output", folder,
                     "--overwrite", "true"])
             write_json(source, encoder_key(spec))

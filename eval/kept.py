@@ -38,6 +38,7 @@ from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, encoder_fingerprin
 from model.encoding.encoders import EncoderSpec, method_names
 from pipeline.cli import UsageError
 from pipeline.outputs import write_bytes
+from pipeline.published import read_json_object
 
 ROWS_FOLDER = "scb/rows"
 KEY_FILE = "key.json"
@@ -59,10 +60,7 @@ def rows_folder(output: str, method: str) -> str:
 
 
 def _read_key(path: str) -> dict | None:
-    if not FileSystems.exists(path):
-        return None
-    with FileSystems.open(path) as handle:
-        return json.load(handle)
+    return read_json_object(path) if FileSystems.exists(path) else None
 
 
 # What each key field tells a user who reruns into a folder that keeps other results.
@@ -100,13 +98,16 @@ def kept_articles(output: str, keys: dict[str, dict]) -> dict[str, frozenset[int
         folder = rows_folder(output, method)
         if _read_key(FileSystems.join(folder, KEY_FILE)) != key:   # only where no rows are kept (`check_kept`)
             write_bytes(FileSystems.join(folder, KEY_FILE), (json.dumps(key, indent=2, sort_keys=True) + "\n").encode())
-        kept[method] = frozenset(row["article_id"] for path in _rows_files(output, method) for row in read_jsonl(path))
+        kept[method] = frozenset(row["article_id"] for row in read_jsonl(_rows_pattern(output, method)))
     return kept
 
 
+def _rows_pattern(output: str, method: str) -> str:
+    return FileSystems.join(rows_folder(output, method), "part-*.jsonl")
+
+
 def _rows_files(output: str, method: str) -> list[str]:
-    pattern = FileSystems.join(rows_folder(output, method), "part-*.jsonl")
-    return [metadata.path for metadata in FileSystems.match([pattern])[0].metadata_list]
+    return [metadata.path for metadata in FileSystems.match([_rows_pattern(output, method)])[0].metadata_list]
 
 
 def read_kept_rows(output: str, methods: list[str], article_ids: set[int]) -> list[dict]:
@@ -115,7 +116,7 @@ def read_kept_rows(output: str, methods: list[str], article_ids: set[int]) -> li
     wrote them were cut."""
     rows: dict[tuple, dict] = {}
     for position, method in enumerate(methods):
-        for row in read_jsonl(FileSystems.join(rows_folder(output, method), "part-*.jsonl")):
+        for row in read_jsonl(_rows_pattern(output, method)):
             if row["article_id"] in article_ids:
                 algorithm = ALGORITHMS.index(row["algorithm"]) if "algorithm" in row else -1   # skipped: none
                 rows.setdefault((position, row["article_id"], row["variant"], algorithm), row)

@@ -34,7 +34,7 @@ VARIANTS = ("all", "openers")
 ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read, checked against the manifest
 METHODS_SCORED = "scb_eval_article_methods_scored"   # (article, method) pairs embedded and clustered by this job
 METHODS_KEPT = "scb_eval_article_methods_kept"       # ... whose rows an earlier, killed run kept (eval.kept)
-SAMPLE = "scb/sample"   # the ids of the articles the job scores, one per line: the report's rows are theirs
+SAMPLE = "scb/sample"   # the ids of the articles the job scores, a JSON line each: the report's rows are theirs
 
 
 @dataclass(frozen=True)
@@ -218,8 +218,8 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
                                                         key=lambda record: -sample_rank(record, seed))
                     | "Unlist" >> beam.FlatMap(lambda sample: sample))
     (articles
-     | "SampleIds" >> beam.Map(lambda record: str(record.article_id))
-     | "WriteSampleIds" >> beam.io.WriteToText(FileSystems.join(config.output, SAMPLE), file_name_suffix=".txt"))
+     | "SampleIds" >> beam.Map(lambda record: json.dumps({"article_id": record.article_id}))
+     | "WriteSampleIds" >> beam.io.WriteToText(FileSystems.join(config.output, SAMPLE), file_name_suffix=".jsonl"))
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
     specs = config.methods.specs()
     for spec, method in zip(specs, method_names(specs)):
@@ -281,7 +281,7 @@ def check_scb_read(data: str, counters: dict[str, int]) -> None:
 def remove_previous_rows(output: str) -> None:
     """Deletes a previous run's sample and dead-letter files, which a run with fewer shards would
     not overwrite (the kept rows stay: `eval.kept`)."""
-    stale = [metadata.path for pattern in ("sample-*.txt", "dead_letters-*.jsonl")
+    stale = [metadata.path for pattern in ("sample-*.jsonl", "dead_letters-*.jsonl")
              for metadata in FileSystems.match([FileSystems.join(output, "scb", pattern)])[0].metadata_list]
     if stale:
         FileSystems.delete(stale)
@@ -340,10 +340,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     pipeline_result.wait_until_finish()
     counters = job_totals(pipeline_result)
     check_scb_read(config.data, counters)
-    sample: set[int] = set()
-    for metadata in FileSystems.match([FileSystems.join(config.output, f"{SAMPLE}-*.txt")])[0].metadata_list:
-        with FileSystems.open(metadata.path) as handle:
-            sample.update(int(line) for line in handle.read().decode("utf-8").split())
+    sample = {row["article_id"] for row in read_jsonl(FileSystems.join(config.output, f"{SAMPLE}-*.jsonl"))}
     rows = read_kept_rows(config.output, method_names(specs), sample)
     dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
     result = {
@@ -362,15 +359,13 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
-    from eval.kept import check_kept
     from eval.report import claim_report_folder, scb_markdown
 
     with Run.open(config.data).reading():
         check_scb_input(config.data)
         check_encoder_specs(config.methods.specs())
         claim_report_folder(config.output)
-        check_kept(config.output, config.methods.specs(), Run.open(config.data).sha256, config.seed)
-        result = run(config, beam_args)
+        result = run(config, beam_args)   # which refuses kept results of another key before any work
 
     print(scb_markdown(result))
     print(f"report: {FileSystems.join(config.output, 'scb.md')} (+ scb.json, scb_ari.png, per-article rows in scb/)")

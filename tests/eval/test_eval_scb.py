@@ -115,8 +115,8 @@ def test_scb_job_rerun_reuses_its_rows_and_ignores_a_previous_runs_sample(tmp_pa
     articles = write_scb(tmp_path / "data")
     first = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
     assert first["counters"][scb.METHODS_SCORED] == len(articles)
-    stale = tmp_path / "out" / "scb" / "sample-00001-of-00002.txt"   # as a run with more shards left it
-    stale.write_text("77\n")
+    stale = tmp_path / "out" / "scb" / "sample-00001-of-00002.jsonl"   # as a run with more shards left it
+    stale.write_text(json.dumps({"article_id": 77}) + "\n")
     (tmp_path / "out" / "scb" / "rows" / "tfidf" / "part-old.jsonl").write_text(json.dumps(
         {"article_id": 77, "method": "tfidf", "variant": "all", "algorithm": "kmeans",
          "MI": 0.0, "AMI": 0.0, "RI": 0.0, "ARI": 0.0}) + "\n")
