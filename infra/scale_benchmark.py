@@ -1,6 +1,7 @@
 """What the trainer costs before its first step, at 1x and at N x the data, side by side in one run.
 
-    python -m infra.scale_benchmark --data PIPELINE_OUT [--times 8] [--recipe triplets-sen] [--out DIR]
+    python -m infra.scale_benchmark --data PIPELINE_OUT [--times 8] [--recipe triplets-sen] [--backend jax]
+        [--gradient-accumulation-steps N] [--out DIR]
 
 A dataset N times as large is made beside the benchmark's output: the same shards of the train
 split, hard-linked N times under new names, and a manifest that lists every copy (validation
@@ -42,6 +43,8 @@ class ScaleBenchmarkConfig:
     recipe: str = flag(PAPER_DATASET, help="make scale's training recipe (infra/recipe.py)")
     steps: int = flag(20, help="training steps of each run (the recipe's budget is not waited for)")
     backend: str = flag("tensorflow", help="the trainer's Keras backend (model.train --backend): tensorflow or jax")
+    gradient_accumulation_steps: int = flag(1, help="parts each step's batch is fed in (model.train's flag): the "
+                                                    "same updates in about 1/N of the activation memory")
     out: str | None = flag(None, help="folder for scale_benchmark.json and the datasets' model dirs")
 
     def __post_init__(self):
@@ -103,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     recipe = RECIPES[config.recipe]
     flags = [*recipe.arguments(), "--dataset", recipe.dataset, "--steps", str(config.steps), "--epochs", "1",
-             "--progress", "false", "--backend", config.backend]
+             "--progress", "false", "--backend", config.backend,
+             "--gradient-accumulation-steps", str(config.gradient_accumulation_steps)]
     out = config.out or tempfile.mkdtemp(prefix="scale-benchmark-")
     larger = repeated_run(config.data, recipe.dataset, config.times, os.path.join(out, f"data-{config.times}x"))
     results = {}

@@ -175,6 +175,11 @@ class NetworkConfig:
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     batch_size: int = flag(128, help="triplets per replica per step; global batch = batch size x replicas")
+    gradient_accumulation_steps: int = flag(1, help="parts each step's batch is fed in: Keras' optimizer averages "
+                                                    "their gradients into the one update (its gradient_accumulation_"
+                                                    "steps), the same step in about 1/N of the activation memory; "
+                                                    "--batch-size a multiple of N, --loss triplet (in-batch "
+                                                    "negatives would be a part's)")
     learning_rate: float | None = flag(None, help="peak learning rate; none = the encoder's default (bilstm: Adam "
                                                   "1e-3, the paper's; minilm: AdamW 5e-5)")
     warmup_triplets: int = flag(0, help="training triplets over which the learning rate rises linearly from 0")
@@ -193,14 +198,26 @@ class OptimizerConfig:
     patience: int = flag(2, help="early stopping: epochs without a better validation accuracy")
 
     def __post_init__(self) -> None:
-        _check_at_least_one(self, ("epochs", "batch_size"))
+        _check_at_least_one(self, ("epochs", "batch_size", "gradient_accumulation_steps"))
         _check_at_least_one_or_none(self, ("steps", "learning_rate_half_life"))
+        if self.batch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"--batch-size {self.batch_size} is not a multiple of --gradient-accumulation-steps "
+                             f"{self.gradient_accumulation_steps}")
+        if self.gradient_accumulation_steps > 1 and self.loss != LOSS_NAMES[0]:
+            raise ValueError(f"--loss {self.loss} scores each anchor against its batch: with "
+                             "--gradient-accumulation-steps it would be against a part's; use --loss triplet")
         if self.loss not in LOSS_NAMES:
             raise ValueError(f"--loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
         if self.warmup_triplets < 0 or self.weight_decay < 0:
             raise ValueError("--warmup-triplets and --weight-decay must be >= 0")
         if self.learning_rate is not None and self.learning_rate <= 0:
             raise ValueError(f"--learning-rate must be > 0 or none, got {self.learning_rate}")
+
+    @property
+    def part_size(self) -> int:
+        """Triplets per replica in each part of a step's batch (`--gradient-accumulation-steps`):
+        what the training stream batches and one forward and backward pass holds."""
+        return self.batch_size // self.gradient_accumulation_steps
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -396,11 +396,12 @@ def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: 
 
     def pipeline_batches(context: tf.distribute.InputContext, blocks: int = 1) -> tf.data.Dataset:
         replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
-        trained = resume_at_step * replicas_here   # this pipeline's batches already trained on
+        # this pipeline's batches already trained on: a step's batch is fed in --gradient-accumulation-steps parts
+        trained = resume_at_step * optimizer.gradient_accumulation_steps * replicas_here
         triplets = streamed_triplets(run, inputs.dataset, "train", config.runtime.seed, context.input_pipeline_id,
                                      context.num_input_pipelines,
-                                     start=trained * blocks * optimizer.batch_size if consecutive else 0)
-        return training_batches(triplets, word_ids, optimizer.batch_size, shuffle_buffer=inputs.shuffle_buffer,
+                                     start=trained * blocks * optimizer.part_size if consecutive else 0)
+        return training_batches(triplets, word_ids, optimizer.part_size, shuffle_buffer=inputs.shuffle_buffer,
                                 seed=config.runtime.seed, article_chunk=inputs.article_chunk,
                                 group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_batches,
                                 replicas=blocks, teacher=teacher, skip_batches=0 if consecutive else trained)
@@ -433,11 +434,13 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
         encoder, slices or LENGTH_SLICES, distance=config.resolved("distance"), static_shapes=static_shapes,
         loss=optimizer.loss, teacher_dim=teacher_dim)
     half_life = optimizer.learning_rate_half_life
+    part = global_batch // optimizer.gradient_accumulation_steps   # the triplets of one batch the schedule counts
     compile_triplet_model(model, config.resolved("learning_rate"), loss=optimizer.loss, distill=bool(teacher_dim),
                           jit_compile=config.runtime.jit_compile or static_shapes,
-                          half_life_steps=half_life / global_batch if half_life else None,
-                          warmup_steps=optimizer.warmup_triplets / global_batch,
-                          weight_decay=optimizer.weight_decay if network.kind.weight_decay else None)
+                          half_life_steps=half_life / part if half_life else None,
+                          warmup_steps=optimizer.warmup_triplets / part,
+                          weight_decay=optimizer.weight_decay if network.kind.weight_decay else None,
+                          gradient_accumulation_steps=optimizer.gradient_accumulation_steps)
     return encoder, model
 
 
@@ -466,7 +469,7 @@ def restored_state(model, backup_dir: str) -> dict:
     `model` (the weights and the optimizer's state; "step" is the optimizer's step); without one,
     the state of a run at its start. Read before `fit` so the training stream continues at the
     first batch not yet trained on."""
-    from model.training.callbacks import BACKUP_WEIGHTS, read_backup_state, recover_backup
+    from model.training.callbacks import BACKUP_WEIGHTS, optimizer_step, read_backup_state, recover_backup
 
     recover_backup(backup_dir)
     state = read_backup_state(backup_dir)
@@ -474,7 +477,7 @@ def restored_state(model, backup_dir: str) -> dict:
         return {"epoch": 0, "step": 0, "history": {}, "learning_curve": [], "at_epoch_end": False}
     model.optimizer.build(model.trainable_variables)
     model.load_weights(f"{backup_dir}/{BACKUP_WEIGHTS}")
-    return {**state, "epoch": int(state["epoch"]), "step": int(model.optimizer.iterations.numpy())}
+    return {**state, "epoch": int(state["epoch"]), "step": optimizer_step(model)}
 
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
@@ -716,7 +719,8 @@ def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint
     budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
     callbacks = _callbacks(job, best, curve, budget, extra_callbacks)
     fit = model.fit(train_batches, validation_data=data.validation_batches, epochs=optimizer.epochs,
-                    initial_epoch=epochs_done, steps_per_epoch=optimizer.steps or pass_steps,
+                    initial_epoch=epochs_done,   # Keras counts each part of a step's batch as a step
+                    steps_per_epoch=(optimizer.steps or pass_steps) * optimizer.gradient_accumulation_steps,
                     callbacks=[*callbacks, first_step],
                     verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
                     shuffle=False)   # the stream is in its written order
@@ -758,7 +762,9 @@ def _callbacks(job: _Job, best: BestCheckpoint, curve: LearningCurve, budget: Ti
     optimizer, runtime, mirror = job.config.optimizer, job.config.runtime, job.mirror
     return [
         curve,   # before the backup: an epoch's learning-curve point is in its epoch-end backup
-        AtomicBackup(f"{job.model_dir}/{BACKUP}", runtime.checkpoint_every, curve),
+        # backed up between optimizer steps, never with a step's parts half accumulated
+        AtomicBackup(f"{job.model_dir}/{BACKUP}", runtime.checkpoint_every * optimizer.gradient_accumulation_steps,
+                     curve),
         *([MirrorBackups(mirror)] if mirror else []),   # right after it: a backup goes up before later callbacks run
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),

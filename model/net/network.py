@@ -241,20 +241,25 @@ class Warmup(keras.optimizers.schedules.LearningRateSchedule):
 
 def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_compile: bool = False,
                           half_life_steps: float | None = None, warmup_steps: float = 0,
-                          weight_decay: float | None = None, loss: str = "triplet", distill: bool = False) -> None:
+                          weight_decay: float | None = None, loss: str = "triplet", distill: bool = False,
+                          gradient_accumulation_steps: int = 1) -> None:
     """Adam at `learning_rate` (AdamW when `weight_decay` is given, as transformers are
     fine-tuned, without decay on biases and layer norms), halved every `half_life_steps`
-    optimizer steps when given, after a linear warmup over `warmup_steps`: functions of the step
+    batches when given, after a linear warmup over `warmup_steps` batches: functions of the step
     alone, so a run resumed from its backup continues the same schedule. It minimises
-    `LOSSES[loss]`, or with `distill` the `distillation_loss` (the model must be built alike)."""
+    `LOSSES[loss]`, or with `distill` the `distillation_loss` (the model must be built alike).
+    With `gradient_accumulation_steps` N > 1 the optimizer updates the weights once every N
+    batches, with their mean gradient (Keras' own accumulation); the schedule still counts batches."""
     if half_life_steps:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(learning_rate, half_life_steps, 0.5)
     if warmup_steps:
         learning_rate = Warmup(learning_rate, warmup_steps)
+    parts = gradient_accumulation_steps
+    accumulation = {"gradient_accumulation_steps": parts} if parts > 1 else {}   # Keras refuses 1
     if weight_decay is None:
-        optimizer = keras.optimizers.Adam(learning_rate)
+        optimizer = keras.optimizers.Adam(learning_rate, **accumulation)
     else:
-        optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+        optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, **accumulation)
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
     model.compile(optimizer=optimizer, loss=distillation_loss if distill else LOSSES[loss], metrics=[triplet_accuracy],
                   jit_compile=jit_compile)

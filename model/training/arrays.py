@@ -142,9 +142,11 @@ class ArrayInput:
         return [(self.run.path(shard.path), shard.records or 0)
                 for shard in triplet_split(self.run, self.dataset, split).shards]
 
-    def _batches(self, triplets: Iterator[dict]) -> Iterator[Batch]:
-        while chunk := list(itertools.islice(triplets, self.global_batch)):
-            yield batch_arrays(chunk, self.pieces, self.config.optimizer.batch_size, self.replicas)
+    def _batches(self, triplets: Iterator[dict], batch_size: int | None = None) -> Iterator[Batch]:
+        """Batches of `batch_size` triplets per replica (default `--batch-size`)."""
+        batch_size = batch_size or self.config.optimizer.batch_size
+        while chunk := list(itertools.islice(triplets, batch_size * self.replicas)):
+            yield batch_arrays(chunk, self.pieces, batch_size, self.replicas)
 
     def evaluation(self, split: str) -> keras.utils.PyDataset | Iterator[Batch]:
         """A seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`: the
@@ -159,10 +161,11 @@ class ArrayInput:
         return HeldBatches(list(self._batches(iter(sample))))
 
     def training(self, resume_at_step: int = 0) -> keras.utils.PyDataset:
-        """The endless training stream, from the first record a resumed run has not trained on."""
+        """The endless training stream, from the first record a resumed run has not trained on, in
+        the parts a step's batch is fed in (`--gradient-accumulation-steps`)."""
         shards = shard_stream(self._paths("train"), self.config.runtime.seed, start=resume_at_step * self.global_batch)
         records = itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards)
-        return StreamedBatches(self._batches(triplets_of(records)))
+        return StreamedBatches(self._batches(triplets_of(records), self.config.optimizer.part_size))
 
     def count_records(self, split: str) -> dict[str, int]:
         """What reading the split loses against its manifest (`model.training.data.count_records`)."""

@@ -18,6 +18,12 @@ from model.training.storage import TreeMirror
 from pipeline.published import write_complete
 
 
+def optimizer_step(model: keras.Model) -> int:
+    """The optimizer's updates so far, under any backend: with gradient accumulation Keras
+    derives them from its batch count (a backend tensor, not a variable)."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 def replace_whole(folder: str, write) -> None:
     """Replaces the local folder `folder` whole or not at all, as Orbax and TF's CheckpointManager
     replace a checkpoint: `write(partial)` fills `<folder>.partial/`, the current folder is renamed
@@ -110,7 +116,7 @@ class AtomicBackup(keras.callbacks.Callback):
 
     def back_up(self, at_epoch_end: bool = False) -> None:
         self.since_backup = 0
-        state = {"epoch": self.epochs_done, "step": int(self.model.optimizer.iterations.numpy())}
+        state = {"epoch": self.epochs_done, "step": optimizer_step(self.model)}
         record = {"history": self.history, "learning_curve": self.curve.points if self.curve is not None else None,
                   "at_epoch_end": at_epoch_end}
 
@@ -236,7 +242,7 @@ class LearningCurve(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):   # the optimizer's step counts a resumed run's earlier steps too
         self.points.append({
-            "epoch": epoch + 1, "triplets_seen": int(self.model.optimizer.iterations.numpy()) * self.global_batch,
+            "epoch": epoch + 1, "triplets_seen": optimizer_step(self.model) * self.global_batch,
             "cpu_seconds": round(time.process_time() - self.cpu_start, 1),
             "wall_seconds": round(time.monotonic() - self.wall_start, 1),
             "val_triplet_accuracy": float((logs or {}).get("val_triplet_accuracy", float("nan"))),
@@ -262,6 +268,7 @@ class ScalarLog(keras.callbacks.Callback):
         super().__init__()
         self.folder, self.update_freq = folder, update_freq
         self.writers: dict = {}
+        self.last_step = -1
 
     def _write(self, split: str, tag: str, value, step: int) -> None:
         from tensorboardX import SummaryWriter
@@ -271,8 +278,10 @@ class ScalarLog(keras.callbacks.Callback):
         self.writers[split].add_scalar(tag, float(value), step)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy())
-        if self.update_freq and step % self.update_freq == 0:
+        step = optimizer_step(self.model)
+        # once per optimizer step: with gradient accumulation several batches end at one step
+        if self.update_freq and step % self.update_freq == 0 and step != self.last_step:
+            self.last_step = step
             for name, value in (logs or {}).items():
                 self._write("train", f"batch_{name}", value, step)
 

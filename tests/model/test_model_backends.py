@@ -113,8 +113,11 @@ def _train_jax(data, model_dir, *flags, env=None):
 
 
 @pytest.mark.slow   # two JAX trainer processes
-def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path):
-    flags = ["--epochs", "3", "--steps", "4", "--checkpoint-every", "2"]
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path, parts):
+    """Also with each batch fed in 2 parts (`--gradient-accumulation-steps`): backups between
+    updates, and steps counted as updates, not parts."""
+    flags = ["--epochs", "3", "--steps", "4", "--checkpoint-every", "2", "--gradient-accumulation-steps", str(parts)]
     killed = _train_jax(shards, tmp_path / "m", *flags)
     state = tmp_path / "m" / "backup" / "training_state.json"
     deadline = time.time() + 300
@@ -124,12 +127,16 @@ def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path):
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL
+    backed_up = json.loads(state.read_text())   # the epochs completed and the updates made
     resumed = _train_jax(shards, tmp_path / "m", *flags)
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr[-3000:]
     assert "resuming from the backup at step" in stderr
     history = json.loads((tmp_path / "m" / "history.json").read_text())
     assert history["epochs_run"] == 3 and history["config"]["backend"] == "jax"
+    # the epochs left, 4 updates of 8 triplets each, after the backup's updates
+    updates = backed_up["step"] + (3 - backed_up["epoch"]) * 4
+    assert history["learning_curve"][-1]["triplets_seen"] == updates * 8
     assert (tmp_path / "m" / "encoder" / "saved_model.pb").exists()   # written by a TensorFlow process
 
 
