@@ -56,23 +56,26 @@ class ScaleBenchmarkConfig:
 
 def repeated_run(data: str, dataset: str, times: int, folder: str) -> str:
     """A run folder whose train split is `data`'s, `times` over (hard links under new names)."""
-    from pipeline.published import MANIFEST, Manifest, Output, Run, Shard
+    from pipeline.published import MANIFEST, Manifest, Run, Shard
 
     run = Run.open(data)
+
+    def linked(shard: Shard, name: str) -> Shard:
+        os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
+        os.link(run.path(shard.path), os.path.join(folder, name))
+        return Shard(name, shard.size, shard.records)
+
+    def copies(shards: tuple[Shard, ...]) -> tuple[Shard, ...]:
+        return tuple(linked(shard, f"{dataset}/train/copy{copy:03d}-{shard.path.rsplit('/', 1)[1]}")
+                     for copy in range(times) for shard in shards)
+
     train = run.output(f"{dataset}/train")
-    shards = []
-    for copy in range(times):
-        for shard in train.shards:
-            name = f"{dataset}/train/copy{copy:03d}-{shard.path.rsplit('/', 1)[1]}"
-            os.makedirs(os.path.dirname(os.path.join(folder, name)), exist_ok=True)
-            os.link(run.path(shard.path), os.path.join(folder, name))
-            shards.append(Shard(name, shard.size, shard.records))
-    outputs = {f"{dataset}/train": Output(f"{dataset}/train", train.records * times, tuple(shards), train.order)}
-    for split in ("validation", "test"):
+    outputs = {train.folder: dataclasses.replace(train, records=train.records * times, shards=copies(train.shards),
+                                                 parquet=copies(train.parquet))}
+    for split in ("validation", "test"):   # every file the manifest lists: the Parquet twins are checked too
         output = run.output(f"{dataset}/{split}")
-        for shard in output.shards:
-            os.makedirs(os.path.dirname(os.path.join(folder, shard.path)), exist_ok=True)
-            os.link(run.path(shard.path), os.path.join(folder, shard.path))
+        for shard in output.all_shards():
+            linked(shard, shard.path)
         outputs[output.folder] = output
     manifest = dataclasses.replace(run.manifest, outputs=outputs, files=())
     with open(os.path.join(folder, MANIFEST), "w") as handle:

@@ -507,3 +507,22 @@ def test_sizing_says_what_it_runs_and_its_dry_run_runs_nothing(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "runs pipeline.run twice" in done.stdout and "repeated 3 times" in done.stdout
     assert "measured" not in done.stdout and os.listdir(tmp_path) == []     # no run, no temporary folder
+
+
+@pytest.mark.slow   # the session's pipeline run
+def test_the_scale_benchmarks_larger_dataset_lists_the_run_times_over_with_every_file_there(embedded_pipeline_output,
+                                                                                           tmp_path):
+    """`infra.scale_benchmark`'s N x run: the train split's shards and Parquet twins N times over
+    (hard links), validation and test as they are; the trainer's size check passes on every split."""
+    from infra.scale_benchmark import repeated_run
+    from pipeline.published import Run
+
+    run = Run.open(str(embedded_pipeline_output))
+    larger = Run.open(repeated_run(str(embedded_pipeline_output), "triplets-sen", 3, str(tmp_path / "3x")))
+    for split in ("train", "validation", "test"):
+        larger.check_sizes(f"triplets-sen/{split}")   # every file the manifest lists is there, of its size
+    train, larger_train = run.output("triplets-sen/train"), larger.output("triplets-sen/train")
+    assert larger_train.records == 3 * train.records
+    assert len(larger_train.shards) == len(larger_train.parquet) == 3 * len(train.shards)
+    assert run.output("triplets-sen/validation").parquet   # the twins the benchmark once left out
+    assert larger.output("triplets-sen/validation") == run.output("triplets-sen/validation")
