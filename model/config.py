@@ -203,11 +203,11 @@ class OptimizerConfig:
         if self.batch_size % self.gradient_accumulation_steps:
             raise ValueError(f"--batch-size {self.batch_size} is not a multiple of --gradient-accumulation-steps "
                              f"{self.gradient_accumulation_steps}")
+        if self.loss not in LOSS_NAMES:
+            raise ValueError(f"--loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
         if self.gradient_accumulation_steps > 1 and self.loss != LOSS_NAMES[0]:
             raise ValueError(f"--loss {self.loss} scores each anchor against its batch: with "
                              "--gradient-accumulation-steps it would be against a part's; use --loss triplet")
-        if self.loss not in LOSS_NAMES:
-            raise ValueError(f"--loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
         if self.warmup_triplets < 0 or self.weight_decay < 0:
             raise ValueError("--warmup-triplets and --weight-decay must be >= 0")
         if self.learning_rate is not None and self.learning_rate <= 0:

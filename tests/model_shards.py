@@ -66,6 +66,14 @@ def write_triplet_shards(out: str, dataset: str = "triplets-sen", sizes=None, sh
     return out
 
 
+def written_train_triplets(out: str, sizes: dict, shards: int = 2) -> tf.data.Dataset:
+    """The train split `write_triplet_shards` writes in `out`, as the trainer reads it (its triplets' strings)."""
+    from model.training.data import triplet_strings
+    from model.training.shards import open_run
+
+    return triplet_strings(open_run(write_triplet_shards(out, sizes=sizes, shards=shards)), "triplets-sen", "train")
+
+
 def _manifest_counts(out: str) -> dict:
     """The counts of a manifest already in `out` (a second dataset written beside the first)."""
     import json

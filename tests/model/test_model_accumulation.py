@@ -2,7 +2,7 @@
 optimizer applies once, so a step needs the activation memory of a part, not of the batch."""
 import numpy as np
 import pytest
-from model_shards import write_triplet_shards
+from model_shards import written_train_triplets
 
 from model.config import TrainConfig
 
@@ -11,12 +11,8 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def triplets(tmp_path_factory):
-    from model.training.data import triplet_strings
-    from model.training.shards import open_run
-
-    data = write_triplet_shards(str(tmp_path_factory.mktemp("accumulation-shards")),
-                                sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
-    return triplet_strings(open_run(data), "triplets-sen", "train")
+    return written_train_triplets(str(tmp_path_factory.mktemp("accumulation-shards")),
+                                  sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
 
 
 @pytest.mark.slow   # trains two networks

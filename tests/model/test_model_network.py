@@ -206,14 +206,12 @@ def test_the_trainers_models_are_built_as_the_flags_say():
 @pytest.mark.slow   # seconds of real work: the fast tier stays under 3 minutes
 def test_the_benchmark_times_the_trainers_models(tmp_path):
     """Every variant but the three-call baseline is `build_models`' triplet model, compiled alike."""
-    from model_shards import write_triplet_shards
+    from model_shards import written_train_triplets
 
     from model.benchmark import variants
-    from model.training.data import triplet_strings
-    from model.training.shards import open_run
 
-    data = write_triplet_shards(str(tmp_path), sizes={"train": 16, "validation": 4, "test": 4}, shards=1)
-    triplets = triplet_strings(open_run(data), "triplets-sen", "train")
+    data = str(tmp_path)
+    triplets = written_train_triplets(data, sizes={"train": 16, "validation": 4, "test": 4}, shards=1)
     word_ids = WordIds(["the", "a"], num_oov_buckets=1, max_tokens=8)
     timed = variants(_tiny(data=data), triplets, word_ids, _matrix(word_ids.num_ids))
     assert list(timed) == ["baseline", "+one call", "+length groups", "+batch 128", "+article chunks",

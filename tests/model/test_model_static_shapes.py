@@ -2,7 +2,7 @@
 trained on CPU beside the dynamic path from the same weights on the same triplets."""
 import numpy as np
 import pytest
-from model_shards import write_triplet_shards
+from model_shards import written_train_triplets
 
 from model.config import TrainConfig
 
@@ -13,12 +13,8 @@ BATCH = 8
 
 @pytest.fixture(scope="module")
 def triplets(tmp_path_factory):
-    from model.training.data import triplet_strings
-    from model.training.shards import open_run
-
-    data = write_triplet_shards(str(tmp_path_factory.mktemp("static-shards")),
-                                sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
-    return triplet_strings(open_run(data), "triplets-sen", "train")
+    return written_train_triplets(str(tmp_path_factory.mktemp("static-shards")),
+                                  sizes={"train": 4 * BATCH, "validation": BATCH, "test": BATCH})
 
 
 @pytest.mark.parametrize("loss", ["triplet", "in-batch", "teacher"])
