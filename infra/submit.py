@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from infra.recipe import RECIPES
-from pipeline.cli import UsageError, build_config, config_parser, flag, flag_fields, run_cli
+from pipeline.cli import UsageError, build_config, config_parser, dataflow_option_errors, flag, flag_fields, run_cli
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 INFRA_DIR = Path(__file__).resolve().parent
@@ -167,25 +167,6 @@ def dataflow_options(cfg: CloudConfig, stage: str) -> list[str]:
     else:
         options.append(f"--setup_file={REPO_ROOT / 'setup.py'}")
     return options
-
-
-def dataflow_option_errors(beam_args: list[str]) -> list[str]:
-    """Beam's own validation of Dataflow options (PipelineOptionsValidator), with no call to the cloud.
-
-    `--dry_run` is Beam's switch that skips the bucket look-ups; bad temp/staging paths are
-    reported first because Beam would otherwise try to create a default bucket online.
-    """
-    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
-    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
-    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
-
-    options = PipelineOptions([*beam_args, "--dry_run=True"])
-    validator = PipelineOptionsValidator(options, DataflowRunner())
-    cloud = options.view_as(GoogleCloudOptions)
-    path_errors = validator.validate_gcs_path(cloud, "temp_location") + validator.validate_gcs_path(
-        cloud, "staging_location"
-    )
-    return path_errors or validator.validate()
 
 
 def custom_job_spec_errors(spec: dict) -> list[str]:

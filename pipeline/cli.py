@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast, get_type_hints, overload
@@ -122,10 +123,20 @@ def flag_fields(config_type: type) -> list[dataclasses.Field[Any]]:
     return fields
 
 
-def config_parser(config_type: type, prog: str, description: str) -> ArgumentParser:
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Flags' defaults in their help; a URL in the text is never broken across lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_long_words=False, break_on_hyphens=False)
+
+
+def config_parser(config_type: type, prog: str, description: str, epilog: str | None = None) -> ArgumentParser:
     """One flag per field of `config_type` (and of its nested configs)."""
-    parser = ArgumentParser(prog=prog, description=description, allow_abbrev=False,
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = ArgumentParser(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
+                            formatter_class=_HelpFormatter)
     for field in flag_fields(config_type):
         name = "--" + (field.metadata.get("name") or field.name.replace("_", "-"))
         help_text = field.metadata["help"]
@@ -216,14 +227,71 @@ def refuse_file_as_folder(flag_name: str, path: str) -> None:
         raise UsageError(f"{flag_name} {path} is a file, not a folder")
 
 
+# Where a command that passes Beam's options through says they are documented (`--help`'s epilog).
+BEAM_OPTIONS_EPILOG = (
+    "Every other flag is one of Beam's pipeline options, passed to the job unchanged: --runner "
+    "(DirectRunner, PrismRunner, DataflowRunner, ...), --direct_num_workers, --direct_running_mode, and "
+    "Dataflow's --project, --region, --temp_location. This project's runners are described in "
+    "docs/pipeline.md; all of Beam's options in "
+    "https://beam.apache.org/documentation/programming-guide/#configuring-pipeline-options"
+)
+
+
+def is_dataflow(runner: str | None) -> bool:
+    """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
+    return bool(runner) and str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner") in ("dataflow",
+                                                                                              "testdataflow")
+
+
+def dataflow_option_errors(beam_args: list[str]) -> list[str]:
+    """Beam's own validation of Dataflow's options (PipelineOptionsValidator), with no call to the
+    cloud: `--dry_run` skips the bucket look-ups, and with neither a temp nor a staging location
+    Beam's validation would create a default bucket online, so their errors are reported instead
+    (beside the project's and region's)."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+    from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+    from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+
+    options = PipelineOptions([*beam_args, "--dry_run=True"])
+    validator = PipelineOptionsValidator(options, DataflowRunner())
+    cloud = options.view_as(GoogleCloudOptions)
+    temp_errors = validator.validate_gcs_path(cloud, "temp_location")
+    staging_errors = validator.validate_gcs_path(cloud, "staging_location")
+    if temp_errors and staging_errors:
+        return [*temp_errors, *(staging_errors if cloud.staging_location else []),
+                *validator.validate_cloud_options(cloud)]
+    return validator.validate()
+
+
+def _beam_options(beam_args: list[str]) -> dict[str, Any]:
+    """Beam's parse of `beam_args`, unknown flags kept. A value Beam's parser refuses is a
+    UsageError naming the option (with a choice's allowed values), not Beam's usage block of
+    every option it has."""
+    import contextlib
+    import io
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    refusal = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(refusal):
+            return PipelineOptions(beam_args).get_all_options(retain_unknown_options=True)
+    except SystemExit:
+        message = (refusal.getvalue().strip().splitlines() or ["a Beam option is refused"])[-1]
+        raise UsageError("Beam pipeline option " + message.split(": error: ", 1)[-1].removeprefix("argument ")
+                         ) from None
+
+
 def check_beam_flags(beam_args: list[str], prog: str) -> None:
     """Every flag a command does not define must be one of Beam's pipeline options: Beam itself
     only logs a warning and drops an unknown one, so `--max-triplet 10` (for `--max-triplets`)
-    would run with the default. Beam's own option parser, asked to keep unknown flags, tells them."""
+    would run with the default. Beam's own option parser, asked to keep unknown flags, tells them.
+    A value Beam refuses, an unknown runner, and Dataflow without the options it needs are
+    refused here too, before any work."""
     from apache_beam.options.pipeline_options import PipelineOptions
 
     known = PipelineOptions([]).get_all_options()
-    given = PipelineOptions(beam_args).get_all_options(retain_unknown_options=True)
+    given = _beam_options(beam_args)
     unknown = sorted(set(given) - set(known))
     if unknown:
         spelt = next((arg.split("=", 1)[0] for arg in beam_args
@@ -238,6 +306,12 @@ def check_beam_flags(beam_args: list[str], prog: str) -> None:
         if runner.lower() not in {name.lower() for name in names} | {name.lower().removesuffix("runner")
                                                                       for name in names}:
             raise UsageError(f"--runner {runner}: not a Beam runner (one of {', '.join(sorted(set(names)))})")
+    if is_dataflow(runner):
+        errors = dataflow_option_errors(beam_args)
+        if errors:   # Beam's messages, its option names spelt as flags
+            named = [re.sub(r"option: (\w+)", r"option --\1", error).rstrip(".") for error in errors]
+            raise UsageError(f"--runner {runner}: Beam refuses the Dataflow options: {'; '.join(named)} "
+                             f"(see docs/pipeline.md)")
 
 
 def _is_beam_option(name: str) -> bool:
@@ -277,7 +351,7 @@ def parse_config(config_type: type[ConfigT], argv: list[str] | None, prog: str, 
     its own) for a command that hands the rest to Beam. `renamed`: old flag name -> field, still
     accepted (unlisted) for one release."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = config_parser(config_type, prog, description)
+    parser = config_parser(config_type, prog, description, BEAM_OPTIONS_EPILOG if passthrough else None)
     old_names = {field.name: field.name for field in flag_fields(config_type) if "_" in field.name}
     argv = _current_spelling(argv, {**old_names, **(renamed or {})})
     _refuse_misspelt_flags(parser, argv)

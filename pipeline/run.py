@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import counters as counter_names
 from pipeline import progress, records
-from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
+from pipeline.cli import DataLossError, UsageError, flag, is_dataflow, parse_config, run_cli
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
@@ -363,12 +363,6 @@ def main(argv: list[str] | None = None) -> dict:
         pipeline = beam.Pipeline(options=options)
         indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
         return _run(pipeline, config, input_pattern, runner, folder, indexes)
-
-
-def is_dataflow(runner: str | None) -> bool:
-    """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
-    return bool(runner) and str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner") in ("dataflow",
-                                                                                              "testdataflow")
 
 
 def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: str | None,

@@ -137,6 +137,36 @@ def test_an_unknown_runner_is_one_line_before_anything_is_written(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["pipeline.run", "eval.all"])   # one shared check (pipeline.cli)
+def test_dataflow_without_its_options_is_one_line_before_anything_is_written(tmp_path, command):
+    out = tmp_path / "out"
+    # An empty gcloud configuration, so no region comes from this machine's gcloud
+    done = _run(["-m", command, *(["--data", str(tmp_path)] if command == "eval.all" else []), "--output", str(out),
+                 "--runner", "DataflowRunner"], CLOUDSDK_CONFIG=str(tmp_path / "gcloud"))
+    _one_error_line(done, "--runner DataflowRunner: Beam refuses the Dataflow options", "--temp_location",
+                    "--project", "--region")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["pipeline.run", "eval.all"])
+def test_a_bad_value_of_a_beam_option_is_one_line_naming_its_choices(tmp_path, command):
+    out = tmp_path / "out"
+    done = _run(["-m", command, *(["--data", str(tmp_path)] if command == "eval.all" else []), "--output", str(out),
+                 "--direct_running_mode=multiprocessing"])
+    _one_error_line(done, "Beam pipeline option --direct_running_mode: invalid choice: 'multiprocessing'",
+                    "'in_memory', 'multi_threading', 'multi_processing'")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["pipeline.run", "pipeline.benchmark", "eval.all", "eval.scb", "model.embed"])
+def test_the_help_of_a_command_that_runs_beam_says_where_beams_options_are_documented(command):
+    done = _run(["-m", command, "--help"])
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "Every other flag is one of Beam's pipeline options" in text
+    assert "--direct_num_workers" in text and "docs/pipeline.md" in text
+    assert "https://beam.apache.org/documentation/programming-guide/#configuring-pipeline-options" in done.stdout
+
+
 def test_a_misspelt_required_flag_names_the_flag_meant(tmp_path):
     done = _run(["-m", "eval.all", "--data", str(tmp_path), "--ouput", str(tmp_path / "report")])
     _one_error_line(done, "unknown flag --ouput (did you mean --output?)")

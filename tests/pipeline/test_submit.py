@@ -20,7 +20,8 @@ JOB = {"id": "2026-11-27_01_02_03-1234567890", "project": "my-project", "region"
 
 
 def test_wait_false_parses_beside_dataflow_flags_and_its_help_names_the_follow_up():
-    beam_flags = ["--runner", "DataflowRunner", "--project", "p", "--region", "r", "--temp_location", "gs://b/t"]
+    beam_flags = ["--runner", "DataflowRunner", "--project", "my-project", "--region", "europe-west4",
+                  "--temp_location", "gs://my-bucket/tmp"]   # options Beam's Dataflow validation accepts
     config, passed = run.parse_args(["--output", "gs://b/out", "--wait", "false", *beam_flags])
     assert config.wait is False and passed == beam_flags
     assert run.parse_args(["--output", "gs://b/out"])[0].wait is True
