@@ -13,7 +13,9 @@
   folder that a run is writing (its `_RUNNING` lock). Each side writes its own file first and
   then looks for the other's, so of a reader and a writer starting together at least one sees
   the other: a reader never reads two runs' shards. A folder the reader cannot write to (a
-  read-only bucket) gets no lease; whoever can overwrite it then could, and the log says so.
+  read-only bucket) gets no lease; whoever can overwrite it then could, and the log says so. A
+  reader killed outright (SIGKILL) leaves its lease; the next reader or writer of the folder on
+  its host removes it (its process is dead); one of another host's readers stays.
 
 TFDS's `DatasetInfo`/`SplitInfo` are the model: what a dataset holds is read from one file, into
 types, before any record is.
@@ -635,7 +637,9 @@ def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
 
 
 def take_lease(root: str) -> str | None:
-    """Writes this process's reader lease; None (with a warning) where the folder is read-only."""
+    """Writes this process's reader lease; None (with a warning) where the folder is read-only.
+    The leases of readers that died holding theirs (SIGKILL: no release ran) go then too
+    (`live_readers`), or a folder read often and never overwritten would gather them for ever."""
     path = f"{root}/{READERS}/{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
     try:
         for attempt in range(3):   # another reader's release may remove the empty folder in between
@@ -651,6 +655,7 @@ def take_lease(root: str) -> str | None:
         LOG.warning("%s: no reader lease (%s); a pipeline.run --overwrite by someone who can write there would "
                     "not see this reader", root, error)
         return None
+    live_readers(root)
     return path
 
 
@@ -664,7 +669,8 @@ def release_lease(path: str) -> None:
 
 def live_readers(root: str) -> list[str]:
     """The lease files of live readers of the folder (another host's count as live); stale ones
-    (`record_is_stale`) are removed."""
+    (`record_is_stale`: a dead process's, or an empty one long past) are removed. A writer asks
+    before replacing a run, a reader when it takes its lease."""
     from apache_beam.io.filesystems import FileSystems
 
     folder = f"{root}/{READERS}"

@@ -176,3 +176,30 @@ def test_a_runs_provenance_names_its_dump_never_a_local_path(run_folder):
         "pages": 18825, "articles": 8635}
     (run_folder / "stats.json").write_text("{cut sho")
     assert Run.open(str(run_folder)).provenance() == {}          # a damaged record names nothing
+
+
+def test_a_sigkilled_readers_lease_goes_when_the_next_reader_takes_one_but_a_live_or_foreign_one_stays(run_folder):
+    """Real readers: one SIGKILLed while it holds its lease (no release runs), one alive; the
+    next reader's lease clears the dead one's only. Another host's lease cannot be judged here."""
+    reader = (f"import sys, time\nfrom pipeline.published import Run\n"
+              f"with Run.open({str(run_folder)!r}).reading():\n"
+              f"    print('reading', flush=True)\n    time.sleep(120)\n")
+    killed, alive = (subprocess.Popen([sys.executable, "-c", reader], stdout=subprocess.PIPE, text=True)
+                     for _ in range(2))
+    try:
+        for process in (killed, alive):
+            assert process.stdout.readline() == "reading\n"
+        killed.kill()
+        killed.wait()
+        leases = run_folder / published.READERS
+        dead_lease = next(leases.glob(f"*-{killed.pid}-*.json"))
+        foreign = leases / "elsewhere-1-abc.json"
+        foreign.write_text(json.dumps({**published.owner_record(), "host": "elsewhere", "pid": 1}))
+        with Run.open(str(run_folder)).reading():
+            assert not dead_lease.exists()
+            held = sorted(path.name.split("-")[-2] for path in leases.glob("*.json"))
+            assert held == sorted([str(alive.pid), str(os.getpid()), "1"])
+    finally:
+        alive.kill()
+        alive.wait()
+    assert foreign.exists() and not list(leases.glob(f"*-{os.getpid()}-*.json"))
