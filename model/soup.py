@@ -15,8 +15,10 @@ same under TensorFlow and JAX); the soup is scored on the runs' validation tripl
 run, and SOUP is written as a model dir every reader takes (`eval.all`, `model.export`): its
 `inputs.json` (the first run's recipe and the runs), `checkpoints/best.weights.h5`,
 `history.json`, `encoder/` and, for a transformer, `sentence-transformers/`. It is claimed as
-every writing command claims its folder (`claim.json`). No library averages Keras weights,
-hence these lines.
+every writing command claims its folder (`claim.json`). An `--output` that is, lies inside or
+holds a `--model-dir` is refused before the claim (its `--overwrite` would delete the weights the
+soup reads), and so is one run given twice under two spellings (`A`, `A/`, a link to `A`): it
+would count twice in the mean. No library averages Keras weights, hence these lines.
 """
 from __future__ import annotations
 
@@ -50,6 +52,24 @@ class SoupConfig:
             raise UsageError("--model-dir: a soup needs two runs at least")
         if not 0.0 <= self.scale <= 1.0:
             raise UsageError(f"--scale must be in [0, 1], got {self.scale}")
+        runs: dict[str, str] = {}   # resolved folder -> the --model-dir that named it first
+        for path in self.model_dirs:
+            folder = resolved(path)
+            if folder in runs:
+                raise UsageError(f"--model-dir {path} is the folder of --model-dir {runs[folder]}: a soup averages "
+                                 "distinct runs, each once")
+            runs[folder] = path
+        output = resolved(self.output)
+        for folder, path in runs.items():
+            if output == folder or output.startswith(folder + "/") or folder.startswith(output + "/"):
+                raise UsageError(f"--output {self.output} is, lies inside or holds --model-dir {path}: the soup "
+                                 "would replace the run it reads; choose another folder")
+
+
+def resolved(path: str) -> str:
+    """The folder `path` names, however spelt: a local path with its links and `..` resolved; a
+    remote one (`gs://...`) without trailing slashes."""
+    return path.rstrip("/") if "://" in path else os.path.realpath(path)
 
 
 def parse_args(argv: list[str] | None = None) -> SoupConfig:

@@ -1,11 +1,14 @@
 """`model.soup`: runs of one recipe averaged into a model dir every reader takes."""
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from model.soup import one_recipe, souped
+from model.soup import one_recipe, parse_args, souped
 from pipeline.cli import UsageError
 
 
@@ -26,19 +29,41 @@ def test_runs_of_another_recipe_are_refused_naming_the_flag():
         one_recipe([first, {**first, "transformer_layers": 2}], ("a", "b"))
 
 
-def test_a_soup_of_a_run_with_itself_is_that_run_as_a_model_dir(fine_tuned, tmp_path):
+def test_an_output_in_or_around_a_run_and_a_run_given_twice_are_refused_before_anything_is_written(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    (tmp_path / "link-to-a").symlink_to(first)
+    runs = ["--model-dir", str(first), "--model-dir", str(second)]
+    for output in (first, first / "soup", tmp_path, tmp_path / "link-to-a", f"{tmp_path}/b/../a/"):
+        with pytest.raises(UsageError, match=rf"^--output {output} is, lies inside or holds --model-dir {first}: "):
+            parse_args([*runs, "--output", str(output)])
+    for twice in (f"{first}/", str(tmp_path / "link-to-a"), f"{second}/../a"):
+        with pytest.raises(UsageError, match=rf"^--model-dir {twice} is the folder of --model-dir {first}: "):
+            parse_args([*runs, "--model-dir", twice, "--output", str(tmp_path / "soup")])
+    assert parse_args([*runs, "--output", str(tmp_path / "soup")]).model_dirs == (str(first), str(second))
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "link-to-a"]
+
+
+def _files(folder) -> dict[str, tuple[int, int, bytes]]:
+    """Every file under `folder`: relative path -> (size, mtime_ns, bytes)."""
+    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns, path.read_bytes())
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_a_soup_of_a_run_with_its_copy_is_that_run_as_a_model_dir(fine_tuned, tmp_path):
     import h5py
 
     from model.encoding.encoder import load_encoder
     from model.soup import main
 
     model_dir, _ = fine_tuned
-    summary = main(["--model-dir", str(model_dir), "--model-dir", str(model_dir), "--output", str(tmp_path / "soup")])
+    copy = shutil.copytree(model_dir, tmp_path / "minilm-sen-copy")
+    summary = main(["--model-dir", str(model_dir), "--model-dir", str(copy), "--output", str(tmp_path / "soup")])
     soup = tmp_path / "soup"
     assert {"inputs.json", "history.json", "checkpoints", "encoder", "sentence-transformers", "claim.json"} <= set(
         os.listdir(soup))
     history = json.loads((soup / "history.json").read_text())
-    assert history["soup"]["runs"] == [str(model_dir)] * 2 and history["delta_scale"] == 1.0
+    assert history["soup"]["runs"] == [str(model_dir), str(copy)] and history["delta_scale"] == 1.0
     assert history["best_val_triplet_accuracy"] == summary["soup"]["run_val_triplet_accuracy"][0]
 
     def weights(path):
@@ -54,3 +79,22 @@ def test_a_soup_of_a_run_with_itself_is_that_run_as_a_model_dir(fine_tuned, tmp_
     sentences = ["The striker scored twice.", "Bake the bread in a hot oven."]
     ours, theirs = (load_encoder(str(path)).encode(sentences) for path in (soup, model_dir))
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_a_soup_into_one_of_its_runs_is_refused_with_that_run_intact(fine_tuned, tmp_path):
+    """The soup of S and A written over S (`--overwrite true`) would delete S's weights before
+    reading them: one `error:` line, exit 2, every file of S as it was."""
+    from model.soup import main
+
+    model_dir, _ = fine_tuned
+    soup = tmp_path / "soup"
+    main(["--model-dir", str(model_dir), "--model-dir", str(shutil.copytree(model_dir, tmp_path / "copy")),
+          "--output", str(soup)])
+    before = _files(soup)
+    refused = subprocess.run([sys.executable, "-m", "model.soup", "--model-dir", str(soup), "--model-dir",
+                              str(model_dir), "--output", f"{soup}/", "--overwrite", "true"],
+                             capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [f"error: --output {soup}/ is, lies inside or holds --model-dir {soup}: "
+                                           "the soup would replace the run it reads; choose another folder"]
+    assert _files(soup) == before and "checkpoints/best.weights.h5" in before
