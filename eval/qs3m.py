@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import EncoderSpec, load_encoders
@@ -31,6 +30,7 @@ from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
 from pipeline.cli import flag, parse_config, run_cli
 from pipeline.outputs import read_bytes
+from pipeline.progress import progress_bar
 from pipeline.splits import SPLITS
 
 REFERENCE = "embedding Euclidean"
@@ -241,7 +241,7 @@ def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]
     methods = {**baseline_methods(queries, embeddings.passages_of, corpus, config.lda_topics, config.seed),
                **model_methods(config.model_dir, trained, embeddings)}
     distances: dict[str, list[np.ndarray]] = {method: [] for method in methods}
-    for index in tqdm(range(len(queries)), desc="qs3m distances", unit="query"):
+    for index in progress_bar(range(len(queries)), desc="qs3m distances", unit=" queries"):
         for method, distance in methods.items():
             distances[method].append(distance(index))
     results: dict[str, Any] = {

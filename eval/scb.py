@@ -62,11 +62,11 @@ import apache_beam as beam  # noqa: E402
 import numpy as np  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 from eval.intervals import comparisons, mean_interval  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
+from pipeline.progress import progress_bar  # noqa: E402
 from pipeline.published import ManifestError, Run, check_record_count  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
@@ -143,7 +143,7 @@ class ScoreArticleFn(beam.DoFn):
         self.kept = beam.metrics.Metrics.counter(NAMESPACE, METHODS_KEPT)
 
     def setup(self):
-        self.progress = tqdm(desc="scb articles clustered", unit="article", total=self.articles)
+        self.progress = progress_bar(desc="scb articles clustered", unit="article", total=self.articles)
 
     def process(self, embedded: tuple[records.ScbRecord, dict[str, Any]]):   # (article, its embeddings by method)
         record, embeddings_by_method = embedded

@@ -20,10 +20,10 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from model.encoding.encoders import EncoderSpec, Methods, load_encoders
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.progress import progress_bar
 
 CLASSES = np.arange(1, 6)
 SICK_SPLITS = ("TRAIN", "TRIAL", "TEST")
@@ -234,7 +234,7 @@ def run(config: SickConfig, specs: list[EncoderSpec] | None = None) -> dict:
     splits = read_sick(config.sick)
     encoders = load_encoders(config.methods.specs() if specs is None else specs)
     methods = [score_encoder(encoder, splits, config.c_grid, config.full_c_grid)
-               for encoder in tqdm(encoders, desc="SICK relatedness", unit="method")]
+               for encoder in progress_bar(encoders, desc="SICK relatedness", unit="method")]
     result = {"sick": config.sick, "pairs": {split: len(splits[split]["score"]) for split in SICK_SPLITS},
               "c_grid": list(config.c_grid), "methods": methods}
     write_sick_report(result, config.output)

@@ -17,13 +17,13 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from eval.intervals import comparisons, proportion_interval
 from model.encoding.encoders import EncoderSpec, Methods, check_encoder_specs, load_encoders
 from model.similarity import REPORTED, Similarity
 from pipeline import records
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.progress import progress_bar
 from pipeline.published import Run, check_record_count
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 from pipeline.splits import SPLITS
@@ -59,7 +59,7 @@ def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None 
     run = open_run(data)
     triplets = (triplet_sample(run, dataset, split, max_triplets, seed) if max_triplets
                 else triplet_strings(run, dataset, split))
-    with tqdm(desc=f"read {dataset}/{split}", unit="triplet") as progress:
+    with progress_bar(desc=f"read {dataset}/{split}", unit=" triplets", unit_scale=True) as progress:
         for batch in triplets.batch(4096).as_numpy_iterator():
             for key, values in columns.items():
                 values += [sentence.decode("utf-8") for sentence in batch[key]]

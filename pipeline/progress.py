@@ -10,6 +10,8 @@ shows the counters.
 
 While the job runs, the process's stderr (file descriptor 2, which worker processes inherit)
 goes to a log file: Beam's worker logs stay there and the terminal shows the bar.
+
+Every command's bars are `progress_bar`s: a bar on a terminal, sparse lines in a log file.
 """
 from __future__ import annotations
 
@@ -23,10 +25,51 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+T = TypeVar("T")
 
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner", "PrismRunner")
 REPORT_EVERY_S = 1.0
+LOG_LINE_EVERY_S = 30.0   # how often a progress bar writes to a stderr that is a file (a log), not a terminal
+
+
+class _LogLines:
+    """A log file as a progress bar's stream: each refresh a line of its own. tqdm redraws its bar
+    behind a carriage return, which a file keeps: every refresh on one ever longer line."""
+
+    def __init__(self, stream: IO[str]):
+        self.stream = stream
+        self.last = ""
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").strip()
+        if line and line != self.last:   # not tqdm's clearing writes, nor its closing redraw of the last line
+            self.stream.write(line + "\n")
+            self.last = line
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(iterable: Iterable[T] | None = None, **options: Any) -> tqdm[T]:
+    """tqdm with `options` (`desc`, `unit`, `total`, `file`: stderr by default) where a terminal
+    shows it; on a stream that is not one (a log file) a line every LOG_LINE_EVERY_S seconds, not
+    a bar redrawn ten times a second, and a last line when it closes."""
+    from tqdm import tqdm
+
+    stream = options.pop("file", None) or sys.stderr
+    if not stream.isatty():
+        every = max(options.pop("mininterval", 0.0), LOG_LINE_EVERY_S)
+        options.update(file=_LogLines(stream), mininterval=every, maxinterval=every, leave=True,
+                       dynamic_ncols=False)
+    else:
+        options["file"] = stream
+    return tqdm(iterable, **options)
 
 
 class PageCounts:
@@ -78,14 +121,13 @@ def show_progress(folder: str, indexes: list[str], log_path: str, interval_s: fl
     """While the block runs: a bar of pages read (of the total that `indexes` list, counted in a
     background thread, when every input has one) on the terminal's stderr, and everything else
     written to fd 2 (Beam's logs, worker processes' output) appended to `log_path`."""
-    from tqdm import tqdm
-
     from pipeline.multistream import read_index
 
     terminal = os.fdopen(os.dup(2), "w")
     if not terminal.isatty():   # a log file gets a line every 30 s, not a redrawn bar
-        interval_s = max(interval_s, 30.0)
-    bar = tqdm(desc="read", unit=" pages", file=terminal, mininterval=interval_s, dynamic_ncols=True)
+        interval_s = max(interval_s, LOG_LINE_EVERY_S)
+    bar = progress_bar(desc="read", unit=" pages", unit_scale=True, file=terminal, mininterval=interval_s,
+                       dynamic_ncols=True)
     done = threading.Event()
 
     def count_total():
