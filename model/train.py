@@ -649,14 +649,14 @@ def _model(job: _Job, data: _Data) -> tuple:
     with job.strategy.scope():
         encoder, model = build_models(job.config, data.matrix, job.global_batch,
                                       data.teacher.dim if data.teacher else None)
-    return encoder, model, [np.array(variable) for variable in model.trainable_variables]
+    return encoder, model, [np.array(variable.numpy()) for variable in model.trainable_variables]
 
 
 def _untrained_scores(job: _Job, model, initial_weights: list[np.ndarray], validation_batches) -> dict:
     """The validation scores of the model with its initial trainable weights (the frozen ones, such
     as the word vectors, never change and are not copied); its own weights are put back. The
     weights are assigned in the strategy's scope, where a tf.distribute strategy's variables live."""
-    trained = [np.array(variable) for variable in model.trainable_variables]
+    trained = [np.array(variable.numpy()) for variable in model.trainable_variables]
     with job.strategy.scope():
         for variable, value in zip(model.trainable_variables, initial_weights):
             variable.assign(value)
@@ -892,6 +892,8 @@ def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, mo
 
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # JAX logs at INFO that a CPU or GPU machine has no TPU library: not news to anyone there.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
     return train(parse_args(argv))
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -148,13 +148,19 @@ class ArrayInput:
         while chunk := list(itertools.islice(triplets, batch_size * self.replicas)):
             yield batch_arrays(chunk, self.pieces, batch_size, self.replicas)
 
-    def evaluation(self, split: str) -> keras.utils.PyDataset | Iterator[Batch]:
+    def evaluation(self, split: str) -> keras.utils.PyDataset:
         """A seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`: the
         split's shards from shard `seed` on, its first records), held for every epoch; without
-        one, the whole split, streamed once."""
+        one, the whole split, streamed again at every pass (each validation, the untrained and
+        the test scores), in as many batches as its manifest's records fill."""
         paths, size = [path for path, _ in self._paths(split)], self.config.inputs.evaluation_triplets
         if not size:
-            return self._batches(triplets_of(itertools.chain.from_iterable(map(shard_records, paths))))
+            records = triplet_split(self.run, self.dataset, split).records
+
+            def stream() -> Iterator[Batch]:
+                return self._batches(triplets_of(itertools.chain.from_iterable(map(shard_records, paths))))
+
+            return SplitBatches(stream, -(-records // self.global_batch))
         rotation = self.config.runtime.seed % max(len(paths), 1)
         records = itertools.chain.from_iterable(map(shard_records, paths[rotation:] + paths[:rotation]))
         sample = list(itertools.islice(triplets_of(records), size))
@@ -190,6 +196,38 @@ class HeldBatches(keras.utils.PyDataset):
 
     def __getitem__(self, index: int) -> Batch:
         return self.batches[index]
+
+
+class SplitBatches(keras.utils.PyDataset):
+    """A whole split's batches, streamed from its shards at every pass rather than held (the 2019
+    validation split is 126 k triplets): `__len__` batches, as many as the manifest's records
+    fill, so that every pass, and every device under `keras.distribution`, runs the same number of
+    steps. Asked for batch 0 (a new pass, or Keras peeking at the shapes), or out of order, the
+    stream starts again. A split that lost records (read up to a damaged one: `count_records`
+    names the loss before the export) ends in copies of its last batch weighing 0."""
+
+    def __init__(self, batches: Callable[[], Iterator[Batch]], length: int):
+        super().__init__(workers=1, max_queue_size=8)
+        self.open_stream, self.length = batches, length
+        self.stream: Iterator[Batch] = iter(())
+        self.next_index = 0
+        self.last: Batch | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> Batch:
+        if index != self.next_index or index == 0:
+            self.stream = itertools.islice(self.open_stream(), index, None)
+        self.next_index = index + 1
+        batch = next(self.stream, None)
+        if batch is None:
+            if self.last is None:
+                raise IndexError(f"batch {index} of a split that holds none")
+            inputs, labels, weights = self.last
+            return inputs, labels, np.zeros_like(weights)
+        self.last = batch
+        return batch
 
 
 class StreamedBatches(keras.utils.PyDataset):
