@@ -2,8 +2,9 @@
 # The accelerator run of docs/transformer.md ("Training on GPUs"), with the product's own commands:
 # make scale's `minilm-sen` recipe (infra/recipe.py, its `gpu` machine) under Keras' JAX backend,
 # one run per seed side by side on the machine's GPU(s), averaged by model.soup, and the soup and
-# every run exported as int8 ONNX (what eval.all --int8 and `onnx:DIR` score). It reads the run
-# without TensorFlow (model.training.arrays), so it runs on an image that has JAX but no TensorFlow.
+# every run exported as int8 ONNX (what eval.all --int8 and `onnx:DIR` score). Training reads the
+# run without TensorFlow (model.training.arrays), so it runs on an image that has JAX but no
+# TensorFlow; the soup and the exports then run where TensorFlow is (the script says how).
 #
 #   infra/accelerator/minilm_sen.sh DATA OUT            # DATA: a pipeline.run folder; OUT: new
 #   SEEDS="1 2 3" BUDGET_MIN=5 EPOCHS=1 PYTHON=python3 infra/accelerator/minilm_sen.sh DATA OUT
@@ -32,6 +33,14 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "a training run failed: see $OUT/minilm-sen-*.log" >&2; exit 1; }
 models=()
 for seed in $SEEDS; do models+=(--model-dir "$OUT/minilm-sen-$seed"); done
+# model.soup and model.export rebuild the Net under TensorFlow's Keras: on an image without it,
+# the model dirs go to a machine that has it (every file but encoder/ is written here).
+if ! $PY -c "import tensorflow" 2> /dev/null; then
+  echo "no TensorFlow here: on a machine with it, soup and export the model dirs with:"
+  echo "  python -m model.soup ${models[*]} --output $OUT/minilm-sen-soup"
+  echo "  python -m model.export --model-dir MODEL_DIR --format onnx --quantize int8 --output ONNX_DIR"
+  exit 0
+fi
 if [ "$runs" -gt 1 ]; then
   $PY -m model.soup "${models[@]}" --output "$OUT/minilm-sen-soup"
   names="soup $SEEDS"
