@@ -78,6 +78,22 @@ def main(argv: list[str] | None = None) -> dict:
 ONNX_FOLDER = "onnx"   # under --output: the int8 exports `--int8 true` encodes with
 
 
+def check_int8_sources(methods: Methods, output: str) -> None:
+    """Before the claim and any export: a transformer model dir whose int8 export kept in `output`
+    (`NAME.source.json`) is of other files, while the report keeps results under NAME, is refused
+    with one line (`eval.kept`): exporting it would replace the model the report scored."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from eval.benchmark import is_transformer
+    from eval.kept import encoder_key, keeps_results, refuse_other_source
+    from model.encoding.encoders import SpecKind
+
+    for spec in methods.specs():
+        if spec.kind is SpecKind.SAVED and is_transformer(spec) and keeps_results(output, spec.name):
+            refuse_other_source(FileSystems.join(output, ONNX_FOLDER, f"{spec.name}.source.json"), encoder_key(spec),
+                                output)
+
+
 def int8_methods(methods: Methods, output: str) -> Methods:
     """`methods` with each transformer model dir's saved spec replaced by its int8 ONNX export's
     (`onnx:NAME=<output>/onnx/NAME`), exported now unless the export of the same encoder files is
@@ -133,6 +149,8 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
 
     scb.check_scb_input(args.data)
     sick_splits = sick.read_sick(args.sick) if args.sick else None
+    if args.int8:
+        check_int8_sources(args.methods, args.output)
     claim_report_folder(args.output)
     histories = trained_histories(args.methods.model_dirs)
     if args.int8:   # the methods every step scores; the learning curves still come from the model dirs

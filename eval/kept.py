@@ -15,7 +15,11 @@ kept as they complete, under a key of what they depend on:
 A rerun with the same key does only the rest: each method embeds and clusters only the articles
 whose rows it does not keep. A method whose kept files have another key (another model in the
 same folder, another run's data or seed) is refused with one line before any work
-(`check_kept`): a report never mixes two models' or two runs' rows. A row is one (article,
+(`check_kept`): a report never mixes two models' or two runs' rows. So is a kept file that cannot
+be read (a rows file cut short, an embeddings file without its Parquet footer: both are written
+whole, so only a damaged disk or a hand makes one): one line names it and says to delete it and
+rerun, which scores its articles or sentences again. It is not deleted here: a file nobody can
+read is evidence of a damage the user should see, and a rerun costs only that file's share. A row is one (article,
 method, variant, algorithm); a bundle retried by the runner writes its rows again, and
 `read_kept_rows` keeps one of each (they are equal: the clustering is seeded).
 """
@@ -75,19 +79,74 @@ def _refuse_other(path: str, kept: dict | None, key: dict, fields: tuple[str, ..
                          "never mixes them: choose another --output")
 
 
+def refuse_other_source(path: str, key: dict, output: str) -> None:
+    """UsageError (one line) unless the encoder key kept at `path` (an int8 export's
+    `NAME.source.json`, `eval.all`) is `key`: the results the report keeps under that name are of
+    that export, and no other model is exported over it."""
+    kept = _read_key(path)
+    if kept is None:
+        raise UsageError(f"--output {output} keeps results that no int8 export of {key['spec']} made (no {path}); "
+                         "a report never mixes two models: choose another --output")
+    _refuse_other(path, kept, key, ("spec", "encoder_sha256"), output)
+
+
+def keeps_results(output: str, method: str) -> bool:
+    """Whether `output` keeps embeddings or SCB rows under `method`."""
+    return FileSystems.exists(FileSystems.join(output, EMBEDDINGS_FOLDER, f"{method}.json")) or bool(
+        _rows_files(output, method))
+
+
 def check_kept(output: str, specs: list[EncoderSpec], data_sha256: str, seed: int) -> dict[str, dict]:
     """Before any work: UsageError (one line) when a method's kept embeddings or SCB rows in
-    `output` are of another encoder, run or seed; returns each method's SCB rows key."""
+    `output` are of another encoder, run or seed, or cannot be read; returns each method's SCB
+    rows key."""
     keys = {}
     for spec, method in zip(specs, method_names(specs)):
         key = rows_key(spec, data_sha256, seed)
         embeddings_key = FileSystems.join(output, EMBEDDINGS_FOLDER, f"{method}.json")
         _refuse_other(embeddings_key, _read_key(embeddings_key), key, ("spec", "encoder_sha256"), output)
+        _refuse_unreadable_embeddings(FileSystems.join(output, EMBEDDINGS_FOLDER, f"{method}.parquet"), output)
         scb_key = FileSystems.join(rows_folder(output, method), KEY_FILE)
-        if _rows_files(output, method):   # a key without rows (a job that failed first) keeps nothing
+        rows_files = _rows_files(output, method)
+        if rows_files:   # a key without rows (a job that failed first) keeps nothing
             _refuse_other(scb_key, _read_key(scb_key), key, ("spec", "encoder_sha256", "data_sha256", "seed"), output)
+        for path in rows_files:
+            _refuse_unreadable_rows(path, output)
         keys[method] = key
     return keys
+
+
+def _damaged(path: str, output: str, what: str, kept: str) -> UsageError:
+    return UsageError(f"--output {output}: the kept file {path} is damaged ({what}); delete that file and rerun: "
+                      f"its {kept} are scored again")
+
+
+def _refuse_unreadable_embeddings(path: str, output: str) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not FileSystems.exists(path):
+        return
+    try:
+        with FileSystems.open(path) as handle:
+            pq.read_metadata(handle)
+    except (pa.ArrowException, ValueError, OSError) as error:
+        raise _damaged(path, output, f"not a whole Parquet file: {str(error).splitlines()[0][:200]}",
+                       "sentences") from None
+
+
+def _refuse_unreadable_rows(path: str, output: str) -> None:
+    from pipeline.published import read_bytes
+
+    for number, line in enumerate(read_bytes(path).decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or "article_id" not in row:
+            raise _damaged(path, output, f"line {number} is not an SCB row", "articles") from None
 
 
 def kept_articles(output: str, keys: dict[str, dict]) -> dict[str, frozenset[int]]:

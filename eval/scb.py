@@ -35,6 +35,7 @@ ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read
 METHODS_SCORED = "scb_eval_article_methods_scored"   # (article, method) pairs embedded and clustered by this job
 METHODS_KEPT = "scb_eval_article_methods_kept"       # ... whose rows an earlier, killed run kept (eval.kept)
 SAMPLE = "scb/sample"   # the ids of the articles the job scores, a JSON line each: the report's rows are theirs
+DEAD_LETTERS = "scb/dead_letters"   # the SCB lines the job could not parse, a JSON line each
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
      | "KeepRows" >> beam.ParDo(KeepRowsFn(config.output, config.keep_seconds)))
     (parsed[records.DEAD_LETTERS]
      | "DeadLettersToJson" >> beam.Map(json.dumps)
-     | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, "scb", "dead_letters"),
+     | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, DEAD_LETTERS),
                                                  file_name_suffix=".jsonl"))
 
 
@@ -280,11 +281,32 @@ def check_scb_read(data: str, counters: dict[str, int]) -> None:
 
 def remove_previous_rows(output: str) -> None:
     """Deletes a previous run's sample and dead-letter files, which a run with fewer shards would
-    not overwrite (the kept rows stay: `eval.kept`)."""
-    stale = [metadata.path for pattern in ("sample-*.jsonl", "dead_letters-*.jsonl")
-             for metadata in FileSystems.match([FileSystems.join(output, "scb", pattern)])[0].metadata_list]
+    not overwrite, and what its killed job's sinks left (`leftover_sink_temps`); the kept rows
+    stay (`eval.kept`)."""
+    stale = [metadata.path for sink in (SAMPLE, DEAD_LETTERS)
+             for metadata in FileSystems.match([FileSystems.join(output, f"{sink}-*.jsonl")])[0].metadata_list]
+    stale += leftover_sink_temps(output)
     if stale:
         FileSystems.delete(stale)
+
+
+def leftover_sink_temps(output: str) -> list[str]:
+    """What a killed job's sinks (`SAMPLE`, `DEAD_LETTERS`) left in `<output>/scb`: Beam writes a
+    sink's shards into `beam-temp-<name>-<uuid1 hex>` beside them and deletes that folder when the
+    step ends. Those names only, each the folder (local) or its files (remote); the report's claim,
+    taken before, says no other job writes there now."""
+    import os
+    import re
+
+    folder = FileSystems.join(output, "scb")
+    own = re.compile(rf"beam-temp-({'|'.join(re.escape(sink.split('/')[-1]) for sink in (SAMPLE, DEAD_LETTERS))})"
+                     r"-[0-9a-f]{32}$")
+    if "://" not in output:
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        return [os.path.join(folder, name) for name in names
+                if own.match(name) and os.path.isdir(os.path.join(folder, name))]
+    found = FileSystems.match([FileSystems.join(folder, "beam-temp-*/**")])[0].metadata_list
+    return [metadata.path for metadata in found if own.match(metadata.path[len(folder) + 1:].split("/")[0])]
 
 
 def summarise(rows: list[dict], seed: int = 0) -> list[dict]:
@@ -342,7 +364,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     check_scb_read(config.data, counters)
     sample = {row["article_id"] for row in read_jsonl(FileSystems.join(config.output, f"{SAMPLE}-*.jsonl"))}
     rows = read_kept_rows(config.output, method_names(specs), sample)
-    dead_letters = read_jsonl(FileSystems.join(config.output, "scb", "dead_letters-*.jsonl"))
+    dead_letters = read_jsonl(FileSystems.join(config.output, f"{DEAD_LETTERS}-*.jsonl"))
     result = {
         "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
         "counters": counters,

@@ -2,6 +2,9 @@
 baselines and a tiny trained encoder in one table per evaluation, plus SICK on a fixture."""
 import gzip
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -223,8 +226,10 @@ def test_a_killed_eval_all_resumes_where_it_stopped(embedded_pipeline_output, ti
     kept = {(path.parent.name, json.loads(line)["article_id"])
             for path in (killed / ROWS_FOLDER).glob("*/part-*.jsonl") for line in path.read_text().splitlines()}
     assert 0 < len(kept) < articles * len(methods) and not (killed / "report.json").exists()
+    assert list(killed.glob("scb/beam-temp-*")), "the killed job's sinks left their temporary folders"
 
     resumed = eval_all.main(["--output", str(killed), *flags])
+    assert not list(killed.rglob("beam-temp-*"))
     counters = json.loads((killed / "scb.json").read_text())["counters"]
     assert counters[scb.METHODS_KEPT] == len(kept)
     assert counters[scb.METHODS_SCORED] == articles * len(methods) - len(kept)
@@ -268,3 +273,63 @@ def test_int8_scores_a_transformer_model_dir_through_its_int8_export(embedded_pi
     assert counters.get(scb.METHODS_SCORED, 0) == 0 and counters[scb.METHODS_KEPT] == 2 * 3
     assert rerun["scb"] == report["scb"] and rerun["triplets"] == report["triplets"]
     assert {path.name for path in (out / ROWS_FOLDER).iterdir()} == {"mean-vectors", "minilm-sen", "triplets-sen"}
+
+    # Another model dir under the kept name: refused before the claim and any export, the report as it was.
+    other = shutil.copytree(model_dir, tmp_path / "other-minilm-sen")
+    before = _files(out)
+    refused = _eval_all_process([flag if flag != f"minilm-sen={model_dir}" else f"minilm-sen={other}"
+                                 for flag in flags])
+    assert refused.returncode == 2
+    assert _one_error_line(refused.stderr).startswith(
+        f"error: --output {out}: {export}.source.json keeps results of another encoder spec")
+    assert _files(out) == before
+
+
+def _files(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under `folder`: relative path -> (mtime_ns, bytes)."""
+    return {str(path.relative_to(folder)): (path.stat().st_mtime_ns, path.read_bytes())
+            for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def _eval_all_process(flags: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eval.all", *flags], capture_output=True, text=True, timeout=600)
+
+
+def _one_error_line(stderr: str) -> str:
+    """The one `error:` line a refused command prints, last, with no traceback."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert "Traceback" not in stderr and errors == stderr.strip().splitlines()[-1:], stderr
+    return errors[0]
+
+
+def test_a_damaged_kept_file_is_one_error_line_naming_it_and_scored_again_once_deleted(embedded_pipeline_output,
+                                                                                       tmp_path):
+    """A kept SCB rows file cut short, then a kept embeddings file cut short (its Parquet footer
+    gone): each rerun is refused in one line naming the file; deleted, as the line says, the files'
+    articles and sentences are scored again, into the report an intact folder gives."""
+    from eval.kept import ROWS_FOLDER
+    from model.encoding.embedding_cache import EMBEDDINGS_FOLDER
+
+    out = tmp_path / "eval"
+    flags = ["--data", str(embedded_pipeline_output), "--output", str(out), "--encoder", "mean-vectors",
+             "--max-triplets", "200", "--max-scb-articles", "2", "--runner", "DirectRunner"]
+    assert _eval_all_process(flags).returncode == 0   # in a process: this one's claim would be live
+    report = json.loads((out / "report.json").read_text())
+    [rows] = (out / ROWS_FOLDER / "mean-vectors").glob("part-*.jsonl")
+    embeddings = out / EMBEDDINGS_FOLDER / "mean-vectors.parquet"
+    for damaged, why, kept in ((rows, f"line {len(rows.read_text().splitlines())} is not an SCB row", "articles"),
+                               (embeddings, "not a whole Parquet file", "sentences")):
+        whole = damaged.read_bytes()
+        damaged.write_bytes(whole[:-5])   # the last line cut short; the Parquet footer's magic gone
+        refused = _eval_all_process(flags)
+        assert refused.returncode == 2
+        line = _one_error_line(refused.stderr)
+        assert line.startswith(f"error: --output {out}: the kept file {damaged} is damaged ({why}"), line
+        assert line.endswith(f"; delete that file and rerun: its {kept} are scored again"), line
+        if damaged == rows:
+            damaged.write_bytes(whole)
+    rows.unlink(), embeddings.unlink()
+    eval_all.main(flags)
+    assert json.loads((out / "scb.json").read_text())["counters"][scb.METHODS_SCORED] == 2
+    rescored = json.loads((out / "report.json").read_text())
+    assert rescored["scb"] == report["scb"] and rescored["triplets"] == report["triplets"]
