@@ -20,6 +20,7 @@ without VNNI chosen by measurement (docs/export.md): uint8 activations, int8 wei
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from typing import Any
@@ -160,6 +161,16 @@ def bert_graph(weights: dict[str, np.ndarray], *, layers: int, heads: int, epsil
     return model
 
 
+# What `quantize_dynamic` logs (on the root logger) for every graph its `quant_pre_process` has not
+# rewritten. That pre-processing is shape inference and ONNX Runtime's optimizer, which would have
+# to rediscover the fused operators this graph is written with: nothing to tell the user.
+PRE_PROCESSING_ADVICE = "pre-processing before quantization"   # in each of its wordings
+
+
+def _not_pre_processing_advice(record: logging.LogRecord) -> bool:
+    return PRE_PROCESSING_ADVICE not in record.getMessage()
+
+
 def quantized_int8(model) -> bytes:
     """The graph with its matrix products quantized to int8 dynamically (`INT8_SETTINGS`), as bytes."""
     import onnx
@@ -168,10 +179,13 @@ def quantized_int8(model) -> bytes:
     with tempfile.TemporaryDirectory(prefix="onnx-int8-") as folder:
         source, target = os.path.join(folder, "fp32.onnx"), os.path.join(folder, "int8.onnx")
         onnx.save(model, source)
-        # DefaultTensorType: ONNX's shape inference does not type the contrib operators' outputs (float32 all).
-        quantize_dynamic(source, target, weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
-                         per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"],
-                         op_types_to_quantize=INT8_SETTINGS["op_types"], extra_options={"DefaultTensorType": 1})
+        logging.getLogger().addFilter(_not_pre_processing_advice)
+        try:   # DefaultTensorType: ONNX's shape inference does not type the contrib operators' outputs (float32).
+            quantize_dynamic(source, target, weight_type=getattr(QuantType, INT8_SETTINGS["weight_type"]),
+                             per_channel=INT8_SETTINGS["per_channel"], reduce_range=INT8_SETTINGS["reduce_range"],
+                             op_types_to_quantize=INT8_SETTINGS["op_types"], extra_options={"DefaultTensorType": 1})
+        finally:
+            logging.getLogger().removeFilter(_not_pre_processing_advice)
         with open(target, "rb") as handle:
             return handle.read()
 

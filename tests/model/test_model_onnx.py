@@ -214,3 +214,24 @@ def test_an_off_the_shelf_model_dir_exports_too(tmp_path):
     assert encoder.max_seq_length == 16
     np.testing.assert_allclose(encoder.encode(SENTENCES), SavedModelEncoder(str(tmp_path / "minilm")).encode(SENTENCES),
                                atol=1e-4)
+
+
+def test_the_int8_quantization_keeps_quiet_about_pre_processing(caplog, capfd):
+    """onnxruntime logs its pre-processing advice for every graph not run through
+    `quant_pre_process` (a WARNING on the root logger): the export's graph has no use for it."""
+    import onnx
+    from onnx import helper
+
+    from model.formats.onnx_export import PRE_PROCESSING_ADVICE, quantized_int8
+
+    weights = onnx.numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4), "weights")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "weights"], ["y"])], "matmul",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])], [weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    with caplog.at_level("WARNING"):
+        quantized = onnx.load_from_string(quantized_int8(model))
+    assert "MatMulInteger" in {node.op_type for node in quantized.graph.node}
+    assert not [record for record in caplog.records if PRE_PROCESSING_ADVICE in record.getMessage()]
+    assert PRE_PROCESSING_ADVICE not in capfd.readouterr().err
