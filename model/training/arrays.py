@@ -232,23 +232,28 @@ class SplitBatches(keras.utils.PyDataset):
 
 class StreamedBatches(keras.utils.PyDataset):
     """An endless stream of batches, made one after the other in a Keras worker thread beside the
-    training step (`workers=1`: Keras asks for them in order, and this checks it does; the batch
-    Keras peeks at to learn the shapes is asked for again, and kept for it)."""
+    training step (`workers=1`: Keras asks for them in order, and this checks it does). The batches
+    Keras peeks at to learn the shapes may be asked for again after the worker has read ahead, so
+    the last few are kept for it."""
+
+    KEPT = 16
 
     def __init__(self, batches: Iterator[Batch]):
         super().__init__(workers=1, max_queue_size=8)
         self.batches = batches
-        self.last: tuple[int, Batch | None] = (-1, None)
+        self.kept: dict[int, Batch] = {}
+        self.next_index = 0
 
     @property
     def num_batches(self) -> None:
         return None
 
     def __getitem__(self, index: int) -> Batch:
-        last_index, last = self.last
-        if index == last_index and last is not None:
-            return last
-        if index != last_index + 1:
-            raise RuntimeError(f"the training stream is read in order: batch {index} asked for, {last_index + 1} next")
-        self.last = (index, next(self.batches))
-        return self.last[1]
+        if index in self.kept:
+            return self.kept[index]
+        if index != self.next_index:
+            raise RuntimeError(f"the training stream is read in order: batch {index} asked for, {self.next_index} next")
+        self.kept[index] = next(self.batches)
+        self.kept.pop(index - self.KEPT, None)
+        self.next_index = index + 1
+        return self.kept[index]
