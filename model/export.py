@@ -12,7 +12,10 @@ wordpieces per sentence its export records); `onnx:DIR` then names the folder as
 
 `--output` is claimed as every writing command claims its folder (`claim.json`): a folder
 holding anything an export does not write (a `NOTES.md`, an `onnx/`) is refused, an earlier
-export is replaced only with `--overwrite true`, and only its own files are deleted.
+export is replaced only with `--overwrite true`, and only its own files are deleted. Once the
+folder is written its claim names only the command and when it ended (`end_claim`): a finished
+folder is what a user uploads as it is (to the Hugging Face Hub), and no file of it names this
+host or a pid; while the export runs the claim names them, so another writer is refused.
 
 The network is rebuilt from the flags the model dir records (`inputs.json`) and its best
 checkpoint loaded; `--report` adds an `eval.all` report's scores, with their intervals, to the
@@ -158,8 +161,24 @@ def export_model_dir(config: ExportConfig) -> str:
     similarity = train_config.resolved("distance")
     card = model_card(summary, name, similarity, train_config.inputs.max_tokens, report_lines,
                       int(encoder.output_shape[-1]))
-    return write_sentence_transformers(encoder, checkpoint_dir(flags["encoder"]), config.output,
-                                       max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
+    write_sentence_transformers(encoder, checkpoint_dir(flags["encoder"]), config.output,
+                                max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
+    return end_claim(config.output)
+
+
+def end_claim(output: str) -> str:
+    """Replaces the live claim of the written folder `output` by one naming only the command and
+    when it ended (no host, no pid: the folder is published as it is); `claim_folder` still takes
+    it as model.export's (`--overwrite` replaces the folder) and as ended. Returns `output`."""
+    import json
+    import time
+
+    from model.training.storage import CLAIM_FILE
+    from pipeline.published import write_complete
+
+    ended = {"command": "model.export", "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_complete(f"{output.rstrip('/')}/{CLAIM_FILE}", json.dumps(ended).encode())
+    return output
 
 
 def is_off_the_shelf(model_dir: str) -> bool:
@@ -216,9 +235,10 @@ def export_onnx(config: ExportConfig) -> str:
     source = onnx_source(config.model_dir, config.weights)
     claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
     backbone, projection, checkpoint, max_tokens, similarity = source()
-    return write_onnx_folder(backbone, os.path.join(checkpoint_dir(checkpoint), "vocab.txt"), config.output,
-                             max_tokens=max_tokens, similarity=similarity, quantize=config.quantize,
-                             projection=projection, source=os.path.basename(config.model_dir.rstrip("/")))
+    write_onnx_folder(backbone, os.path.join(checkpoint_dir(checkpoint), "vocab.txt"), config.output,
+                      max_tokens=max_tokens, similarity=similarity, quantize=config.quantize, projection=projection,
+                      source=os.path.basename(config.model_dir.rstrip("/")))
+    return end_claim(config.output)
 
 
 def scb_sentences(data: str, limit: int) -> list[str]:

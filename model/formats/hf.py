@@ -144,23 +144,35 @@ def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_to
 def report_scores(report: str | None, method: str) -> list[str]:
     """Lines of the model card for `method`'s rows in an eval report folder (`eval.all`'s
     triplets.json and scb.json), with their 95 % intervals; a file that is not such a report
-    is a JsonFileError naming it."""
+    is a JsonFileError naming it, and a report without `method`'s rows a UsageError naming the
+    methods it has: a card never silently lacks the scores it was asked for."""
+    from pipeline.cli import UsageError
     from pipeline.published import JsonFileError, read_json_object
 
     if not report:
         return []
     lines: list[str] = []
+    methods: set[str] = set()
     triplets_path, scb_path = os.path.join(report, "triplets.json"), os.path.join(report, "scb.json")
     try:
         if os.path.exists(triplets_path):
-            lines += _triplet_lines(read_json_object(triplets_path, {"methods": list}), method)
+            triplets = read_json_object(triplets_path, {"methods": list})
+            lines += _triplet_lines(triplets, method)
+            methods |= {entry["method"] for entry in triplets["methods"]}
         if os.path.exists(scb_path):
-            lines += _scb_lines(read_json_object(scb_path, {"summary": list}), method)
+            scb = read_json_object(scb_path, {"summary": list})
+            lines += _scb_lines(scb, method)
+            methods |= {entry["method"] for entry in scb["summary"]}
     except JsonFileError:
         raise
     except (KeyError, TypeError, ValueError) as error:
         raise JsonFileError(f"--report {report}: its triplets.json or scb.json lacks a field an eval.all report "
                             f"holds ({type(error).__name__}: {error})") from None
+    if not lines:
+        raise UsageError(f"--report {report} holds no scores of {method!r} (the --model-dir's folder name, which "
+                         f"eval.all gives its rows); its triplets.json and scb.json score "
+                         f"{', '.join(map(repr, sorted(methods))) or 'no method'}: pass the report that scored "
+                         "this model dir")
     return lines
 
 
@@ -281,11 +293,13 @@ sentences longer than {max_tokens} wordpieces are truncated.
 
 ```python
 from sentence_transformers import SentenceTransformer
-model = SentenceTransformer("THIS_FOLDER")
+
+folder = "{name}"   # this folder's path, or its id on the Hub once uploaded ("your-name/{name}")
+model = SentenceTransformer(folder)
 embeddings = model.encode(["A sentence.", "Another one."])
 ```
 
-keras-hub: `keras_hub.models.BertBackbone.from_preset("THIS_FOLDER")` (mean-pool its
+keras-hub: `keras_hub.models.BertBackbone.from_preset(folder)` (mean-pool its
 `sequence_output` over the padding mask). Its `BertTokenizer` does not strip accents as this
 checkpoint's tokenizer does, so on accented text ("Café", "Zürich") its embeddings differ from
 the ones above; tokenise with `tokenizers` (`tokenizer.json`) instead. TF Serving: serve the

@@ -5,7 +5,9 @@ through a symbolic link, and reads back every JSON file through one typed reader
 truncated or edited one is one `error:` line naming it (exit 2), not a traceback."""
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -145,6 +147,7 @@ def exportable(fine_tuned, tmp_path):
     ("bad encoder in inputs.json", "inputs.json"),
     ("truncated history.json", "history.json"),
     ("truncated report triplets.json", "triplets.json"),
+    ("report of other methods", "'minilm-sen'"),
     ("output is a symbolic link", "symbolic link"),
 ])
 def test_export_faults_are_one_error_line_and_write_nothing(exportable, tmp_path, fault, named):
@@ -166,11 +169,18 @@ def test_export_faults_are_one_error_line_and_write_nothing(exportable, tmp_path
     elif fault == "truncated report triplets.json":
         (report / "triplets.json").write_text('{"methods": [')
         flags = ["--report", report]
+    elif fault == "report of other methods":
+        (report / "triplets.json").write_text(json.dumps({"methods": [{"method": "tfidf"}, {"method": "minilm"}]}))
+        flags = ["--report", report]
     else:
         (tmp_path / "elsewhere").mkdir()
         output.symlink_to(tmp_path / "elsewhere")
     done = _cli("model.export", "--model-dir", exportable, "--output", output, *flags)
-    _one_error_line(done, named)
+    error = _one_error_line(done, named)
+    if fault == "report of other methods":
+        assert error == (f"error: --report {report} holds no scores of 'minilm-sen' (the --model-dir's folder name, "
+                         "which eval.all gives its rows); its triplets.json and scb.json score 'minilm', 'tfidf': "
+                         "pass the report that scored this model dir")
     assert not Path(f"{output}.partial").exists()
     assert not output.exists() or output.is_symlink() and os.listdir(tmp_path / "elsewhere") == []
 
@@ -190,7 +200,12 @@ def test_export_keeps_the_users_files_and_replaces_its_own_only_with_overwrite(f
     out = tmp_path / "st"
     export(["--model-dir", str(model_dir), "--output", str(out)])
     first = (out / "model.safetensors").stat()
-    assert json.loads((out / "claim.json").read_text())["command"] == "model.export"
+    # The folder is what a user uploads: its ended claim names no host or pid, nor does any file.
+    claim = json.loads((out / "claim.json").read_text())
+    assert claim["command"] == "model.export" and claim.keys() == {"command", "ended"}
+    assert not [path for path in out.rglob("*") if path.is_file() and _names_this_host(path)]
+    card = (out / "README.md").read_text()
+    assert "THIS_FOLDER" not in card and f'folder = "{model_dir.name}"   # this folder\'s path' in card
     assert {oct(path.stat().st_mode & 0o777) for path in out.rglob("*") if path.is_file()} == {"0o644"}
     with pytest.raises(UsageError, match="already holds the output of an earlier model.export"):
         export(["--model-dir", str(model_dir), "--output", str(out)])
@@ -198,6 +213,19 @@ def test_export_keeps_the_users_files_and_replaces_its_own_only_with_overwrite(f
     export(["--model-dir", str(model_dir), "--output", str(out), "--overwrite", "true"])
     assert (out / "model.safetensors").stat().st_mtime_ns != first.st_mtime_ns
     assert not [name for name in os.listdir(out) if "partial" in name]
+
+
+def _names_this_host(path: Path) -> bool:
+    """Whether the export's file names this host as a word: in its text, or in the weights' header
+    (their tensors are numbers; the checkpoint's tokenizer files are copied as they ship)."""
+    from model.formats.hf import TOKENIZER_FILES
+
+    if path.name in TOKENIZER_FILES:
+        return False
+    data = path.read_bytes()
+    if path.suffix == ".safetensors":
+        data = data[8:8 + int.from_bytes(data[:8], "little")]
+    return re.search(rb"\b" + re.escape(socket.gethostname().encode()) + rb"\b", data) is not None
 
 
 def test_a_claim_that_is_not_one_is_one_error_line(tiny_model, tmp_path):
