@@ -37,6 +37,7 @@ import os
 import shutil
 import sys
 import tempfile
+import types
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, TypeAlias
@@ -114,9 +115,16 @@ LOG = logging.getLogger(__name__)
 
 class KerasDevices:
     """What the trainer asks of its strategy (replicas, a scope, whether it is the chief), under
-    the JAX backend, from `keras.distribution`: one device, or with `data-parallel` every local
-    device (`DataParallel`: the weights replicated, each global batch split on its block axis,
-    one compiled program over all of them). Set before the model is built, as Keras requires."""
+    the JAX backend, from `keras.distribution`: one device, or with `data-parallel` every device
+    (`DataParallel`: the weights replicated, each global batch split on its block axis, one
+    compiled program over all of them). Set before the model is built, as Keras requires.
+
+    Several processes (a multi-node GPU job, a TPU pod slice) run the same command, each with
+    `KERAS_DISTRIBUTION_JOB_ADDRESSES` (the coordinator first), `KERAS_DISTRIBUTION_NUM_PROCESSES`
+    and `KERAS_DISTRIBUTION_PROCESS_ID`, which `keras.distribution.initialize()` reads; JAX's CPU
+    collectives between processes go through gloo. Each process feeds its own devices' blocks of
+    every global batch, read from its own share of the shards; process 0 is the chief, and the
+    others write to a folder of their own (`worker_temp_dir`), as tf.distribute's workers do."""
 
     cluster_resolver = None   # one process: the chief, as `is_chief` reads it
 
@@ -127,12 +135,31 @@ class KerasDevices:
             import tensorflow as tf
 
             tf.config.set_visible_devices([], "GPU")
+        self.processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or 1)
+        if self.processes > 1 and (name != "data-parallel" or tensorflow_input):
+            from pipeline.cli import UsageError
+
+            raise UsageError(f"KERAS_DISTRIBUTION_NUM_PROCESSES={self.processes}: several processes train one model "
+                             "with --distribution-strategy data-parallel, a transformer reading arrays (not "
+                             "--shuffle-buffer, --teacher or --article-chunk 0)")
+        if self.processes > 1:
+            import jax
+
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            keras.distribution.initialize()
+            self.process_id = jax.process_index()
+            self.cluster_resolver = types.SimpleNamespace(task_type="worker", task_id=self.process_id)
+        else:
+            self.process_id = 0
         devices = keras.distribution.list_devices()
         self.num_replicas_in_sync = len(devices) if name == "data-parallel" else 1
+        self.local_replicas = self.num_replicas_in_sync // self.processes
         if name == "data-parallel":
-            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-        LOG.info("JAX backend: %d device(s) (%s), %d replica(s)", len(devices), ", ".join(devices),
-                 self.num_replicas_in_sync)
+            # each process reads its own shards (`ArrayInput`): Keras is not to shard them again
+            keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices,
+                                                                                auto_shard_dataset=False))
+        LOG.info("JAX backend: process %d of %d, %d device(s) (%s), %d replica(s)", self.process_id, self.processes,
+                 len(devices), ", ".join(devices), self.num_replicas_in_sync)
 
     def scope(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -156,6 +183,16 @@ def strategy_of(config: TrainConfig) -> Strategy:
     from model.training.strategies import make_strategy
 
     return make_strategy(config.runtime.distribution_strategy)
+
+
+def processes_of(strategy: Strategy) -> int:
+    """The processes training one model: `KerasDevices`' own count, or the tasks of a
+    tf.distribute cluster (chief and workers of `TF_CONFIG`); 1 for a strategy of one process."""
+    if isinstance(strategy, KerasDevices):
+        return strategy.processes
+    resolver = getattr(strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    return sum(len(cluster.get(task, [])) for task in ("chief", "worker")) or 1
 
 
 def is_chief(strategy: Strategy) -> bool:
@@ -607,7 +644,9 @@ def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
     if reads_arrays(config):
         from model.training.arrays import ArrayInput
 
-        source = ArrayInput(config, run, job.replicas)
+        devices = job.strategy
+        assert isinstance(devices, KerasDevices)   # reads_arrays: the JAX backend
+        source = ArrayInput(config, run, devices.local_replicas, devices.process_id, devices.processes)
     elif config.network.kind.reads_word_vectors:
         from model.net.text import WordIds
 
@@ -814,6 +853,7 @@ def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit
         "record_counts": counts,
         "trained_on": job.run.provenance(),
         "replicas": job.replicas,
+        "processes": processes_of(job.strategy),
         **({"device": device_kind()} if config.runtime.backend == "jax" and device_kind() != "cpu" else {}),
         "global_batch_size": job.global_batch,
         "distance": config.resolved("distance"),
@@ -828,12 +868,13 @@ def _export(job: _Job, word_ids: WordIds | None, encoder, model, summary: dict) 
     Under JAX the strings-in SavedModels come from a TensorFlow process (`model.export --format saved-model`) that
     loads the weights tested here."""
     config, runtime, model_dir = job.config, job.config.runtime, job.model_dir
+    tested = f"{model_dir}/{BACKUP}/tested.weights.h5"
+    if runtime.backend == "jax":   # by every process: under several, Keras' saving runs collectives
+        os.makedirs(os.path.dirname(tested), exist_ok=True)
+        model.save_weights(tested)
     if is_chief(job.strategy):
         LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
         if runtime.backend == "jax":
-            tested = f"{model_dir}/{BACKUP}/tested.weights.h5"
-            os.makedirs(os.path.dirname(tested), exist_ok=True)
-            model.save_weights(tested)
             export_in_tensorflow(model_dir, tested)
         else:
             from model.formats.saved_model import write_saved_models

@@ -253,14 +253,14 @@ def dataflow_option_errors(beam_args: list[str]) -> list[str]:
     from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
 
     options = PipelineOptions([*beam_args, "--dry_run=True"])
-    validator = PipelineOptionsValidator(options, DataflowRunner())
+    validator: Any = cast(Any, PipelineOptionsValidator)(options, cast(Any, DataflowRunner)())
     cloud = options.view_as(GoogleCloudOptions)
     temp_errors = validator.validate_gcs_path(cloud, "temp_location")
     staging_errors = validator.validate_gcs_path(cloud, "staging_location")
     if temp_errors and staging_errors:
         return [*temp_errors, *(staging_errors if cloud.staging_location else []),
                 *validator.validate_cloud_options(cloud)]
-    return validator.validate()
+    return list(validator.validate())
 
 
 def _beam_options(beam_args: list[str]) -> dict[str, Any]:

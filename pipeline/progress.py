@@ -56,7 +56,7 @@ class _LogLines:
         self.stream.flush()
 
 
-def progress_bar(iterable: Iterable[T] | None = None, **options: Any) -> tqdm[T]:
+def progress_bar(iterable: Iterable[T] | None = None, **options: Any) -> tqdm[Any]:
     """tqdm with `options` (`desc`, `unit`, `total`, `file`: stderr by default) where a terminal
     shows it; on a stream that is not one (a log file) a line every LOG_LINE_EVERY_S seconds, not
     a bar redrawn ten times a second, and a last line when it closes."""

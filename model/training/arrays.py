@@ -105,17 +105,21 @@ def _padded(rows: np.ndarray, size: int, value: int | float = 0) -> np.ndarray:
     return np.concatenate([rows, np.full((size - len(rows), *rows.shape[1:]), value, rows.dtype)])
 
 
-def batch_arrays(triplets: list[dict], pieces: WordPieces, batch_size: int, replicas: int = 1) -> Batch:
+def batch_arrays(triplets: list[dict], pieces: WordPieces, batch_size: int, replicas: int = 1,
+                 largest: bool = False) -> Batch:
     """A batch of triplets -> the triplet model's (inputs, labels, weights) in the fixed shapes of
     tf.data's `static_batch(shared_sentences(...))`: `replicas` blocks (the first ones full) of
     `batch_size` triplets (padding weighs 0), their distinct sentences padded to a multiple of
     `batch_size` rows (with copies of the block's first) and to the smallest of `STATIC_WIDTHS`
-    or `max_tokens` that holds them."""
+    or `max_tokens` that holds them. `largest`: always the largest of those shapes (3 x
+    `batch_size` rows of `max_tokens`), as processes that feed one global batch need: each
+    shapes its own part, and the parts must agree."""
     per_replica = -(-len(triplets) // replicas)
     blocks = [_distinct_sentences(triplets[r * per_replica:(r + 1) * per_replica], pieces) for r in range(replicas)]
-    longest = max(1, *(ids.shape[1] for ids, _, _ in blocks))
+    longest = pieces.max_tokens if largest else max(1, *(ids.shape[1] for ids, _, _ in blocks))
     width = min(w for w in {*STATIC_WIDTHS, pieces.max_tokens} if w >= longest and w <= pieces.max_tokens)
-    rows = -(-max(len(ids) for ids, _, _ in blocks) // batch_size) * batch_size
+    most = 3 * batch_size if largest else max(len(ids) for ids, _, _ in blocks)
+    rows = -(-most // batch_size) * batch_size
     sentences = []
     for ids, _, _ in blocks:
         ids = np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
@@ -130,12 +134,16 @@ def batch_arrays(triplets: list[dict], pieces: WordPieces, batch_size: int, repl
 
 class ArrayInput:
     """The trainer's input of one run under the JAX backend: the validation and test batches, the
-    training stream and the record counts, as `model.train` asks tf.data's for them."""
+    training stream and the record counts, as `model.train` asks tf.data's for them. In a job of
+    several processes, `process` of `processes` feeds its `replicas` local devices' blocks of each
+    global batch from its own share of the shards (`shard_stream`'s FILE sharding, as tf.data's
+    input pipelines do), and every process runs the same number of evaluation steps."""
 
-    def __init__(self, config: TrainConfig, run: Run, replicas: int):
+    def __init__(self, config: TrainConfig, run: Run, replicas: int, process: int = 0, processes: int = 1):
         self.config, self.run, self.replicas = config, run, replicas
+        self.process, self.processes = process, processes
         self.dataset = config.inputs.dataset
-        self.global_batch = config.optimizer.batch_size * replicas
+        self.process_batch = config.optimizer.batch_size * replicas   # this process's share of a step's batch
         self.pieces = wordpieces(config.inputs.max_tokens, config.network.encoder)
 
     def _paths(self, split: str) -> list[tuple[str, int]]:
@@ -146,30 +154,38 @@ class ArrayInput:
         """Batches of `batch_size` triplets per replica (default `--batch-size`)."""
         batch_size = batch_size or self.config.optimizer.batch_size
         while chunk := list(itertools.islice(triplets, batch_size * self.replicas)):
-            yield batch_arrays(chunk, self.pieces, batch_size, self.replicas)
+            yield batch_arrays(chunk, self.pieces, batch_size, self.replicas, largest=self.processes > 1)
 
     def evaluation(self, split: str) -> keras.utils.PyDataset:
         """A seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`: the
         split's shards from shard `seed` on, its first records), held for every epoch; without
         one, the whole split, streamed again at every pass (each validation, the untrained and
-        the test scores), in as many batches as its manifest's records fill."""
-        paths, size = [path for path, _ in self._paths(split)], self.config.inputs.evaluation_triplets
+        the test scores), in as many batches as its manifest's records fill. Each process scores
+        its share: every `processes`-th triplet of the sample, or its shards of the split."""
+        shards, size = self._paths(split), self.config.inputs.evaluation_triplets
         if not size:
-            records = triplet_split(self.run, self.dataset, split).records
+            mine = shards[self.process::self.processes]
+            steps = max(-(-sum(count for _, count in shards[p::self.processes]) // self.process_batch)
+                        for p in range(self.processes))
 
             def stream() -> Iterator[Batch]:
-                return self._batches(triplets_of(itertools.chain.from_iterable(map(shard_records, paths))))
+                records = itertools.chain.from_iterable(shard_records(path) for path, _ in mine)
+                return self._batches(triplets_of(records))
 
-            return SplitBatches(stream, -(-records // self.global_batch))
+            return SplitBatches(stream, steps)
+        paths = [path for path, _ in shards]
         rotation = self.config.runtime.seed % max(len(paths), 1)
         records = itertools.chain.from_iterable(map(shard_records, paths[rotation:] + paths[:rotation]))
-        sample = list(itertools.islice(triplets_of(records), size))
-        return HeldBatches(list(self._batches(iter(sample))))
+        sample = list(itertools.islice(triplets_of(records), size))[self.process::self.processes]
+        per_process = -(-size // self.processes)
+        steps = -(-per_process // self.process_batch)
+        return SplitBatches(lambda: self._batches(iter(sample)), steps)
 
     def training(self, resume_at_step: int = 0) -> keras.utils.PyDataset:
         """The endless training stream, from the first record a resumed run has not trained on, in
         the parts a step's batch is fed in (`--gradient-accumulation-steps`)."""
-        shards = shard_stream(self._paths("train"), self.config.runtime.seed, start=resume_at_step * self.global_batch)
+        shards = shard_stream(self._paths("train"), self.config.runtime.seed, self.process, self.processes,
+                              start=resume_at_step * self.process_batch)
         records = itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards)
         return StreamedBatches(self._batches(triplets_of(records), self.config.optimizer.part_size))
 
@@ -182,20 +198,6 @@ class ArrayInput:
                 unparseable += parse_triplet(record) is None
         expected = triplet_split(self.run, self.dataset, split).records
         return {"expected": expected, "read": read, "lost": max(0, expected - read), "unparseable": unparseable}
-
-
-class HeldBatches(keras.utils.PyDataset):
-    """Batches held in memory (an evaluation sample), the same at every epoch."""
-
-    def __init__(self, batches: list[Batch]):
-        super().__init__()
-        self.batches = batches
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, index: int) -> Batch:
-        return self.batches[index]
 
 
 class SplitBatches(keras.utils.PyDataset):

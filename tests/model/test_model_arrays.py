@@ -114,3 +114,19 @@ def test_a_jax_run_of_a_transformer_never_imports_tensorflow(shards, tmp_path):
     history = json.loads((tmp_path / "m" / "history.json").read_text())
     assert history["record_counts"]["train"]["unparseable"] == 1
     assert sorted(os.listdir(tmp_path / "m" / "logs")) == ["train", "validation"]   # TensorBoard, by tensorboardX
+
+
+def test_two_processes_read_disjoint_shares_in_equal_steps(shards):
+    """A job of 2 processes: each feeds its devices from its own shards, their shares together are
+    the split once, and both run as many evaluation steps (a collective waits for every process)."""
+    run = open_run(shards)
+    for size in (None, 20):
+        config = _config(shards, evaluation_triplets=size)
+        shares = [ArrayInput(config, run, 1, process, 2).evaluation("validation") for process in (0, 1)]
+        assert len(shares[0]) == len(shares[1]) > 0
+        whole = ArrayInput(config, run, 1).evaluation("validation")
+        weighed = [sum(float(batch[2].sum()) for batch in (share[i] for i in range(len(share)))) for share in shares]
+        assert sum(weighed) == sum(float(whole[i][2].sum()) for i in range(len(whole))) == (size or 64)
+    config = _config(shards)
+    firsts = [ArrayInput(config, run, 1, process, 2).training()[0] for process in (0, 1)]
+    assert not np.array_equal(firsts[0][0]["sentences"], firsts[1][0]["sentences"])

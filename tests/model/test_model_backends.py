@@ -245,3 +245,66 @@ def test_a_command_that_needs_tensorflow_keras_refuses_another_backend_in_one_li
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: KERAS_BACKEND=jax: {command} runs Keras under "
                                                            "TensorFlow")
     assert not (tmp_path / "m").exists() and not (tmp_path / "st").exists()
+
+
+@pytest.mark.slow   # a MiniLM trainer process under JAX, on 1 and on 2 virtual devices
+@pytest.mark.parametrize("devices", [1, 2])
+def test_minilm_under_jax_on_its_defaults_scores_the_whole_validation_split_every_pass(shards, tmp_path, devices):
+    """No `--evaluation-triplets`: the validation split is streamed at every pass (each epoch's
+    validation, then the untrained model's), and on 2 devices each runs the same number of steps."""
+    strategy = ["--distribution-strategy", "data-parallel"] if devices == 2 else []
+    env = {**JAX_ENV, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    trained = subprocess.run([sys.executable, "-m", "model.train", "--data", str(shards), "--model-dir",
+                              str(tmp_path / "m"), "--backend", "jax", "--encoder", "minilm", "--steps", "2",
+                              "--epochs", "2", "--batch-size", "8", "--max-tokens", "16", "--progress", "false",
+                              *strategy], capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    assert history["replicas"] == devices and history["evaluation_triplets"] == "all"
+    assert len(history["val_triplet_accuracy"]) == 2
+    assert 0 < history["untrained_val_triplet_accuracy"] <= 1
+    exported = subprocess.run([sys.executable, "-m", "model.export", "--model-dir", str(tmp_path / "m"), "--format",
+                               "onnx", "--output", str(tmp_path / "onnx")], capture_output=True, text=True, cwd=REPO,
+                              timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow   # two MiniLM trainer processes under JAX, then eval.all and model.export on their model dir
+def test_two_processes_train_one_model_dir_that_eval_and_export_accept(embedded_pipeline_output, tmp_path):
+    """Several hosts as Keras documents them: the same command in every process, told the job by
+    `KERAS_DISTRIBUTION_*` (here 2 processes over loopback, JAX's CPU collectives through gloo)."""
+    model_dir, port = tmp_path / "m", _free_port()
+    processes = [subprocess.Popen(
+        [sys.executable, "-m", "model.train", "--data", str(embedded_pipeline_output), "--model-dir", str(model_dir),
+         "--backend", "jax", "--encoder", "minilm", "--distribution-strategy", "data-parallel", "--steps", "2",
+         "--epochs", "1", "--batch-size", "8", "--max-tokens", "16", "--evaluation-triplets", "16", "--progress",
+         "false"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**JAX_ENV, "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
+             "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(index)})
+        for index in (0, 1)]
+    for process in processes:
+        _, stderr = process.communicate(timeout=900)
+        assert process.returncode == 0, stderr[-3000:]
+    history = json.loads((model_dir / "history.json").read_text())
+    assert history["processes"] == 2 and history["replicas"] == 2 and history["global_batch_size"] == 16
+    # one writer: process 0 claimed the model dir (the other wrote to a folder of its own)
+    assert json.loads((model_dir / "inputs.json").read_text())["owner"]["pid"] == processes[0].pid
+    report = subprocess.run([sys.executable, "-m", "eval.all", "--data", str(embedded_pipeline_output), "--model-dir",
+                             f"two={model_dir}", "--encoder", "mean-vectors", "--output", str(tmp_path / "report"),
+                             "--max-scb-articles", "1", "--max-triplets", "50"],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert report.returncode == 0, report.stderr[-3000:]
+    rows = json.loads((tmp_path / "report" / "triplets.json").read_text())["methods"]
+    assert "two" in [row["method"] for row in rows]
+    exported = subprocess.run([sys.executable, "-m", "model.export", "--model-dir", str(model_dir), "--format", "onnx",
+                               "--output", str(tmp_path / "onnx")], capture_output=True, text=True, cwd=REPO,
+                              timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
