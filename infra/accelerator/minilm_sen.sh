@@ -7,14 +7,14 @@
 # TensorFlow; the soup and the exports then run where TensorFlow is (the script says how).
 #
 #   infra/accelerator/minilm_sen.sh DATA OUT            # DATA: a pipeline.run folder; OUT: new
-#   SEEDS="1 2 3" BUDGET_MIN=5 EPOCHS=1 PYTHON=python3 infra/accelerator/minilm_sen.sh DATA OUT
+#   SEEDS="1 2 3" BUDGET_MIN=8 EPOCHS=1 PYTHON=python3 infra/accelerator/minilm_sen.sh DATA OUT
 #
 # Each run gets an equal share of the GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION); MiniLM at a
 # batch of 128 triplets leaves an H100 mostly idle, so runs side by side cost little more than one.
 set -euo pipefail
 DATA=${1:?DATA: a pipeline.run output folder} OUT=${2:?OUT: the folder for the model dirs}
 SEEDS=${SEEDS:-1 2 3}
-BUDGET_MIN=${BUDGET_MIN:-5}
+BUDGET_MIN=${BUDGET_MIN:-8}
 EPOCHS=${EPOCHS:-1}
 PY=${PYTHON:-python3}
 export KERAS_BACKEND=jax PYTHONUNBUFFERED=1
