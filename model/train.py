@@ -743,7 +743,7 @@ def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
 def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint, extra_callbacks: list | None,
                 started: float) -> dict:
     """`_fit`'s `fit`, from the epoch after the backup's completed ones (`state`) to `--epochs`."""
-    from model.training.callbacks import FirstStep, LearningCurve, TimeBudget
+    from model.training.callbacks import FirstStep, KeepInterrupts, LearningCurve, TimeBudget
 
     config, optimizer, runtime = job.config, job.config.optimizer, job.config.runtime
     step, epochs_done = state["step"], state["epoch"]
@@ -757,12 +757,13 @@ def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint
     curve = LearningCurve(job.global_batch, state["learning_curve"])
     budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
     callbacks = _callbacks(job, best, curve, budget, extra_callbacks)
-    fit = model.fit(train_batches, validation_data=data.validation_batches, epochs=optimizer.epochs,
-                    initial_epoch=epochs_done,   # Keras counts each part of a step's batch as a step
-                    steps_per_epoch=(optimizer.steps or pass_steps) * optimizer.gradient_accumulation_steps,
-                    callbacks=[*callbacks, first_step],
-                    verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
-                    shuffle=False)   # the stream is in its written order
+    with KeepInterrupts() as interrupts:   # Ctrl-C, which Keras may swallow under JAX
+        fit = model.fit(train_batches, validation_data=data.validation_batches, epochs=optimizer.epochs,
+                        initial_epoch=epochs_done,   # Keras counts each part of a step's batch as a step
+                        steps_per_epoch=(optimizer.steps or pass_steps) * optimizer.gradient_accumulation_steps,
+                        callbacks=[*callbacks, first_step, interrupts],
+                        verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
+                        shuffle=False)   # the stream is in its written order
     earlier = state["history"] or {}   # a backup of an older version has none
     history = {key: [*earlier.get(key, []), *(float(v) for v in values)] for key, values in fit.history.items()}
     return {"history": history, "stopped_by_budget": bool(budget and budget.stopped),

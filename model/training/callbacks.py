@@ -1,15 +1,17 @@
 """The trainer's own Keras callbacks, for what Keras' callbacks do not do: write backups and the
 best checkpoint atomically, mirror a staged model dir's backups to the remote one, stop on a
-wall-clock budget, keep the best checkpoint's score across a resumed run, and record the
-learning curve. `model.train` imports this module when it
-trains (Keras loads then, not at `--help`)."""
+wall-clock budget, keep the best checkpoint's score across a resumed run, record the
+learning curve, and let Ctrl-C through where Keras would swallow it. `model.train` imports this
+module when it trains (Keras loads then, not at `--help`)."""
 from __future__ import annotations
 
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 
 import keras
@@ -220,6 +222,43 @@ class FirstStep(keras.callbacks.Callback):
         if self.seconds is None:
             self.seconds = round(time.monotonic() - self.started, 1)
             logging.getLogger(__name__).info("first training step after %.1f s", self.seconds)
+
+
+class KeepInterrupts(keras.callbacks.Callback):
+    """Ctrl-C stops `fit` even where Keras swallows it. Under JAX a step runs asynchronously and
+    Keras waits for its logs in `pythonify_logs`, inside a bare `except: pass` (Keras 3.15): a
+    SIGINT during a step raised KeyboardInterrupt there and was lost, and the run went on to its
+    export. While the `with` block runs, SIGINT still raises KeyboardInterrupt where it lands, and
+    is remembered: the next batch or epoch end raises it again. A process that ignores SIGINT, or a
+    caller's own handler, is left as it is."""
+
+    def __init__(self):
+        super().__init__()
+        self.interrupted = False
+        self.installed = False
+
+    def __enter__(self) -> KeepInterrupts:
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._interrupt)
+            self.installed = True
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _interrupt(self, signum, frame):
+        self.interrupted = True
+        signal.default_int_handler(signum, frame)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.interrupted:
+            raise KeyboardInterrupt
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.interrupted:
+            raise KeyboardInterrupt
 
 
 class LearningCurve(keras.callbacks.Callback):
