@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import logging
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,7 +45,9 @@ Batch = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]   # (inputs, labels
 
 def shard_records(path: str, skip: int = 0) -> Iterator[bytes]:
     """The serialised records of one gzip TFRecord shard (local, or through Beam's FileSystems),
-    from record `skip` on. A corrupt or truncated shard ends where it breaks, with a warning."""
+    from record `skip` on. A corrupt or truncated shard ends where it breaks, with a warning: a
+    damaged frame, a gzip stream cut short or failing its CRC, or damaged deflate data
+    (`zlib.error`, not an OSError), as `pipeline.published.count_shard_records` reads one."""
     handle: Any
     if "://" in path:
         from apache_beam.io.filesystems import CompressionTypes, FileSystems
@@ -55,7 +58,7 @@ def shard_records(path: str, skip: int = 0) -> Iterator[bytes]:
     with handle:
         try:
             yield from itertools.islice(read_records(handle, path), skip, None)
-        except (CorruptRecordError, EOFError, OSError) as error:
+        except (CorruptRecordError, EOFError, OSError, zlib.error) as error:
             LOG.warning("%s: read up to a damaged record (%s); the rest of the shard is skipped", path, error)
 
 

@@ -1,11 +1,13 @@
 """A JAX transformer training (`model.train --backend jax`, reading NumPy arrays) under the faults
 every other command answers in one line (`pipeline.cli.run_cli`): Ctrl-C, a damaged gzip shard, a
 full disk. Each runs MiniLM on the tiny shards in its own process, as a user's shell would."""
+import gzip
 import os
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,25 @@ def test_ctrl_c_stops_a_jax_minilm_training_in_one_line_and_releases_its_model_d
     _, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-3000:]
     assert (model_dir / "history.json").exists()
+
+
+@pytest.mark.slow   # a MiniLM trainer process under JAX
+def test_a_gzip_shard_damaged_at_its_size_is_one_error_line_naming_the_split(tmp_path):
+    """Damaged deflate data raises `zlib.error`, which is not an OSError: the JAX reader let it
+    out as a traceback from its worker thread. It reads up to the damage, as tf.data does, and the
+    loss is named as under TensorFlow: the split, past --max-lost-fraction, exit 1."""
+    data = write_triplet_shards(str(tmp_path / "data"))
+    shard = Path(data) / "triplets-sen" / "train" / "part-00000-of-00002.tfrecord.gz"
+    content = bytearray(shard.read_bytes())
+    middle = len(content) * 3 // 10
+    content[middle:middle + 256] = bytes(256)   # the same size: Run.check_sizes lets it through
+    shard.write_bytes(bytes(content))
+    with pytest.raises(zlib.error), gzip.open(shard) as handle:
+        handle.read()
+    training = _train_jax(data, tmp_path / "m", "--steps", "2")
+    _, stderr = training.communicate(timeout=600)
+    assert training.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {data}/triplets-sen/train: ") and "lost > --max-lost-fraction 0.001" in last
+    assert f"{shard}: read up to a damaged record" in stderr
+    assert not (tmp_path / "m" / "encoder").exists()
