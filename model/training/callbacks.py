@@ -5,6 +5,8 @@ learning curve, and let Ctrl-C through where Keras would swallow it. `model.trai
 module when it trains (Keras loads then, not at `--help`)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -17,6 +19,7 @@ import time
 import keras
 
 from model.training.storage import TreeMirror
+from pipeline.cli import DataLossError
 from pipeline.published import write_complete
 
 
@@ -24,6 +27,27 @@ def optimizer_step(model: keras.Model) -> int:
     """The optimizer's updates so far, under any backend: with gradient accumulation Keras
     derives them from its batch count (a backend tensor, not a variable)."""
     return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)   # a full disk, a quota, a file size limit
+
+
+class NoRoomError(DataLossError):
+    """A write into the model dir failed for want of room; its last complete backup stays."""
+
+
+@contextlib.contextmanager
+def room_in(folder: str):
+    """A write into `folder` that fails for want of room (NO_ROOM): NoRoomError naming the folder,
+    one `error:` line (`pipeline.cli.run_cli`), not h5py's traceback of the OSError. The backup
+    and the best checkpoint are replaced whole, so the same command resumes once there is room."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in NO_ROOM:
+            raise
+        raise NoRoomError(f"writing {folder} failed: {os.strerror(error.errno)}; free space there (or pass another "
+                          "--model-dir) and rerun the same command: it resumes from the last backup") from error
 
 
 def replace_whole(folder: str, write) -> None:
@@ -35,7 +59,11 @@ def replace_whole(folder: str, write) -> None:
     if os.path.isdir(partial):
         shutil.rmtree(partial)
     os.makedirs(partial)
-    write(partial)
+    try:
+        write(partial)
+    except BaseException:   # a full disk: the half-written copy goes, not the room it takes
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if os.path.isdir(folder):
         os.rename(folder, previous)
     os.rename(partial, folder)
@@ -129,7 +157,8 @@ class AtomicBackup(keras.callbacks.Callback):
             with open(os.path.join(partial, BACKUP_EPOCHS), "w") as handle:
                 json.dump(record, handle)
 
-        replace_whole(self.folder, write)
+        with room_in(self.folder):
+            replace_whole(self.folder, write)
 
 
 class MirrorBackups(keras.callbacks.Callback):
@@ -201,11 +230,12 @@ class BestCheckpoint(keras.callbacks.Callback):
         if score is None or not score > self.best:
             return
         self.best = float(score)
-        os.makedirs(self.directory, exist_ok=True)
-        partial = os.path.join(self.directory, "best.partial.weights.h5")
-        self.model.save_weights(partial, overwrite=True)
-        os.replace(partial, self.filepath)
-        write_complete(self.score_path, json.dumps({self.monitor: self.best, "epoch": epoch + 1}).encode())
+        with room_in(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            partial = os.path.join(self.directory, "best.partial.weights.h5")
+            self.model.save_weights(partial, overwrite=True)
+            os.replace(partial, self.filepath)
+            write_complete(self.score_path, json.dumps({self.monitor: self.best, "epoch": epoch + 1}).encode())
 
 
 class FirstStep(keras.callbacks.Callback):

@@ -3,6 +3,7 @@ every other command answers in one line (`pipeline.cli.run_cli`): Ctrl-C, a dama
 full disk. Each runs MiniLM on the tiny shards in its own process, as a user's shell would."""
 import gzip
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -21,10 +22,10 @@ TINY_MINILM = ["--encoder", "minilm", "--max-tokens", "16", "--batch-size", "8",
 pytest.importorskip("jax")
 
 
-def _train_jax(data, model_dir, *flags) -> subprocess.Popen:
+def _train_jax(data, model_dir, *flags, preexec_fn=None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "model.train", "--data", str(data), "--model-dir", str(model_dir),
                              "--backend", "jax", *TINY_MINILM, *flags], cwd=REPO, env=JAX_ENV, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec_fn)
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +78,22 @@ def test_a_gzip_shard_damaged_at_its_size_is_one_error_line_naming_the_split(tmp
     assert last.startswith(f"error: {data}/triplets-sen/train: ") and "lost > --max-lost-fraction 0.001" in last
     assert f"{shard}: read up to a damaged record" in stderr
     assert not (tmp_path / "m" / "encoder").exists()
+
+
+def _file_size_limit(max_bytes: int):
+    """A preexec_fn: a write past `max_bytes` fails with EFBIG, as one on a full disk fails with
+    ENOSPC (tests/pipeline/test_run_safety.py's full disks)."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+
+
+@pytest.mark.slow   # a MiniLM trainer process under JAX
+def test_a_full_disk_writing_a_jax_backup_is_one_error_line_naming_the_folder(shards, tmp_path):
+    """The backup's weights (MiniLM's, with the optimizer's state: hundreds of MB) do not fit,
+    the claim and the small files do: h5py's OSError was a traceback; now one line naming the
+    backup folder, exit 1, and no half-written copy left taking the room."""
+    model_dir = tmp_path / "m"
+    training = _train_jax(shards, model_dir, "--steps", "2", preexec_fn=_file_size_limit(16 << 20))
+    _, stderr = training.communicate(timeout=600)
+    assert training.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith(f"error: writing {model_dir}/backup failed: File too large; ")
+    assert not (model_dir / "backup").exists() and not (model_dir / "backup.partial").exists()
