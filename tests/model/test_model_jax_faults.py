@@ -39,7 +39,10 @@ def test_ctrl_c_stops_a_jax_minilm_training_in_one_line_and_releases_its_model_d
     SIGINT during a step was swallowed there, and the run trained on to its export, exit 0. Steps
     of about a second here: one second after the first, the signal lands in such a wait."""
     model_dir = tmp_path / "m"
-    training = _train_jax(shards, model_dir, "--steps", "40")
+    # Ctrl-C's disposition as in a terminal, also where this test runs in the background (which
+    # starts every child with SIGINT ignored: Python then never raises KeyboardInterrupt)
+    training = _train_jax(shards, model_dir, "--steps", "40",
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in training.stderr:
         lines.append(line)
