@@ -35,7 +35,7 @@ ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read
 METHODS_SCORED = "scb_eval_article_methods_scored"   # (article, method) pairs embedded and clustered by this job
 METHODS_KEPT = "scb_eval_article_methods_kept"       # ... whose rows an earlier, killed run kept (eval.kept)
 SAMPLE = "scb/sample"   # the ids of the articles the job scores, a JSON line each: the report's rows are theirs
-DEAD_LETTERS = "scb/dead_letters"   # the SCB lines the job could not parse, a JSON line each
+REFUSED_LINES = "scb/dead_letters"   # the SCB lines the job could not parse, a JSON line each
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
      | "KeepRows" >> beam.ParDo(KeepRowsFn(config.output, config.keep_seconds)))
     (parsed[records.DEAD_LETTERS]
      | "DeadLettersToJson" >> beam.Map(json.dumps)
-     | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, DEAD_LETTERS),
+     | "WriteDeadLetters" >> beam.io.WriteToText(FileSystems.join(config.output, REFUSED_LINES),
                                                  file_name_suffix=".jsonl"))
 
 
@@ -283,7 +283,7 @@ def remove_previous_rows(output: str) -> None:
     """Deletes a previous run's sample and dead-letter files, which a run with fewer shards would
     not overwrite, and what its killed job's sinks left (`leftover_sink_temps`); the kept rows
     stay (`eval.kept`)."""
-    stale = [metadata.path for sink in (SAMPLE, DEAD_LETTERS)
+    stale = [metadata.path for sink in (SAMPLE, REFUSED_LINES)
              for metadata in FileSystems.match([FileSystems.join(output, f"{sink}-*.jsonl")])[0].metadata_list]
     stale += leftover_sink_temps(output)
     if stale:
@@ -291,7 +291,7 @@ def remove_previous_rows(output: str) -> None:
 
 
 def leftover_sink_temps(output: str) -> list[str]:
-    """What a killed job's sinks (`SAMPLE`, `DEAD_LETTERS`) left in `<output>/scb`: Beam writes a
+    """What a killed job's sinks (`SAMPLE`, `REFUSED_LINES`) left in `<output>/scb`: Beam writes a
     sink's shards into `beam-temp-<name>-<uuid1 hex>` beside them and deletes that folder when the
     step ends. Those names only, each the folder (local) or its files (remote); the report's claim,
     taken before, says no other job writes there now."""
@@ -299,7 +299,7 @@ def leftover_sink_temps(output: str) -> list[str]:
     import re
 
     folder = FileSystems.join(output, "scb")
-    own = re.compile(rf"beam-temp-({'|'.join(re.escape(sink.split('/')[-1]) for sink in (SAMPLE, DEAD_LETTERS))})"
+    own = re.compile(rf"beam-temp-({'|'.join(re.escape(sink.split('/')[-1]) for sink in (SAMPLE, REFUSED_LINES))})"
                      r"-[0-9a-f]{32}$")
     if "://" not in output:
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
@@ -364,7 +364,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     check_scb_read(config.data, counters)
     sample = {row["article_id"] for row in read_jsonl(FileSystems.join(config.output, f"{SAMPLE}-*.jsonl"))}
     rows = read_kept_rows(config.output, method_names(specs), sample)
-    dead_letters = read_jsonl(FileSystems.join(config.output, f"{DEAD_LETTERS}-*.jsonl"))
+    dead_letters = read_jsonl(FileSystems.join(config.output, f"{REFUSED_LINES}-*.jsonl"))
     result = {
         "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
         "counters": counters,
