@@ -126,8 +126,7 @@ def show_progress(folder: str, indexes: list[str], log_path: str, interval_s: fl
     terminal = os.fdopen(os.dup(2), "w")
     if not terminal.isatty():   # a log file gets a line every 30 s, not a redrawn bar
         interval_s = max(interval_s, LOG_LINE_EVERY_S)
-    bar = progress_bar(desc="read", unit=" pages", unit_scale=True, file=terminal, mininterval=interval_s,
-                       dynamic_ncols=True)
+    bar = progress_bar(desc="read", unit=" pages", file=terminal, mininterval=interval_s, dynamic_ncols=True)
     done = threading.Event()
 
     def count_total():

@@ -412,10 +412,14 @@ def test_an_output_path_with_brackets_is_one_error_line_and_claims_nothing(small
 
 def _run_holding_its_lock(out, env: dict, output) -> subprocess.Popen:
     """A real `pipeline.run` into `out`, returned a second after it took the folder (its lock is there)."""
+    import signal
     import time
 
+    # Ctrl-C's disposition as in a terminal, also where the tests run in the background (which
+    # starts every child with SIGINT ignored)
     run = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *FAST], cwd=REPO,
-                           stdout=output, stderr=output, text=True, env=env)
+                           stdout=output, stderr=output, text=True, env=env,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not (out / outputs.LOCK).exists():
         assert run.poll() is None and time.monotonic() < deadline, "the run never took the folder"
