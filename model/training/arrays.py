@@ -18,6 +18,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import logging
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -180,9 +181,9 @@ class ArrayInput:
         rotation = self.config.runtime.seed % max(len(paths), 1)
         records = itertools.chain.from_iterable(map(shard_records, paths[rotation:] + paths[:rotation]))
         sample = list(itertools.islice(triplets_of(records), size))[self.process::self.processes]
+        held = list(self._batches(iter(sample)))   # batched once, read at every pass
         per_process = -(-size // self.processes)
-        steps = -(-per_process // self.process_batch)
-        return SplitBatches(lambda: self._batches(iter(sample)), steps)
+        return SplitBatches(lambda: iter(held), -(-per_process // self.process_batch))
 
     def training(self, resume_at_step: int = 0) -> keras.utils.PyDataset:
         """The endless training stream, from the first record a resumed run has not trained on, in
@@ -204,12 +205,14 @@ class ArrayInput:
 
 
 class SplitBatches(keras.utils.PyDataset):
-    """A whole split's batches, streamed from its shards at every pass rather than held (the 2019
-    validation split is 126 k triplets): `__len__` batches, as many as the manifest's records
-    fill, so that every pass, and every device under `keras.distribution`, runs the same number of
-    steps. Asked for batch 0 (a new pass, or Keras peeking at the shapes), or out of order, the
-    stream starts again. A split that lost records (read up to a damaged one: `count_records`
-    names the loss before the export) ends in copies of its last batch weighing 0."""
+    """An evaluation's batches, read from `batches()` at every pass (a whole split is streamed
+    from its shards rather than held: the 2019 validation split is 126 k triplets; a sample is
+    held, batched once): `length` batches, so that every pass, and every device and process under
+    `keras.distribution`, runs the same number of steps. Asked for batch 0 (a new pass, or Keras
+    peeking at the shapes), or out of order, the stream starts again; Keras' worker thread and
+    its peek are served one at a time. A stream shorter than `length` (a process's smaller share,
+    a split that lost records: `count_records` names the loss before the export) ends in copies
+    of its last batch weighing 0."""
 
     def __init__(self, batches: Callable[[], Iterator[Batch]], length: int):
         super().__init__(workers=1, max_queue_size=8)
@@ -217,11 +220,16 @@ class SplitBatches(keras.utils.PyDataset):
         self.stream: Iterator[Batch] = iter(())
         self.next_index = 0
         self.last: Batch | None = None
+        self.serving = threading.Lock()
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, index: int) -> Batch:
+        with self.serving:
+            return self._batch(index)
+
+    def _batch(self, index: int) -> Batch:
         if index != self.next_index or index == 0:
             self.stream = itertools.islice(self.open_stream(), index, None)
         self.next_index = index + 1
@@ -239,7 +247,7 @@ class StreamedBatches(keras.utils.PyDataset):
     """An endless stream of batches, made one after the other in a Keras worker thread beside the
     training step (`workers=1`: Keras asks for them in order, and this checks it does). The batches
     Keras peeks at to learn the shapes may be asked for again after the worker has read ahead, so
-    the last few are kept for it."""
+    the last few are kept for it; the worker and the peek are served one at a time."""
 
     KEPT = 16
 
@@ -248,12 +256,17 @@ class StreamedBatches(keras.utils.PyDataset):
         self.batches = batches
         self.kept: dict[int, Batch] = {}
         self.next_index = 0
+        self.serving = threading.Lock()
 
     @property
     def num_batches(self) -> None:
         return None
 
     def __getitem__(self, index: int) -> Batch:
+        with self.serving:
+            return self._batch(index)
+
+    def _batch(self, index: int) -> Batch:
         if index in self.kept:
             return self.kept[index]
         if index != self.next_index:
