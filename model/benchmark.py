@@ -178,7 +178,7 @@ def sentence_ids(config: TrainConfig):
         vocabulary = build_vocabulary(config, open_run(config.inputs.data))
         word_ids = WordIds(vocabulary, config.inputs.num_oov_buckets, config.inputs.max_tokens)
         return word_ids, embedding_matrix(vocabulary, word_ids, config)
-    return token_ids(config.inputs.max_tokens, config.network.encoder), None
+    return token_ids(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint), None
 
 
 def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from model.checkpoints import CHECKPOINTS
 from model.similarity import Similarity
 from pipeline.cli import config_flags, config_from_flags, flag, parse_config
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
@@ -45,6 +46,7 @@ class NetworkKind(StrEnum):
 
     BILSTM = "bilstm"
     MINILM = "minilm"   # all-MiniLM-L6-v2
+    MPNET = "mpnet"     # all-mpnet-base-v2 (model.checkpoints)
 
     @property
     def pretrained(self) -> bool:
@@ -82,7 +84,6 @@ class NetworkKind(StrEnum):
 
 # The `--encoder` values, as its error message names them.
 ENCODERS = tuple(kind.value for kind in NetworkKind)
-MINILM_LAYERS = 6   # all-MiniLM-L6-v2's transformer layers (its config.json num_hidden_layers)
 DISTANCES = tuple(similarity.value for similarity in Similarity)
 # `--loss`: the paper's triplet loss, the in-batch loss, or their sum (`model.net.network.LOSSES`).
 LOSS_NAMES = ("triplet", "in-batch", "sum")
@@ -136,8 +137,11 @@ class InputConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkConfig:
-    encoder: str = flag("bilstm", help="Net: bilstm (the paper's, over word vectors) or minilm (all-MiniLM-L6-v2 "
-                                       "fine-tuned; --embeddings, --vocabulary and the BiLSTM sizes do not apply)")
+    encoder: str = flag("bilstm", help="Net: bilstm (the paper's, over word vectors), minilm (all-MiniLM-L6-v2 "
+                                       "fine-tuned) or mpnet (all-mpnet-base-v2 fine-tuned); for the two "
+                                       "checkpoints --embeddings, --vocabulary and the BiLSTM sizes do not apply")
+    checkpoint: str | None = flag(None, help="--encoder minilm or mpnet: the checkpoint's sentence-transformers "
+                                             "folder; none = the installed one (make setup; make mpnet-checkpoint)")
     distance: str | None = flag(None, help="triplet head distance: l1 (the paper's) or cosine; none = the "
                                            "encoder's default (bilstm l1, minilm cosine)")
     lstm_units: int = flag(300, help="BiLSTM units per direction (the paper: 300)")
@@ -146,11 +150,11 @@ class NetworkConfig:
                                             "transformer; none = the encoder's default (bilstm 0.2, minilm its "
                                             "checkpoint's)")
     fine_tune_embeddings: bool = flag(False, help="train the word vectors too (the paper keeps them frozen)")
-    frozen_layers: int = flag(0, help="--encoder minilm: the embeddings and this many lowest transformer layers "
-                                      "are not trained (0 = all are)")
-    transformer_layers: int | None = flag(None, help="--encoder minilm: keep only the checkpoint's lowest N of its "
-                                                     "6 transformer layers, a smaller and faster Net (a distilled "
-                                                     "student's); none = all")
+    frozen_layers: int = flag(0, help="--encoder minilm or mpnet: the embeddings and this many lowest transformer "
+                                      "layers are not trained (0 = all are)")
+    transformer_layers: int | None = flag(None, help="--encoder minilm or mpnet: keep only the checkpoint's "
+                                                     "lowest N of its transformer layers (minilm 6, mpnet 12), a "
+                                                     "smaller and faster Net (a distilled student's); none = all")
 
     def __post_init__(self) -> None:
         if self.encoder not in ENCODERS:
@@ -162,9 +166,13 @@ class NetworkConfig:
             raise ValueError(f"--dropout is a rate in [0, 1), got {self.dropout}")
         if self.frozen_layers < 0:
             raise ValueError(f"--frozen-layers must be >= 0, got {self.frozen_layers}")
-        if self.transformer_layers is not None and not 1 <= self.transformer_layers <= MINILM_LAYERS:
-            raise ValueError(f"--transformer-layers must be in 1..{MINILM_LAYERS} or none, "
-                             f"got {self.transformer_layers}")
+        if self.checkpoint is not None and not self.kind.pretrained:
+            raise ValueError(f"--checkpoint is a transformer checkpoint's folder: --encoder {self.encoder} reads none")
+        if self.transformer_layers is not None and self.kind.pretrained:
+            layers = CHECKPOINTS[self.encoder].layers
+            if not 1 <= self.transformer_layers <= layers:
+                raise ValueError(f"--transformer-layers must be in 1..{layers} for --encoder {self.encoder} or none, "
+                                 f"got {self.transformer_layers}")
 
     @property
     def kind(self) -> NetworkKind:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from model.checkpoints import CHECKPOINTS
 from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
@@ -105,7 +106,8 @@ def network_of(train_config: TrainConfig):
     else:
         from model.net.transformer import token_ids
 
-        word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder), None
+        word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder,
+                                     train_config.network.checkpoint), None
     teacher_dim = load_encoder(optimizer.teacher).dim if optimizer.teacher else None
     encoder, model = build_models(train_config, matrix, global_batch=optimizer.batch_size, teacher_dim=teacher_dim)
     return word_ids, encoder, model
@@ -161,7 +163,8 @@ def export_model_dir(config: ExportConfig) -> str:
     similarity = train_config.resolved("distance")
     card = model_card(summary, name, similarity, train_config.inputs.max_tokens, report_lines,
                       int(encoder.output_shape[-1]))
-    write_sentence_transformers(encoder, checkpoint_dir(flags["encoder"]), config.output,
+    folder = checkpoint_dir(flags["encoder"], train_config.network.checkpoint)
+    write_sentence_transformers(encoder, folder, config.output,
                                 max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
     return end_claim(config.output)
 
@@ -192,6 +195,14 @@ def is_off_the_shelf(model_dir: str) -> bool:
             and read_json_object(claim).get("command") == "model.pretrained")
 
 
+def refuse_onnx_of(encoder: str, model_dir: str) -> None:
+    """The ONNX graph (`model.formats.onnx_export`) is BERT's: another checkpoint is refused, saying what to do."""
+    if CHECKPOINTS[encoder].architecture != "bert":
+        raise UsageError(f"--model-dir {model_dir} holds an {encoder} encoder: the ONNX graph is written for BERT "
+                         "(minilm) only; export it --format sentence-transformers, or distil it into minilm "
+                         "(model.train --encoder minilm --teacher) and export that")
+
+
 def onnx_source(model_dir: str, weights: str | None):
     """A function that rebuilds, once the output is claimed, (keras-hub backbone with the model
     dir's weights, the Dense projection after pooling or None, checkpoint name, wordpieces per
@@ -200,12 +211,16 @@ def onnx_source(model_dir: str, weights: str | None):
     from model.training.model_dir import BEST_WEIGHTS, ModelDir
 
     if is_off_the_shelf(model_dir):
+        from model.encoding.encoder import SavedModelEncoder
+
+        export = SavedModelEncoder(model_dir)
+        name = export.checkpoint or "minilm"
+        refuse_onnx_of(name, model_dir)
+
         def checkpoint():
-            from model.encoding.encoder import SavedModelEncoder
             from model.net.backbone import build_transformer_encoder
 
-            export = SavedModelEncoder(model_dir)
-            return (backbone_of(build_transformer_encoder("minilm")), None, "minilm", export.max_seq_length or 64,
+            return (backbone_of(build_transformer_encoder(name)), None, name, export.max_seq_length or 64,
                     export.similarity_fn_name)
         return checkpoint
     flags, train_config = recorded_config(model_dir)
@@ -215,6 +230,7 @@ def onnx_source(model_dir: str, weights: str | None):
                          else f"--model-dir {model_dir}: no {BEST_WEIGHTS}")
     if not train_config.network.kind.exports_sentence_transformers:
         raise UsageError(f"--model-dir {model_dir} holds a bilstm encoder: only transformer encoders export to onnx")
+    refuse_onnx_of(flags["encoder"], model_dir)
 
     def trained():
         _, config, _, encoder, _ = rebuilt(model_dir, weights or best)

@@ -1,6 +1,6 @@
 """Exports a pre-trained transformer checkpoint, untrained, as the trainer's strings-in encoder.
 
-    python -m model.pretrained --model-dir DIR [--encoder minilm] [--max-tokens 64]
+    python -m model.pretrained --model-dir DIR [--encoder minilm|mpnet] [--checkpoint FOLDER] [--max-tokens 64]
 
 Claims DIR as its own (`claim.json`: a trained model dir, or any folder holding other files, is
 refused) and writes `DIR/encoder` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}), the very export
@@ -24,7 +24,9 @@ CHECKPOINTS = tuple(kind.value for kind in NetworkKind if kind.pretrained)
 @dataclasses.dataclass(frozen=True)
 class PretrainedConfig:
     model_dir: str = flag(help="where encoder/ goes (local or gs://)")
-    encoder: str = flag("minilm", help="the checkpoint: minilm (all-MiniLM-L6-v2)")
+    encoder: str = flag("minilm", help="the checkpoint: minilm (all-MiniLM-L6-v2) or mpnet (all-mpnet-base-v2)")
+    checkpoint: str | None = flag(None, help="the checkpoint's sentence-transformers folder; none = the installed "
+                                             "one (make setup; make mpnet-checkpoint)")
     max_tokens: int = flag(64, help="wordpieces kept per sentence, [CLS] and [SEP] included (as the trainer's)")
     overwrite: bool = flag(False, help="replace the export an earlier model.pretrained wrote there; a folder "
                                        "holding anything else (a trained model) is refused either way")
@@ -42,14 +44,16 @@ def main(argv: list[str] | None = None) -> str:
     require_tensorflow_keras("model.pretrained")
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
     from model.formats.saved_model import ExportableEncoder
-    from model.net.backbone import build_transformer_encoder
+    from model.net.backbone import build_transformer_encoder, checkpoint_dir
     from model.net.transformer import token_ids
     from model.training.storage import claim_folder, staged
 
+    checkpoint_dir(config.encoder, config.checkpoint)   # an absent checkpoint is refused before the claim
     claim_folder(config.model_dir, "model.pretrained", ("encoder",), "--model-dir", config.overwrite)
     with staged(config.model_dir) as (model_dir, _):
-        ExportableEncoder(token_ids(config.max_tokens, config.encoder),
-                          build_transformer_encoder(config.encoder), similarity="cosine").export(f"{model_dir}/encoder")
+        ExportableEncoder(token_ids(config.max_tokens, config.encoder, config.checkpoint),
+                          build_transformer_encoder(config.encoder, folder=config.checkpoint), similarity="cosine",
+                          checkpoint=config.encoder).export(f"{model_dir}/encoder")
     print(f"{config.encoder} off the shelf: encoder at {config.model_dir.rstrip('/')}/encoder")
     return config.model_dir
 

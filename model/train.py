@@ -657,7 +657,7 @@ def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
         from model.net.transformer import token_ids
 
-        word_ids = token_ids(inputs.max_tokens, config.network.encoder)
+        word_ids = token_ids(inputs.max_tokens, config.network.encoder, config.network.checkpoint)
         source = TfDataInput(job, word_ids, teacher)
     if job.mirror:
         job.mirror.push()
@@ -926,7 +926,7 @@ def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, mo
     final, partial = f"{model_dir}/{EXPORT_FOLDER}", f"{model_dir}/{EXPORT_FOLDER}.partial"
     shutil.rmtree(partial, ignore_errors=True)   # the trainer's own (RUN_ENTRIES); swapped in whole below
     os.makedirs(partial)
-    write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder), partial,
+    write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder, config.network.checkpoint), partial,
                                 max_tokens=max_tokens, similarity=similarity, card=card)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(partial, final)

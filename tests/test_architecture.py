@@ -61,9 +61,10 @@ def test_a_stage_imports_only_itself_and_the_stages_below(stage):
 # Inside `model/`, the rooms depend one way too: the network, what training needs around it, the
 # written forms of an encoder, the encoders the jobs score; the entry points (`model.train`,
 # `model.export`, ...) and `model.qs3m` at the top; `model.config` (the flags) and
-# `model.similarity` are the shared facts every room may read.
+# `model.similarity` and `model.checkpoints` (what each `--encoder` checkpoint is) are the shared
+# facts every room may read.
 MODEL_ROOMS = ("model.net", "model.training", "model.formats", "model.encoding")
-MODEL_SHARED = ("model", "model.config", "model.similarity")
+MODEL_SHARED = ("model", "model.config", "model.similarity", "model.checkpoints")
 
 
 def _room(module: str) -> str | None:
@@ -89,7 +90,8 @@ def test_a_model_room_imports_only_the_shared_facts_and_the_rooms_below(room):
 
 def test_the_shared_facts_of_model_import_no_room():
     assert sorted(f"{module} -> {target}" for module in MODEL_SHARED for target in GRAPH[module]
-                  if target.startswith("model.")) == ["model.config -> model.similarity"]
+                  if target.startswith("model.")) == ["model.config -> model.checkpoints",
+                                                      "model.config -> model.similarity"]
 
 
 def test_the_pipeline_never_imports_tensorflow():

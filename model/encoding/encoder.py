@@ -210,6 +210,9 @@ class SavedModelEncoder(ExportedEncoder):
         # Tokens (wordpieces) kept per sentence, where the export records it (older ones do not).
         recorded = getattr(self._module, "max_seq_length", None)
         self.max_seq_length = int(recorded.numpy()) if recorded is not None else None
+        # The checkpoint a `model.pretrained` export is (exports before it was recorded: minilm's).
+        recorded = getattr(self._module, "checkpoint", None)
+        self.checkpoint = recorded.numpy().decode() if recorded is not None else None
 
     def embed_tensor(self, sentences):
         """float32 [n, d] of a 1-D tf.string tensor, in TensorFlow: the export's signature, for a

@@ -27,6 +27,7 @@ import os
 
 import numpy as np
 
+from model.checkpoints import CHECKPOINTS
 from model.similarity import REPORTED, Similarity
 
 FORMATS = ("sentence-transformers",)   # what `model.export --format` writes
@@ -77,6 +78,14 @@ def hf_bert_weights(backbone) -> dict[str, np.ndarray]:
     arrays["pooler.dense.weight"] = dense(pooler.kernel)
     arrays["pooler.dense.bias"] = flat(pooler.bias)
     return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in arrays.items()}
+
+
+def hf_weights(backbone) -> dict[str, np.ndarray]:
+    """The backbone's weights under Hugging Face's names: BERT's (`hf_bert_weights`) or MPNet's
+    (`model.net.mpnet.hf_mpnet_weights`)."""
+    from model.net.mpnet import MPNetBackbone, hf_mpnet_weights
+
+    return hf_mpnet_weights(backbone) if isinstance(backbone, MPNetBackbone) else hf_bert_weights(backbone)
 
 
 def backbone_of(encoder):
@@ -131,7 +140,7 @@ def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_to
     config = read_json_object(os.path.join(checkpoint, "config.json"))
     config["num_hidden_layers"] = backbone.num_layers   # fewer than the checkpoint's for a layer-reduced student
     files["config.json"] = json.dumps(config, indent=2).encode()
-    files["model.safetensors"] = save(hf_bert_weights(backbone), metadata={"format": "pt"})
+    files["model.safetensors"] = save(hf_weights(backbone), metadata={"format": "pt"})
     files["README.md"] = card.encode("utf-8")
     settings = sentence_transformers_files(int(encoder.output_shape[-1]), max_tokens, similarity)
     files.update({path: json.dumps(value, indent=2).encode() for path, value in settings.items()})
@@ -199,7 +208,7 @@ def _scb_lines(result: dict, method: str) -> list[str]:
 
 
 # The card's metadata (Hugging Face's model card YAML): the base checkpoint and its licence, by --encoder.
-BASE_MODELS = {"minilm": ("sentence-transformers/all-MiniLM-L6-v2", "apache-2.0")}
+BASE_MODELS = {name: (checkpoint.hub_id, checkpoint.license) for name, checkpoint in CHECKPOINTS.items()}
 CARD_DATASETS = ("wikimedia/wikipedia",)   # the Hub's name of the Wikipedia dumps the triplets come from
 CARD_TAGS = ("sentence-transformers", "feature-extraction", "sentence-similarity", "wikipedia-sections",
              "triplet-loss")

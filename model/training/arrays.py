@@ -148,7 +148,7 @@ class ArrayInput:
         self.process, self.processes = process, processes
         self.dataset = config.inputs.dataset
         self.process_batch = config.optimizer.batch_size * replicas   # this process's share of a step's batch
-        self.pieces = wordpieces(config.inputs.max_tokens, config.network.encoder)
+        self.pieces = wordpieces(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint)
 
     def _paths(self, split: str) -> list[tuple[str, int]]:
         return [(self.run.path(shard.path), shard.records or 0)

@@ -159,17 +159,20 @@ def test_triplet_model_with_an_in_batch_loss_outputs_distances_then_scores(loss)
 
 # ----------------------------------------------------------------------------- network kinds
 def test_each_network_kind_answers_for_its_behaviour():
-    assert ENCODERS == tuple(kind.value for kind in NetworkKind) == ("bilstm", "minilm")
-    bilstm, minilm = NetworkKind.BILSTM, NetworkKind.MINILM
+    assert ENCODERS == tuple(kind.value for kind in NetworkKind) == ("bilstm", "minilm", "mpnet")
+    bilstm = NetworkKind.BILSTM
     assert (bilstm.pretrained, bilstm.reads_word_vectors, bilstm.weight_decay, bilstm.exports_sentence_transformers) \
         == (False, True, False, False)
-    assert (minilm.pretrained, minilm.reads_word_vectors, minilm.weight_decay, minilm.exports_sentence_transformers) \
-        == (True, False, True, True)
-    assert (bilstm.label(300), minilm.label(300)) == ("BiLSTM 300", "minilm")
+    for checkpoint in (NetworkKind.MINILM, NetworkKind.MPNET):
+        assert (checkpoint.pretrained, checkpoint.reads_word_vectors, checkpoint.weight_decay,
+                checkpoint.exports_sentence_transformers) == (True, False, True, True)
+    assert (bilstm.label(300), NetworkKind.MINILM.label(300), NetworkKind.MPNET.label(300)) \
+        == ("BiLSTM 300", "minilm", "mpnet")
 
 
 @pytest.mark.parametrize("encoder, learning_rate, distance, dropout", [("bilstm", 1e-3, "l1", 0.2),
-                                                                      ("minilm", 5e-5, "cosine", None)])
+                                                                      ("minilm", 5e-5, "cosine", None),
+                                                                      ("mpnet", 5e-5, "cosine", None)])
 def test_flags_left_at_none_take_the_kinds_defaults(encoder, learning_rate, distance, dropout):
     config = parse_args(["--data", "d", "--model-dir", "m", "--encoder", encoder])
     assert config.network.kind is NetworkKind(encoder)
@@ -181,7 +184,7 @@ def test_flags_left_at_none_take_the_kinds_defaults(encoder, learning_rate, dist
 
 
 def test_an_unknown_kind_or_distance_is_refused_naming_the_choices():
-    with pytest.raises(UsageError, match=r"^--encoder must be one of \('bilstm', 'minilm'\), got 'lstm'$"):
+    with pytest.raises(UsageError, match=r"^--encoder must be one of \('bilstm', 'minilm', 'mpnet'\), got 'lstm'$"):
         parse_args(["--data", "d", "--model-dir", "m", "--encoder", "lstm"])
     with pytest.raises(UsageError, match=r"^--distance must be one of \('l1', 'cosine'\) or none, got 'dot'$"):
         parse_args(["--data", "d", "--model-dir", "m", "--distance", "dot"])
