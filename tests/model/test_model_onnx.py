@@ -86,6 +86,29 @@ def test_the_graph_gives_the_keras_nets_embeddings_and_int8_stays_close():
     np.testing.assert_allclose(fp32, net(ids).numpy(), atol=1e-5)
     int8 = onnxruntime.InferenceSession(quantized_int8(model)).run(None, feed)[0]
     assert np.median(_cosines(int8, fp32)) >= 0.99
+    # The word table int8 per row (what --quantize int8 writes beside the int8 matrix products): a
+    # quarter of its bytes, the embeddings all but unchanged.
+    weights = hf_bert_weights(backbone)
+    rows = bert_graph(weights, layers=backbone.num_layers, heads=backbone.num_heads, epsilon=1e-12, name="minilm",
+                      int8_embeddings=True)
+    by_rows = onnxruntime.InferenceSession(rows.SerializeToString()).run(None, feed)[0]
+    assert _cosines(by_rows, fp32).min() >= 0.9999
+    table = weights["embeddings.word_embeddings.weight"]
+    assert model.ByteSize() - rows.ByteSize() >= 0.74 * table.nbytes
+
+
+def test_the_committed_int8_encoder_loads_and_groups_a_sections_sentences():
+    """docs/results/2019-gpu-eval's int8 export (the GPU soup of minilm-sen, 23.5 MB): any user
+    loads it with load_encoder; sentences of one topic are nearer each other than another's."""
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "2019-gpu-eval",
+                          "minilm-gpu-soup-int8")
+    encoder = load_encoder(folder)
+    assert (encoder.dim, encoder.similarity_fn_name) == (384, "cosine")
+    assert os.path.getsize(os.path.join(folder, "model.onnx")) <= 30 * 2**20
+    rivers, rivers_too, war = encoder.encode(["The river rises in the mountains and flows into the sea.",
+                                              "Its tributaries drain a basin of 40,000 square kilometres.",
+                                              "The army surrendered after the siege of the capital."])
+    assert _cosines(rivers[None], rivers_too[None])[0] > _cosines(rivers[None], war[None])[0]
 
 
 @pytest.fixture(scope="module")
