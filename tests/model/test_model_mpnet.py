@@ -196,6 +196,14 @@ def test_mpnet_off_the_shelf_and_trained_two_steps_exports(tiny_checkpoint, embe
     np.testing.assert_allclose(mean_pooled_encoder(reread, 1).predict(ids, verbose=0), exported, atol=1e-4)
     assert not np.allclose(exported, net.predict(ids, verbose=0), atol=1e-4)   # the two steps changed it
 
+    under_jax = tmp_path / "jax"   # the same Net under JAX, read without TensorFlow (model.training.arrays)
+    result = run_module("model.train", "--data", str(embedded_pipeline_output), "--model-dir", str(under_jax),
+                        "--encoder", "mpnet", "--checkpoint", tiny_checkpoint, "--epochs", "1", "--steps", "2",
+                        "--batch-size", "8", "--max-tokens", "32", "--backend", "jax", "--progress", "false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((under_jax / "sentence-transformers" / "config.json").read_text())["model_type"] == "mpnet"
+    assert load_encoder(str(under_jax)).encode(SENTENCES).shape == (len(SENTENCES), 32)
+
 
 @pytest.mark.skipif(importlib.util.find_spec("sentence_transformers") is None
                     or not os.path.exists(os.path.join(MPNET_FOLDER, "config.json")),
