@@ -4,8 +4,8 @@
 transformer encoder, and `python -m model.export` from a model dir. The folder holds what both
 libraries read:
 
-- `config.json`, `model.safetensors` (the fine-tuned weights under Hugging Face's BERT names) and
-  the checkpoint's tokenizer files: `transformers.AutoModel`, and keras-hub's
+- `config.json`, `model.safetensors` (the fine-tuned weights under Hugging Face's BERT or MPNet
+  names) and the checkpoint's tokenizer files: `transformers.AutoModel`, and for BERT keras-hub's
   `BertBackbone.from_preset(DIR)`;
 - `modules.json` (Transformer, then mean Pooling), `1_Pooling/config.json`,
   `sentence_bert_config.json` (`max_seq_length`: the Keras export's wordpieces per sentence, so the
