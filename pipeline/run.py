@@ -370,23 +370,27 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
     """Claims the output, runs the built job, reconciles its counters and publishes the run, or
     ends it unpublished (the lock released, what it wrote recorded for --overwrite). With
     `--wait false` it returns once the job is submitted, the folder still locked (`submitted`)."""
-    from pipeline import outputs
+    from pipeline import jobserver, outputs
 
     out = config.output.rstrip("/")
     started = time.perf_counter()
     outputs.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
     try:
         shown: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        log_path = None
         if folder:   # Beam's logs to a file, a progress bar on the terminal
             log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
             print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
             shown = progress.show_progress(folder, indexes, log_path)
-        with writes_of(out), shown:
-            result = pipeline.run()
-            if not config.wait:
-                return submitted(result, pipeline, config, input_pattern, runner)
-            result.wait_until_finish()
-        stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
+        # A job server Beam would start here (Prism's) runs for this run only: it ends with it, a
+        # SIGKILL of this process included, and answers for the job's counters until finish() read them.
+        with jobserver.local_job_server(pipeline.options, log_path):
+            with writes_of(out), shown:
+                result = pipeline.run()
+                if not config.wait:
+                    return submitted(result, pipeline, config, input_pattern, runner)
+                result.wait_until_finish()
+            stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
         outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
         raise

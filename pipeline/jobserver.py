@@ -1,0 +1,106 @@
+"""The job server of a portable runner that Beam would start on this machine (PrismRunner), started
+by the launcher itself so that it ends with the run.
+
+Left to Beam, the Prism job server is a subprocess that Beam keeps for the life of the launching
+process and stops only at its exit (`atexit`), and nothing ties it to its parent:
+
+* a SIGKILLed launcher leaves it running for ever, holding its port (measured: still there after
+  the launcher was gone);
+* at a normal exit its stop failed before it stopped the process: Beam made its temporary folder
+  in the run's private TMPDIR (`progress.private_tempdir`), already removed by then, so the exit
+  printed a traceback and left the Prism process running.
+
+Here Beam's own job server class (`PrismJobServer`) still gives the command (where the binary is,
+its arguments, a free port); the launcher starts that process with `PR_SET_PDEATHSIG` (Linux: the
+kernel kills it when the launcher dies, SIGKILL included), hands the job to it through Beam's
+`--job_endpoint` option, and stops it when the run ends. A `--job_endpoint` the user gives (a job
+server of their own) is left alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+
+def runner_name(runner: str | None) -> str:
+    """`PrismRunner`, `prism` or a dotted path to it -> `prism` (lower case, no `Runner`)."""
+    return str(runner or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
+
+
+def _beam_job_server(options: Any) -> Any:
+    """Beam's job server for the runner `options` name, when Beam would start one here as a
+    subprocess; None otherwise (an in-process runner, a remote service, or `--job_endpoint`)."""
+    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+    if options.view_as(PortableOptions).job_endpoint:
+        return None
+    if runner_name(options.view_as(StandardOptions).runner) == "prism":
+        from apache_beam.runners.portability.prism_runner import PrismJobServer
+
+        return PrismJobServer(options)
+    return None
+
+
+def _die_with_parent() -> None:   # runs in the child between fork and exec
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str) -> None:
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the job server {command} exited with status {process.returncode} before it "
+                               "listened; its log is the run's pipeline.log")
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the job server {command} did not listen on {endpoint} within "
+                                   f"{START_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def local_job_server(options: Any, log_path: str | None = None) -> Iterator[str | None]:
+    """While the block runs, the job server Beam would start for `options`' runner, run by this
+    process and named in `options`' `--job_endpoint` (yields it; None, and nothing started, when
+    the runner needs none here). Its output is appended to `log_path` (the run's log), or goes to
+    this process's stderr."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    server = _beam_job_server(options)
+    if server is None:
+        yield None
+        return
+    command, endpoint = server.subprocess_cmd_and_endpoint()
+    command = [str(part) for part in command]
+    with open(log_path, "ab") if log_path else contextlib.nullcontext(2) as log:   # fd 2: this process's stderr
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    portable = options.view_as(PortableOptions)
+    try:
+        _wait_until_listening(process, endpoint, command[0])
+        portable.job_endpoint = endpoint
+        yield endpoint
+    finally:
+        portable.job_endpoint = None
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
