@@ -223,10 +223,16 @@ def expected_counters(config: PipelineConfig) -> list[str]:
     ]
 
 
-def counters_of(result, config: PipelineConfig) -> dict[str, int]:
-    """Every "wikisim" counter of the finished run, summed over the steps that use it."""
-    totals = {**dict.fromkeys(expected_counters(config), 0), **counter_names.job_totals(result)}
-    return dict(sorted(totals.items()))
+def counters_of(result, config: PipelineConfig, runner: str | None = None) -> dict[str, int]:
+    """Every "wikisim" counter of the finished run, summed over the steps that use it; those it
+    did not increment at 0. A run whose runner reported none of them (the read stage always counts
+    what it read or lost) is a CountersMissingError: zeros would reconcile as an empty read."""
+    reported = counter_names.job_totals(result)
+    if not reported:
+        raise counter_names.CountersMissingError(
+            f"the runner ({runner or 'DirectRunner'}) reported none of the job's counters (Beam metrics namespace "
+            f"{counter_names.NAMESPACE}): the run cannot be reconciled; nothing was published")
+    return dict(sorted({**dict.fromkeys(expected_counters(config), 0), **reported}.items()))
 
 
 def triplet_slots_filled(counters: dict[str, int], strategy: NegativeStrategy) -> int:
@@ -405,7 +411,7 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
     from pipeline import outputs
 
     out = config.output.rstrip("/")
-    counters = counters_of(result, config)
+    counters = counters_of(result, config, runner)
     stats: dict[str, Any] = {
         "counters": counters,
         "reconciliation": reconciliation(counters, config.negative_strategies()),
