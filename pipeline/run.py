@@ -5,8 +5,8 @@
 Without `--input` it reads the real Wikipedia excerpt inside the gensim wheel. The flags mirror
 `PipelineConfig` (and the paper's thresholds in `rules.RuleConfig`); every other flag is a
 Beam pipeline option and is passed through unchanged, so the same command runs on the
-DirectRunner, the PrismRunner (give `--prism_location` when the Prism binary cannot be
-downloaded) or Dataflow (`--runner DataflowRunner --project ... --region ...
+DirectRunner, the PrismRunner (`--prism_location .cache/prism/v2.77.0/prism`, built by `make prism`;
+docs/pipeline.md, "Portable runners") or Dataflow (`--runner DataflowRunner --project ... --region ...
 --temp_location gs://... --setup_file ./setup.py`). On Dataflow, `--wait false` returns once the job
 is submitted, printing its id; `python -m pipeline.publish --output ...` then publishes the run.
 """
