@@ -10,6 +10,13 @@ process and stops only at its exit (`atexit`), and nothing ties it to its parent
   in the run's private TMPDIR (`progress.private_tempdir`), already removed by then, so the exit
   printed a traceback and left the Prism process running.
 
+And Beam's launcher waits on the job through a stream of its states opened with a deadline of
+`--job_server_timeout` (300 s by default; `JobServiceHandle.run`, which reopens it without a deadline
+only when the job server refuses that first request, by the job's preparation id): Prism accepts it,
+so a Prism job longer than five minutes failed in the launcher with `DEADLINE_EXCEEDED` (seen on the
+2019 dump), its outputs unpublished. `wait_for_long_jobs` gives such a run a deadline of days,
+unless the user set one.
+
 Here Beam's own job server class (`PrismJobServer`) still gives the command (where the binary is,
 its arguments, a free port); the launcher starts that process with `PR_SET_PDEATHSIG` (Linux: the
 kernel kills it when the launcher dies, SIGKILL included), hands the job to it through Beam's
@@ -28,6 +35,7 @@ from typing import Any
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a Prism job (`wait_for_long_jobs`)
 
 
 def runner_name(runner: str | None) -> str:
@@ -47,6 +55,29 @@ def _beam_job_server(options: Any) -> Any:
 
         return PrismJobServer(options)
     return None
+
+
+def wait_for_long_jobs(options: Any) -> None:
+    """Under Prism, Beam's `--job_server_timeout` (the deadline of the launcher's stream of job
+    states, so of the job) becomes JOB_WAIT_S unless the command line sets it; a `--job_endpoint`
+    that nothing answers is then a UsageError naming it, before any work (Beam would wait out
+    that deadline to connect)."""
+    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+    from pipeline.cli import UsageError
+
+    if runner_name(options.view_as(StandardOptions).runner) != "prism":
+        return
+    portable = options.view_as(PortableOptions)
+    if "job_server_timeout" not in options.get_all_options(drop_default=True):
+        portable.job_server_timeout = JOB_WAIT_S
+    if portable.job_endpoint and portable.job_endpoint != "embed":
+        host, _, port = portable.job_endpoint.rpartition(":")
+        try:
+            socket.create_connection((host or "localhost", int(port)), timeout=10).close()
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--job_endpoint {portable.job_endpoint}: no job server answers there "
+                             f"({error.__class__.__name__}: {error})") from None
 
 
 def _die_with_parent() -> None:   # runs in the child between fork and exec

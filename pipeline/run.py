@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
     import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+    from pipeline import jobserver
     from pipeline.dumps import embedded_dump_path
 
     options = PipelineOptions(beam_args)
@@ -364,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{runner or 'DirectRunner'} the job runs in this process, so the command waits for it")
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
+    jobserver.wait_for_long_jobs(options)
     with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
         folder = progress.progress_folder() if progress.is_local(runner) else None
         pipeline = beam.Pipeline(options=options)
