@@ -14,11 +14,13 @@ from pathlib import Path
 import apache_beam
 import pytest
 from apache_beam.metrics import monitoring_infos
+from apache_beam.options.pipeline_options import PipelineOptions, PortableOptions
 from apache_beam.portability.api import beam_job_api_pb2, metrics_pb2
 from apache_beam.runners.portability.portable_runner import PortableMetrics
 from dump_support import ALL_NEGATIVES
 
-from pipeline import published, run
+from pipeline import jobserver, published, run
+from pipeline.cli import UsageError
 from pipeline.counters import NAMESPACE, CountersMissingError, job_totals
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +60,30 @@ def test_a_runner_that_reports_no_counters_fails_the_run_rather_than_reconciling
     config, _ = run.parse_args(["--output", str(tmp_path / "out")])
     with pytest.raises(CountersMissingError, match="reported none of the job's counters"):
         run.counters_of(_JobMetrics(committed=[], attempted=[other]), config, "FlinkRunner")
+
+
+def test_under_prism_the_launcher_waits_on_a_job_for_days_unless_told_otherwise():
+    """Beam's deadline of the launcher's stream of job states is --job_server_timeout (300 s):
+    under Prism, the deadline of the whole job (the slow test below shows it)."""
+    def deadline(*flags: str) -> int:
+        options = PipelineOptions(list(flags))
+        jobserver.wait_for_long_jobs(options)
+        return options.view_as(PortableOptions).job_server_timeout
+
+    assert deadline("--runner", "PrismRunner") == jobserver.JOB_WAIT_S >= 7 * 24 * 3600
+    assert deadline("--runner", "PrismRunner", "--job_server_timeout", "50") == 50
+    assert deadline("--runner", "DirectRunner") == deadline() == 300
+
+
+def test_a_job_endpoint_nothing_answers_is_one_error_naming_it_before_any_work(tmp_path):
+    import socket
+
+    with socket.socket() as sock:   # a port nothing listens on: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        endpoint = f"localhost:{sock.getsockname()[1]}"
+        with pytest.raises(UsageError, match=f"--job_endpoint {endpoint}: no job server answers"):
+            run.main(["--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--job_endpoint", endpoint])
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- real runs on Prism
@@ -150,3 +176,12 @@ def test_a_sigkilled_launcher_takes_its_prism_job_server_along_and_overwrite_rec
     opened = published.Run.open(str(out))
     assert all(opened.verify(folder) == 0 for folder in opened.manifest.outputs)
     assert not list(out.rglob("beam-temp-*"))
+
+
+@pytest.mark.slow
+def test_beams_job_server_timeout_is_the_deadline_of_a_prism_job(prism, tmp_path):
+    """Why `jobserver.wait_for_long_jobs` raises it: with Beam's 300 s a longer job failed."""
+    done = _cli("--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--prism_location", prism,
+                "--job_server_timeout", "2", *FAST)
+    assert done.returncode != 0 and "DEADLINE_EXCEEDED" in done.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
