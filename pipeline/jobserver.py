@@ -14,8 +14,9 @@ And Beam's launcher waits on the job through a stream of its states opened with 
 `--job_server_timeout` (300 s by default; `JobServiceHandle.run`, which reopens it without a deadline
 only when the job server refuses that first request, by the job's preparation id): Prism accepts it,
 so a Prism job longer than five minutes failed in the launcher with `DEADLINE_EXCEEDED` (seen on the
-2019 dump), its outputs unpublished. `wait_for_long_jobs` gives such a run a deadline of days,
-unless the user set one.
+2019 dump), its outputs unpublished. `wait_for_long_jobs` gives a portable run a deadline of days,
+unless the user set one. And when the launcher stops waiting (Ctrl-C, an error), a job on a job server
+that outlives it would write on into a folder whose lock it releases: `cancel_unfinished` ends it first.
 
 Here Beam's own job server class (`PrismJobServer`) still gives the command (where the binary is,
 its arguments, a free port); the launcher starts that process with `PR_SET_PDEATHSIG` (Linux: the
@@ -35,7 +36,8 @@ from typing import Any
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a Prism job (`wait_for_long_jobs`)
+JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`wait_for_long_jobs`)
+PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_name`s of Beam's job-service runners
 
 
 def runner_name(runner: str | None) -> str:
@@ -58,15 +60,15 @@ def _beam_job_server(options: Any) -> Any:
 
 
 def wait_for_long_jobs(options: Any) -> None:
-    """Under Prism, Beam's `--job_server_timeout` (the deadline of the launcher's stream of job
-    states, so of the job) becomes JOB_WAIT_S unless the command line sets it; a `--job_endpoint`
-    that nothing answers is then a UsageError naming it, before any work (Beam would wait out
-    that deadline to connect)."""
+    """Under a portable runner (PORTABLE_RUNNERS), Beam's `--job_server_timeout` (the deadline of the
+    launcher's stream of job states, so, on Prism, of the job) becomes JOB_WAIT_S unless the
+    command line sets it; a `--job_endpoint` that nothing answers is then a UsageError naming it,
+    before any work (Beam would wait out that deadline to connect)."""
     from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
     from pipeline.cli import UsageError
 
-    if runner_name(options.view_as(StandardOptions).runner) != "prism":
+    if runner_name(options.view_as(StandardOptions).runner) not in PORTABLE_RUNNERS:
         return
     portable = options.view_as(PortableOptions)
     if "job_server_timeout" not in options.get_all_options(drop_default=True):
@@ -103,6 +105,26 @@ def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str
                 raise RuntimeError(f"the job server {command} did not listen on {endpoint} within "
                                    f"{START_TIMEOUT_S:.0f} s") from None
             time.sleep(0.1)
+
+
+def cancel_unfinished(result: Any) -> None:
+    """Cancels the portable job of `result` (a Beam PipelineResult) when it has not ended, and
+    waits up to STOP_TIMEOUT_S for its job service to say it ended: the launcher stopped waiting
+    (Ctrl-C, an error), and a job on a job server that outlives the launcher (`--job_endpoint`)
+    would otherwise write on into a folder whose lock the launcher is about to release. Nothing
+    for a local runner's result (its job ran in the launcher's own call)."""
+    from apache_beam.runners.portability.portable_runner import PipelineResult
+    from apache_beam.runners.runner import PipelineState
+
+    if not isinstance(result, PipelineResult):
+        return
+    with contextlib.suppress(Exception):   # the error that stopped the wait is the one reported
+        if PipelineState.is_terminal(result.state):
+            return
+        result.cancel()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while not PipelineState.is_terminal(result.state) and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager

@@ -397,7 +397,11 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
                 result = pipeline.run()
                 if not config.wait:
                     return submitted(result, pipeline, config, input_pattern, runner)
-                result.wait_until_finish()
+                try:
+                    result.wait_until_finish()
+                except BaseException:   # a job that outlives this process ends before its lock goes
+                    jobserver.cancel_unfinished(result)
+                    raise
             stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
         outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])

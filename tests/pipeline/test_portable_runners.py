@@ -62,7 +62,7 @@ def test_a_runner_that_reports_no_counters_fails_the_run_rather_than_reconciling
         run.counters_of(_JobMetrics(committed=[], attempted=[other]), config, "FlinkRunner")
 
 
-def test_under_prism_the_launcher_waits_on_a_job_for_days_unless_told_otherwise():
+def test_under_a_portable_runner_the_launcher_waits_on_a_job_for_days_unless_told_otherwise():
     """Beam's deadline of the launcher's stream of job states is --job_server_timeout (300 s):
     under Prism, the deadline of the whole job (the slow test below shows it)."""
     def deadline(*flags: str) -> int:
@@ -71,6 +71,7 @@ def test_under_prism_the_launcher_waits_on_a_job_for_days_unless_told_otherwise(
         return options.view_as(PortableOptions).job_server_timeout
 
     assert deadline("--runner", "PrismRunner") == jobserver.JOB_WAIT_S >= 7 * 24 * 3600
+    assert deadline("--runner", "PortableRunner", "--job_endpoint", "embed") == jobserver.JOB_WAIT_S
     assert deadline("--runner", "PrismRunner", "--job_server_timeout", "50") == 50
     assert deadline("--runner", "DirectRunner") == deadline() == 300
 
@@ -185,3 +186,90 @@ def test_beams_job_server_timeout_is_the_deadline_of_a_prism_job(prism, tmp_path
                 "--job_server_timeout", "2", *FAST)
     assert done.returncode != 0 and "DEADLINE_EXCEEDED" in done.stderr
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _processes_under(root: int) -> list[int]:
+    """Every live descendant of process `root`."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _snapshot(out: Path) -> dict[str, tuple[int, int]]:
+    return {str(path): (path.stat().st_size, path.stat().st_mtime_ns) for path in out.rglob("*") if path.is_file()}
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_standalone_set_up_cancels_the_job_before_the_lock_goes(prism, tmp_path):
+    """On a job server that outlives the launcher (infra/prism_cluster.sh: Prism and a pool of SDK
+    worker processes), the job would write on after Ctrl-C ended the command and released the
+    folder; the launcher cancels it first."""
+    job_port, pool_port = _free_port(), _free_port()
+    cluster = subprocess.Popen(["infra/prism_cluster.sh", str(job_port), str(pool_port)], cwd=REPO,
+                               env={**os.environ, "PY": sys.executable},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (_listening(job_port) and _listening(pool_port)):
+            assert cluster.poll() is None and time.monotonic() < deadline, "the set-up never listened"
+            time.sleep(0.2)
+        out = tmp_path / "out"
+        # PortableRunner: no page-count folder, whose removal at the launcher's exit would fail the
+        # job's reading DoFn (and so end the job) by accident.
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.run", "--output", str(out), "--runner", "PortableRunner",
+             "--job_endpoint", f"localhost:{job_port}", "--environment_type", "EXTERNAL",
+             "--environment_config", f"localhost:{pool_port}", *FAST],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # a terminal's Ctrl-C
+        # The job has begun once the pool started its SDK worker (a child of the pool's process).
+        while not [pid for pid in _processes_under(cluster.pid) if b"SdkHarness" in _cmdline(pid)]:
+            assert launcher.poll() is None and time.monotonic() < deadline + 180, "the job never started"
+            time.sleep(0.1)
+        time.sleep(2)
+        launcher.send_signal(signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=120)
+        assert launcher.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr[-2000:]
+        assert not (out / "_RUNNING").exists() and (out / "_UNPUBLISHED").exists()
+        written = _snapshot(out)
+        time.sleep(30)   # the excerpt's job takes less on its own
+        assert _snapshot(out) == written, "the job wrote on after the command ended"
+        assert not (out / "manifest.json").exists()
+    finally:
+        cluster.terminate()
+        cluster.wait(timeout=30)
