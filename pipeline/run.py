@@ -5,8 +5,8 @@
 Without `--input` it reads the real Wikipedia excerpt inside the gensim wheel. The flags mirror
 `PipelineConfig` (and the paper's thresholds in `rules.RuleConfig`); every other flag is a
 Beam pipeline option and is passed through unchanged, so the same command runs on the
-DirectRunner, the PrismRunner (give `--prism_location` when the Prism binary cannot be
-downloaded) or Dataflow (`--runner DataflowRunner --project ... --region ...
+DirectRunner, the PrismRunner (`--prism_location .cache/prism/v2.77.0/prism`, built by `make prism`;
+docs/pipeline.md, "Portable runners") or Dataflow (`--runner DataflowRunner --project ... --region ...
 --temp_location gs://... --setup_file ./setup.py`). On Dataflow, `--wait false` returns once the job
 is submitted, printing its id; `python -m pipeline.publish --output ...` then publishes the run.
 """
@@ -223,10 +223,16 @@ def expected_counters(config: PipelineConfig) -> list[str]:
     ]
 
 
-def counters_of(result, config: PipelineConfig) -> dict[str, int]:
-    """Every "wikisim" counter of the finished run, summed over the steps that use it."""
-    totals = {**dict.fromkeys(expected_counters(config), 0), **counter_names.job_totals(result)}
-    return dict(sorted(totals.items()))
+def counters_of(result, config: PipelineConfig, runner: str | None = None) -> dict[str, int]:
+    """Every "wikisim" counter of the finished run, summed over the steps that use it; those it
+    did not increment at 0. A run whose runner reported none of them (the read stage always counts
+    what it read or lost) is a CountersMissingError: zeros would reconcile as an empty read."""
+    reported = counter_names.job_totals(result)
+    if not reported:
+        raise counter_names.CountersMissingError(
+            f"the runner ({runner or 'DirectRunner'}) reported none of the job's counters (Beam metrics namespace "
+            f"{counter_names.NAMESPACE}): the run cannot be reconciled; nothing was published")
+    return dict(sorted({**dict.fromkeys(expected_counters(config), 0), **reported}.items()))
 
 
 def triplet_slots_filled(counters: dict[str, int], strategy: NegativeStrategy) -> int:
@@ -349,6 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
     import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+    from pipeline import jobserver
     from pipeline.dumps import embedded_dump_path
 
     options = PipelineOptions(beam_args)
@@ -358,6 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{runner or 'DirectRunner'} the job runs in this process, so the command waits for it")
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
+    jobserver.wait_for_long_jobs(options)
     with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
         folder = progress.progress_folder() if progress.is_local(runner) else None
         pipeline = beam.Pipeline(options=options)
@@ -370,23 +378,31 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
     """Claims the output, runs the built job, reconciles its counters and publishes the run, or
     ends it unpublished (the lock released, what it wrote recorded for --overwrite). With
     `--wait false` it returns once the job is submitted, the folder still locked (`submitted`)."""
-    from pipeline import outputs
+    from pipeline import jobserver, outputs
 
     out = config.output.rstrip("/")
     started = time.perf_counter()
     outputs.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
     try:
         shown: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        log_path = None
         if folder:   # Beam's logs to a file, a progress bar on the terminal
             log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
             print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
             shown = progress.show_progress(folder, indexes, log_path)
-        with writes_of(out), shown:
-            result = pipeline.run()
-            if not config.wait:
-                return submitted(result, pipeline, config, input_pattern, runner)
-            result.wait_until_finish()
-        stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
+        # A job server Beam would start here (Prism's) runs for this run only: it ends with it, a
+        # SIGKILL of this process included, and answers for the job's counters until finish() read them.
+        with jobserver.local_job_server(pipeline.options, log_path):
+            with writes_of(out), shown:
+                result = pipeline.run()
+                if not config.wait:
+                    return submitted(result, pipeline, config, input_pattern, runner)
+                try:
+                    result.wait_until_finish()
+                except BaseException:   # a job that outlives this process ends before its lock goes
+                    jobserver.cancel_unfinished(result)
+                    raise
+            stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
         outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
         raise
@@ -401,7 +417,7 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
     from pipeline import outputs
 
     out = config.output.rstrip("/")
-    counters = counters_of(result, config)
+    counters = counters_of(result, config, runner)
     stats: dict[str, Any] = {
         "counters": counters,
         "reconciliation": reconciliation(counters, config.negative_strategies()),

@@ -1,0 +1,159 @@
+"""The job server of a portable runner that Beam would start on this machine (PrismRunner), started
+by the launcher itself so that it ends with the run.
+
+Left to Beam, the Prism job server is a subprocess that Beam keeps for the life of the launching
+process and stops only at its exit (`atexit`), and nothing ties it to its parent:
+
+* a SIGKILLed launcher leaves it running for ever, holding its port (measured: still there after
+  the launcher was gone);
+* at a normal exit its stop failed before it stopped the process: Beam made its temporary folder
+  in the run's private TMPDIR (`progress.private_tempdir`), already removed by then, so the exit
+  printed a traceback and left the Prism process running.
+
+And Beam's launcher waits on the job through a stream of its states opened with a deadline of
+`--job_server_timeout` (300 s by default; `JobServiceHandle.run`, which reopens it without a deadline
+only when the job server refuses that first request, by the job's preparation id): Prism accepts it,
+so a Prism job longer than five minutes failed in the launcher with `DEADLINE_EXCEEDED` (seen on the
+2019 dump), its outputs unpublished. `wait_for_long_jobs` gives a portable run a deadline of days,
+unless the user set one. And when the launcher stops waiting (Ctrl-C, an error), a job on a job server
+that outlives it would write on into a folder whose lock it releases: `cancel_unfinished` ends it first.
+
+Here Beam's own job server class (`PrismJobServer`) still gives the command (where the binary is,
+its arguments, a free port); the launcher starts that process with `PR_SET_PDEATHSIG` (Linux: the
+kernel kills it when the launcher dies, SIGKILL included), hands the job to it through Beam's
+`--job_endpoint` option, and stops it when the run ends. A `--job_endpoint` the user gives (a job
+server of their own) is left alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`wait_for_long_jobs`)
+PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_name`s of Beam's job-service runners
+
+
+def runner_name(runner: str | None) -> str:
+    """`PrismRunner`, `prism` or a dotted path to it -> `prism` (lower case, no `Runner`)."""
+    return str(runner or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
+
+
+def _beam_job_server(options: Any) -> Any:
+    """Beam's job server for the runner `options` name, when Beam would start one here as a
+    subprocess; None otherwise (an in-process runner, a remote service, or `--job_endpoint`)."""
+    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+    if options.view_as(PortableOptions).job_endpoint:
+        return None
+    if runner_name(options.view_as(StandardOptions).runner) == "prism":
+        from apache_beam.runners.portability.prism_runner import PrismJobServer
+
+        return PrismJobServer(options)
+    return None
+
+
+def wait_for_long_jobs(options: Any) -> None:
+    """Under a portable runner (PORTABLE_RUNNERS), Beam's `--job_server_timeout` (the deadline of the
+    launcher's stream of job states, so, on Prism, of the job) becomes JOB_WAIT_S unless the
+    command line sets it; a `--job_endpoint` that nothing answers is then a UsageError naming it,
+    before any work (Beam would wait out that deadline to connect)."""
+    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+
+    from pipeline.cli import UsageError
+
+    if runner_name(options.view_as(StandardOptions).runner) not in PORTABLE_RUNNERS:
+        return
+    portable = options.view_as(PortableOptions)
+    if "job_server_timeout" not in options.get_all_options(drop_default=True):
+        portable.job_server_timeout = JOB_WAIT_S
+    if portable.job_endpoint and portable.job_endpoint != "embed":
+        host, _, port = portable.job_endpoint.rpartition(":")
+        try:
+            socket.create_connection((host or "localhost", int(port)), timeout=10).close()
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--job_endpoint {portable.job_endpoint}: no job server answers there "
+                             f"({error.__class__.__name__}: {error})") from None
+
+
+def _die_with_parent() -> None:   # runs in the child between fork and exec
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str) -> None:
+    host, port = endpoint.rsplit(":", 1)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the job server {command} exited with status {process.returncode} before it "
+                               "listened; its log is the run's pipeline.log")
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the job server {command} did not listen on {endpoint} within "
+                                   f"{START_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.1)
+
+
+def cancel_unfinished(result: Any) -> None:
+    """Cancels the portable job of `result` (a Beam PipelineResult) when it has not ended, and
+    waits up to STOP_TIMEOUT_S for its job service to say it ended: the launcher stopped waiting
+    (Ctrl-C, an error), and a job on a job server that outlives the launcher (`--job_endpoint`)
+    would otherwise write on into a folder whose lock the launcher is about to release. Nothing
+    for a local runner's result (its job ran in the launcher's own call)."""
+    from apache_beam.runners.portability.portable_runner import PipelineResult
+    from apache_beam.runners.runner import PipelineState
+
+    if not isinstance(result, PipelineResult):
+        return
+    with contextlib.suppress(Exception):   # the error that stopped the wait is the one reported
+        if PipelineState.is_terminal(result.state):
+            return
+        result.cancel()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while not PipelineState.is_terminal(result.state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def local_job_server(options: Any, log_path: str | None = None) -> Iterator[str | None]:
+    """While the block runs, the job server Beam would start for `options`' runner, run by this
+    process and named in `options`' `--job_endpoint` (yields it; None, and nothing started, when
+    the runner needs none here). Its output is appended to `log_path` (the run's log), or goes to
+    this process's stderr."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    server = _beam_job_server(options)
+    if server is None:
+        yield None
+        return
+    command, endpoint = server.subprocess_cmd_and_endpoint()
+    command = [str(part) for part in command]
+    with open(log_path, "ab") if log_path else contextlib.nullcontext(2) as log:   # fd 2: this process's stderr
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    portable = options.view_as(PortableOptions)
+    try:
+        _wait_until_listening(process, endpoint, command[0])
+        portable.job_endpoint = endpoint
+        yield endpoint
+    finally:
+        portable.job_endpoint = None
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
