@@ -9,11 +9,10 @@ differ. The triplets are one chunk of `--article-chunk` consecutive triplets fro
 articles, so a random batch shares about as few sentences as in a real training run over
 thousands of articles, and an article-chunk batch about as many. The variants add one lever at a time:
 
-* `baseline`: the trainer before this benchmark existed: batches of 32 in random order, each
-  role padded to its own longest sentence, the encoder called three times (anchor, positive,
-  negative);
+* `baseline`: batches of 32 in the split's order, each role padded to its own longest sentence,
+  the encoder called three times (anchor, positive, negative);
 * `+one call`: the encoder called once on the batch's sentences stacked ([3n, t]);
-* `+length groups`: batches of similar-length triplets (`model.training.data.LENGTH_BOUNDARIES`);
+* `+length groups`: batches of similar-length triplets (`model.training.arrays.LENGTH_BOUNDARIES`);
 * `+batch B`: the trainer's batch size (`--batch-size`, default 128);
 * `+article chunks`: batches made of chunks of `--article-chunk` triplets of one article
   (instead of length groups), each distinct sentence of the batch encoded once;
@@ -87,16 +86,19 @@ def parse_args(argv: list[str] | None) -> TrainerBenchmarkConfig:
 if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
     parse_first(parse_args)
 
+import itertools  # noqa: E402
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from model.net.network import LENGTH_SLICES  # noqa: E402
-from model.net.text import WordIds  # noqa: E402
-from model.net.transformer import token_ids  # noqa: E402
+from model.net.text import ArrayIds, WordIds  # noqa: E402
+from model.net.wordpieces import wordpieces  # noqa: E402
 from model.train import build_models, build_vocabulary, embedding_matrix  # noqa: E402
-from model.training.data import article_chunks, training_batches, triplet_strings  # noqa: E402
+from model.training.arrays import Tokenizer, batch_arrays, batched, grouped, split_triplets  # noqa: E402
 from model.training.shards import ARTICLE_ID, open_run  # noqa: E402
+from model.training.tf_input import dataset  # noqa: E402
 from pipeline.records import ROLES  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
@@ -116,16 +118,28 @@ def three_call_triplet_model(sentence_encoder: keras.Model) -> keras.Model:
     return keras.Model(inputs, RoleDistances()(*(sentence_encoder(inputs[key]) for key in ROLES)))
 
 
-def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int) -> tf.data.Dataset:
-    """The baseline's input: random-order batches, each role padded to its own longest sentence."""
-    def to_ids(batch):
-        return {key: word_ids(batch[key]) for key in ROLES}, tf.zeros(tf.shape(batch[ROLES[0]])[:1], tf.int32)
+def per_role_batches(triplets: list[dict], tokenizer: Tokenizer, batch_size: int) -> tf.data.Dataset:
+    """The baseline's input: batches in the split's order, each role padded to its own longest sentence."""
+    def batches():
+        for chunk in batched(itertools.cycle(triplets), batch_size):
+            yield {key: tokenizer([t[key] for t in chunk]) for key in ROLES}, np.zeros(len(chunk), np.int32)
 
-    return (triplets.repeat().batch(batch_size).map(to_ids, num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(tf.data.AUTOTUNE))
+    spec = ({key: tf.TensorSpec([None, None], tf.int32) for key in ROLES}, tf.TensorSpec([None], tf.int32))
+    return tf.data.Dataset.from_generator(batches, output_signature=spec).prefetch(2)
 
 
-def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -> dict:
+def endless_batches(triplets: list[dict], tokenizer: Tokenizer, batch_size: int, article_chunk: int = 0,
+                    group_by_length: bool = True, replicas: int = 1) -> tf.data.Dataset:
+    """The trainer's batches (`model.training.arrays`) of `triplets`, repeated without end."""
+    def batches():
+        for group in grouped(itertools.cycle(triplets), batch_size * replicas, tokenizer,
+                             article_chunk=article_chunk, group_by_length=group_by_length):
+            yield batch_arrays(group, tokenizer, batch_size, replicas, static=False)
+
+    return dataset(batches, replicas)
+
+
+def variants(config: TrainConfig, triplets: list[dict], word_ids, matrix) -> dict:
     """name -> (compiled model, (batch size, endless batches of `triplets`)): the trainer's models
     (`model.train.build_models`), `slices=None` the three-call baseline."""
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
@@ -134,8 +148,7 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
                             head=None if slices else three_call_triplet_model)[1]
 
     def batches(batch_size, article_chunk=0, group_by_length=True):
-        return batch_size, training_batches(triplets.repeat(), word_ids, batch_size, article_chunk=article_chunk,
-                                            group_by_length=group_by_length)
+        return batch_size, endless_batches(triplets, word_ids, batch_size, article_chunk, group_by_length)
 
     batch, chunk = config.optimizer.batch_size, config.inputs.article_chunk
     if config.network.kind.pretrained:   # the transformer: the same levers, and freezing its lower layers
@@ -156,35 +169,36 @@ def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -
     }
 
 
-def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Dataset:
-    """About `n_triplets` training triplets: the first chunk (`model.training.data.article_chunks`) of
-    each article, until enough, in memory; the same in every process (shards read in a fixed order),
-    as the workers of a scaling run must build the same global batches."""
-    chunks, articles = [], set()
+def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> list[dict]:
+    """About `n_triplets` training triplets: the first `--article-chunk` consecutive triplets of one
+    article, of each article, until enough, in memory; the same in every process (shards read in a
+    fixed order), as the workers of a scaling run must build the same global batches."""
+    chunks: list[list[dict]] = []
+    articles: set[int] = set()
     run = open_run(config.inputs.data)
-    for chunk in article_chunks(triplet_strings(run, config.inputs.dataset, "train"), config.inputs.article_chunk):
-        article = int(chunk[ARTICLE_ID][0])
-        if article not in articles:
-            articles.add(article)
+    for triplets in batched(split_triplets(run, config.inputs.dataset, "train"), config.inputs.article_chunk):
+        chunk = [t for t in triplets if t[ARTICLE_ID] == triplets[0][ARTICLE_ID]]
+        if chunk[0][ARTICLE_ID] not in articles:
+            articles.add(chunk[0][ARTICLE_ID])
             chunks.append(chunk)
-            if sum(len(c[ROLES[0]]) for c in chunks) >= n_triplets:
+            if sum(map(len, chunks)) >= n_triplets:
                 break
-    return tf.data.Dataset.from_tensor_slices({key: tf.concat([c[key] for c in chunks], 0) for key in chunks[0]})
+    return [triplet for chunk in chunks for triplet in chunk]
 
 
-def sentence_ids(config: TrainConfig):
-    """(the token-id lookup, the embedding matrix or None) of the configured Net, as the trainer builds them."""
+def sentence_ids(config: TrainConfig) -> tuple[Tokenizer, np.ndarray | None]:
+    """(the tokenizer, the embedding matrix or None) of the configured Net, as the trainer builds them."""
     if config.network.kind.reads_word_vectors:
         vocabulary = build_vocabulary(config, open_run(config.inputs.data))
         word_ids = WordIds(vocabulary, config.inputs.num_oov_buckets, config.inputs.max_tokens)
-        return word_ids, embedding_matrix(vocabulary, word_ids, config)
-    return token_ids(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint), None
+        return ArrayIds(word_ids), embedding_matrix(vocabulary, word_ids, config)
+    return wordpieces(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint), None
 
 
 def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
     word_ids, matrix = sentence_ids(config)
     triplets = one_chunk_per_article(config, n_triplets)
-    n_triplets = int(triplets.cardinality())                   # the split may be smaller
+    n_triplets = len(triplets)                   # the split may be smaller
     timed = variants(config, triplets, word_ids, matrix)
     steps = {name: -(-n_triplets // batch_size) for name, (_, (batch_size, _)) in timed.items()}
     for name, (model, (_, batches)) in timed.items():    # trace and warm every variant on a whole pass
@@ -233,13 +247,12 @@ def plot(results: dict, path: str) -> None:
 
 def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     """One process of a scaling run (TF_CONFIG names its cluster, none when alone): the trainer's
-    model and input (`training_batches`, one block per replica, `distributed_by_blocks`) on the
+    model and input (`endless_batches`, one block per replica, sharded by DATA) on the
     same in-memory triplets as `run`; a warm-up pass, then `rounds` timed passes of one pass's
     worth of global batches each. Wall seconds of the best pass; also the seconds of the input
     pipeline alone over the same batches (what every worker spends tokenising global batches) and
     the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
     (docs/distributed.md)."""
-    from model.training.data import distributed_by_blocks
     from model.training.strategies import make_strategy
 
     strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
@@ -248,9 +261,8 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     replicas = strategy.num_replicas_in_sync
     batch_size = config.optimizer.batch_size
     global_batch = batch_size * replicas
-    steps = -(-int(triplets.cardinality()) // global_batch)
-    batches = distributed_by_blocks(training_batches(triplets.repeat(), word_ids, batch_size,
-                                                     article_chunk=config.inputs.article_chunk, replicas=replicas))
+    steps = -(-len(triplets) // global_batch)
+    batches = endless_batches(triplets, word_ids, batch_size, config.inputs.article_chunk, replicas=replicas)
     with strategy.scope():
         _, model = build_models(config, matrix, global_batch)
     model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)

@@ -125,8 +125,11 @@ def soup(config: SoupConfig) -> dict:
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
     from model.export import network_of
     from model.formats.saved_model import write_saved_models
-    from model.train import evaluation_batches, export_sentence_transformers, open_run
+    from model.net.wordpieces import wordpieces
+    from model.train import export_sentence_transformers, open_run
+    from model.training.arrays import TripletInput
     from model.training.model_dir import ModelDir
+    from model.training.tf_input import evaluation
     from pipeline.published import write_complete
 
     if train_config.network.kind.reads_word_vectors:
@@ -137,7 +140,10 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     untrained = [np.asarray(weight) for weight in model.get_weights()]
     runs = []
     with run.reading():
-        validation = evaluation_batches(train_config, run, "validation", word_ids, replicas=1)
+        network = train_config.network
+        source = TripletInput(train_config, run, wordpieces(train_config.inputs.max_tokens, network.encoder,
+                                                            network.checkpoint))
+        validation = evaluation(source.evaluation("validation"), source)
         run_accuracy = []
         for best in bests:
             model.load_weights(best)

@@ -46,14 +46,6 @@ from model.config import TrainConfig, parse_args
 from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
 
 
-def reads_arrays(config: TrainConfig) -> bool:
-    """Whether the run reads NumPy arrays (`model.training.arrays`: a transformer under JAX, in
-    article chunks, without a shuffle buffer or teacher) rather than tf.data's input."""
-    from model.training.shards import needs_tf_data
-
-    return config.runtime.backend == "jax" and needs_tf_data(config) is None
-
-
 def use_backend(config: TrainConfig) -> None:
     """Sets KERAS_BACKEND to `--backend` before Keras loads (Keras reads it once, at its import).
     A UsageError where another backend was chosen: KERAS_BACKEND set otherwise, or Keras
@@ -72,7 +64,9 @@ def use_backend(config: TrainConfig) -> None:
         raise UsageError(f"KERAS_BACKEND={chosen} but --backend {backend}: pass --backend {chosen}, or unset "
                          "KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = backend
-    if reads_arrays(config) and "tensorflow" not in sys.modules:
+    from model.training.shards import needs_tensorflow
+
+    if needs_tensorflow(config) is None and "tensorflow" not in sys.modules:
         # Nothing of this run needs TensorFlow (`model.training.arrays`), but keras-hub imports it at its
         # own import wherever it is installed (for tokenizers this run does not use): kept out, so the
         # process is the one an accelerator image without TensorFlow runs, and its memory JAX's alone.
@@ -93,7 +87,7 @@ from model.training.plots import plot_history, plot_learning_curve  # noqa: E402
 from model.training.shards import (  # noqa: E402
     TripletDataError,
     TripletDataLoss,
-    needs_tf_data,
+    needs_tensorflow,
     open_run,
     triplet_split,
 )
@@ -101,13 +95,13 @@ from model.training.storage import TreeMirror, claim_is_live, staged  # noqa: E4
 from pipeline.published import Run, owner_record, read_json_object, write_complete  # noqa: E402
 from pipeline.splits import SPLITS  # noqa: E402
 
-# TensorFlow loads only where it runs: under its backend, or for tf.data's input under JAX (a
-# transformer under JAX reads NumPy arrays, `model.training.arrays`, and never imports it).
+# TensorFlow loads only where it runs: under its backend, or under JAX for the BiLSTM's tokenizer
+# and a teacher (a transformer under JAX never imports it).
 if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
     import tensorflow as tf
 
     from model.net.text import WordIds
-    from model.training.arrays import ArrayInput
+    from model.training.arrays import SplitBatches, Tokenizer, TripletInput
     from model.training.callbacks import BestCheckpoint, LearningCurve, TimeBudget
 
 LOG = logging.getLogger(__name__)
@@ -128,20 +122,20 @@ class KerasDevices:
 
     cluster_resolver = None   # one process: the chief, as `is_chief` reads it
 
-    def __init__(self, name: str, tensorflow_input: bool = False):
+    def __init__(self, name: str, tensorflow_input: bool = False, article_chunks: bool = True):
         import keras
 
-        if tensorflow_input:   # tf.data reads and tokenises on the CPU; the GPUs are JAX's
+        if tensorflow_input:   # TensorFlow tokenises or teaches on the CPU; the GPUs are JAX's
             import tensorflow as tf
 
             tf.config.set_visible_devices([], "GPU")
         self.processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or 1)
-        if self.processes > 1 and (name != "data-parallel" or tensorflow_input):
+        if self.processes > 1 and (name != "data-parallel" or not article_chunks):
             from pipeline.cli import UsageError
 
             raise UsageError(f"KERAS_DISTRIBUTION_NUM_PROCESSES={self.processes}: several processes train one model "
-                             "with --distribution-strategy data-parallel, a transformer reading arrays (not "
-                             "--shuffle-buffer, --teacher or --article-chunk 0)")
+                             "with --distribution-strategy data-parallel and --article-chunk > 0 (the processes' "
+                             "evaluation shares must run as many steps)")
         if self.processes > 1:
             import jax
 
@@ -155,7 +149,7 @@ class KerasDevices:
         self.num_replicas_in_sync = len(devices) if name == "data-parallel" else 1
         self.local_replicas = self.num_replicas_in_sync // self.processes
         if name == "data-parallel":
-            # each process reads its own shards (`ArrayInput`): Keras is not to shard them again
+            # each process reads its own shards (`TripletInput`): Keras is not to shard them again
             keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices,
                                                                                 auto_shard_dataset=False))
         LOG.info("JAX backend: process %d of %d, %d device(s) (%s), %d replica(s)", self.process_id, self.processes,
@@ -179,7 +173,8 @@ def device_kind() -> str:
 def strategy_of(config: TrainConfig) -> Strategy:
     """`--distribution-strategy` under `--backend`: a tf.distribute strategy, or `KerasDevices`."""
     if config.runtime.backend == "jax":
-        return KerasDevices(config.runtime.distribution_strategy, tensorflow_input=not reads_arrays(config))
+        return KerasDevices(config.runtime.distribution_strategy, tensorflow_input=needs_tensorflow(config) is not None,
+                            article_chunks=config.inputs.article_chunk > 0)
     from model.training.strategies import make_strategy
 
     return make_strategy(config.runtime.distribution_strategy)
@@ -342,7 +337,8 @@ def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None
     vector, most frequent first."""
     import tensorflow as tf
 
-    from model.training.data import count_words, triplet_strings
+    from model.net.text import count_words
+    from model.training.arrays import split_triplets
 
     model_dir = model_dir or config.runtime.model_dir
     path = f"{model_dir}/vocabulary.txt"
@@ -354,7 +350,7 @@ def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None
         vocabulary = load_word_vectors(inputs.embeddings).words
         LOG.info("vocabulary: all %d words of the word vectors", len(vocabulary))
     else:
-        counts = count_words(triplet_strings(run, inputs.dataset, "train"))
+        counts = count_words(split_triplets(run, inputs.dataset, "train"))
         frequent = {word for word, n in counts.items() if n >= inputs.min_count}
         with_vectors = set(load_word_vectors(inputs.embeddings, frequent).words)
         vocabulary = sorted(with_vectors, key=lambda word: (-counts[word], word))
@@ -371,83 +367,17 @@ def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None
 def embedding_matrix(vocabulary: list[str], word_ids: WordIds, config: TrainConfig) -> np.ndarray:
     """Rows in id order: zeros for padding, the pre-trained vectors, then small random OOV rows."""
     vectors = load_word_vectors(config.inputs.embeddings, vocabulary)
-    row_of = vectors.index()
     scale = float(vectors.matrix.std()) if vectors.matrix.size else 0.1
     oov = np.random.default_rng(config.runtime.seed).normal(0, scale, (config.inputs.num_oov_buckets, vectors.dim))
-    rows = [np.zeros((1, vectors.dim)), vectors.matrix[[row_of[word] for word in vocabulary]], oov]
-    matrix = np.concatenate(rows).astype(np.float32)
-    assert matrix.shape[0] == word_ids.num_ids
+    # written in place, row block by row block: GloVe's 400 k x 50 floats are copied once, not four times
+    matrix = np.zeros((word_ids.num_ids, vectors.dim), np.float32)
+    if vectors.words == vocabulary:   # `--vocabulary embeddings`: the file's own order
+        matrix[1:1 + len(vocabulary)] = vectors.matrix
+    else:
+        row_of = vectors.index()
+        matrix[1:1 + len(vocabulary)] = vectors.matrix[[row_of[word] for word in vocabulary]]
+    matrix[1 + len(vocabulary):] = oov
     return matrix
-
-
-def evaluation_batches(config: TrainConfig, run: Run, split: str, word_ids: WordIds, replicas: int,
-                       teacher=None) -> tf.data.Dataset:
-    """Validation or test batches: a seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`,
-    the same at every epoch and in every run) or the whole split, counted once so Keras knows
-    where it ends. Every worker of a multi-worker job reads them whole, and scores its block of
-    each global batch (`distributed_by_blocks`)."""
-    from model.training.data import (
-        distributed_by_blocks,
-        training_batches,
-        triplet_sample,
-        triplet_strings,
-        with_known_length,
-    )
-
-    inputs = config.inputs
-    triplets = (triplet_sample(run, inputs.dataset, split, inputs.evaluation_triplets, config.runtime.seed)
-                if inputs.evaluation_triplets else triplet_strings(run, inputs.dataset, split))
-    batches = training_batches(triplets, word_ids, config.optimizer.batch_size, replicas=replicas,
-                               article_chunk=inputs.article_chunk, group_by_length=inputs.group_by_length,
-                               static_shapes=config.runtime.static_batches, teacher=teacher)
-    if teacher is not None:   # the teacher embeds these sentences once, not at every count and epoch
-        batches = batches.cache()
-    return distributed_by_blocks(with_known_length(batches))
-
-
-def training_stream(config: TrainConfig, run: Run, word_ids: WordIds, strategy: Strategy,
-                    resume_at_step: int = 0, teacher=None):
-    """The training batches: each input pipeline (one per worker) streams its own shards of the
-    train split (`model.training.data.streamed_triplets`), one replica's batch per element
-    (`distribute_datasets_from_function`: no worker reads, parses or tokenises another's data).
-
-    A resumed run (`resume_at_step`: the backup's optimizer step) continues each pipeline's
-    stream at its first batch not yet trained on (a step takes one batch per replica of the
-    pipeline), the same batches as an unbroken run whatever the buffer and chunking. Where batches
-    are consecutive records (`--article-chunk` > 0, or no length groups, and no `--shuffle-buffer`)
-    the stream starts at that record (`streamed_triplets(start=...)`: what came before is not
-    read). Otherwise (a shuffle buffer, or length groups, reorder the records across batches) it
-    is built from its first record and the batches trained are dropped
-    (`training_batches(skip_batches=...)`) before they are turned into model inputs: what came
-    before is read, parsed and, with length groups, tokenised again."""
-    import tensorflow as tf
-
-    from model.training.data import streamed_triplets, training_batches
-    inputs, optimizer = config.inputs, config.optimizer
-    consecutive = not inputs.shuffle_buffer and (inputs.article_chunk > 0 or not inputs.group_by_length)
-    if resume_at_step:
-        LOG.info("resuming the training stream after step %d: %s", resume_at_step,
-                 "starting it at the first record not trained on (its batches are consecutive records)" if consecutive
-                 else "reading it from its first record and dropping the batches trained (--shuffle-buffer or "
-                      "--article-chunk 0 reorder records across batches)")
-
-    def pipeline_batches(context: tf.distribute.InputContext, blocks: int = 1) -> tf.data.Dataset:
-        replicas_here = context.num_replicas_in_sync // context.num_input_pipelines
-        # this pipeline's batches already trained on: a step's batch is fed in --gradient-accumulation-steps parts
-        trained = resume_at_step * optimizer.gradient_accumulation_steps * replicas_here
-        triplets = streamed_triplets(run, inputs.dataset, "train", config.runtime.seed, context.input_pipeline_id,
-                                     context.num_input_pipelines,
-                                     start=trained * blocks * optimizer.part_size if consecutive else 0)
-        return training_batches(triplets, word_ids, optimizer.part_size, shuffle_buffer=inputs.shuffle_buffer,
-                                seed=config.runtime.seed, article_chunk=inputs.article_chunk,
-                                group_by_length=inputs.group_by_length, static_shapes=config.runtime.static_batches,
-                                replicas=blocks, teacher=teacher, skip_batches=0 if consecutive else trained)
-
-    if isinstance(strategy, KerasDevices):   # one stream of global batches, a block per replica
-        return pipeline_batches(tf.distribute.InputContext(), blocks=strategy.num_replicas_in_sync)
-    if strategy.num_replicas_in_sync == 1 and getattr(strategy, "cluster_resolver", None) is None:
-        return pipeline_batches(tf.distribute.InputContext())
-    return strategy.distribute_datasets_from_function(pipeline_batches)
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None,
@@ -481,7 +411,7 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
     return encoder, model
 
 
-def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabulary_size: int) -> float:
+def mean_vectors_accuracy(batches: SplitBatches, matrix: np.ndarray, vocabulary_size: int) -> float:
     """Triplet accuracy (cosine) of mean word vectors on the same batches: the baseline the
     network has to beat, as a reference line on the learning curve. Like `mean-vectors` in
     eval/, a sentence averages the vectors of its in-vocabulary tokens (not padding or OOV)."""
@@ -490,7 +420,7 @@ def mean_vectors_accuracy(batches: tf.data.Dataset, matrix: np.ndarray, vocabula
         return (matrix[ids] * known).sum(axis=1) / np.maximum(known.sum(axis=1), 1)
 
     correct = total = 0.0
-    for inputs, _, weights in batches.as_numpy_iterator():
+    for inputs, _, weights in (batches[index] for index in range(len(batches))):
         for sentences, roles, weight in zip(inputs["sentences"], inputs["roles"],
                                             weights.reshape(len(inputs["roles"]), -1)):
             vectors = means(sentences)
@@ -558,40 +488,37 @@ class _Job:
         return self.config.optimizer.batch_size * self.replicas
 
 
-class TfDataInput:
-    """tf.data's input (`model.training.data`) as `_train` asks for it, the interface of
-    `model.training.arrays.ArrayInput`: a split's evaluation batches, the training stream from a
-    step, a split's record count."""
-
-    def __init__(self, job: _Job, word_ids: WordIds, teacher: SavedModelEncoder | None):
-        self.job, self.word_ids = job, word_ids
-        self.teacher = teacher.embed_tensor if teacher else None
-
-    def evaluation(self, split: str) -> tf.data.Dataset:
-        return evaluation_batches(self.job.config, self.job.run, split, self.word_ids, self.job.replicas, self.teacher)
-
-    def training(self, resume_at_step: int = 0):
-        return training_stream(self.job.config, self.job.run, self.word_ids, self.job.strategy, resume_at_step,
-                               self.teacher)
-
-    def count_records(self, split: str) -> dict[str, int]:
-        from model.training.data import count_records
-
-        return count_records(self.job.run, self.job.config.inputs.dataset, split)
-
-
 @dataclass(frozen=True)
 class _Data:
-    """The data step's result: the id space, the teacher, the input, its validation batches, and
-    each split's record count, counted in the background until the score step needs it."""
+    """The data step's result: the id space, the teacher, the input, its validation batches (as
+    arrays, and as the backend reads them), and each split's record count, counted in the
+    background until the score step needs it."""
 
-    word_ids: WordIds | None       # None under the JAX backend's arrays (they tokenise in NumPy)
+    word_ids: WordIds | None       # the BiLSTM's in-graph tokenizer (None for a transformer: its wordpieces)
     vocabulary: list[str] | None   # None for a transformer (its own wordpieces)
     matrix: np.ndarray | None      # the BiLSTM's word vectors
     teacher: SavedModelEncoder | None
-    source: TfDataInput | ArrayInput
-    validation_batches: object     # a tf.data.Dataset, or the arrays' PyDataset
+    source: TripletInput
+    validation: SplitBatches
     record_counts: dict[str, concurrent.futures.Future]
+
+    def evaluation(self, split: str, strategy: Strategy):
+        """A split's evaluation batches as the backend reads them: a PyDataset under JAX, a
+        tf.data dataset of the same batches under TensorFlow (`model.training.tf_input`)."""
+        batches = self.validation if split == "validation" else self.source.evaluation(split)
+        if isinstance(strategy, KerasDevices):
+            return batches
+        from model.training.tf_input import evaluation
+
+        return evaluation(batches, self.source)
+
+    def training(self, strategy: Strategy, resume_at_step: int):
+        """The training stream as the backend reads it (`model.training.tf_input.training` under TensorFlow)."""
+        if isinstance(strategy, KerasDevices):
+            return self.source.training(resume_at_step)
+        from model.training.tf_input import training
+
+        return training(self.source, strategy, resume_at_step)
 
 
 def _train(config: TrainConfig, run: Run, strategy: Strategy, model_dir: str,
@@ -635,34 +562,34 @@ def _claim(job: _Job, resume_from: str | None) -> SavedModelEncoder | None:
 
 
 def _data(job: _Job, teacher: SavedModelEncoder | None) -> _Data:
-    """The id space (the BiLSTM's vocabulary and word vectors, or a transformer's wordpieces) and
-    the validation batches; starts counting every split's records."""
-    config, run, inputs = job.config, job.run, job.config.inputs
+    """The id space (the BiLSTM's vocabulary and word vectors, or a transformer's wordpieces), the
+    input (`model.training.arrays.TripletInput`) and its validation batches; starts counting every
+    split's records."""
+    from model.training.arrays import TripletInput
+
+    config, run, inputs, strategy = job.config, job.run, job.config.inputs, job.strategy
     word_ids: WordIds | None = None
     vocabulary, matrix = None, None
-    source: TfDataInput | ArrayInput
-    if reads_arrays(config):
-        from model.training.arrays import ArrayInput
-
-        devices = job.strategy
-        assert isinstance(devices, KerasDevices)   # reads_arrays: the JAX backend
-        source = ArrayInput(config, run, devices.local_replicas, devices.process_id, devices.processes)
-    elif config.network.kind.reads_word_vectors:
-        from model.net.text import WordIds
+    tokenizer: Tokenizer
+    if config.network.kind.reads_word_vectors:
+        from model.net.text import ArrayIds, WordIds
 
         vocabulary = build_vocabulary(config, run, job.model_dir)
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, config)
-        source = TfDataInput(job, word_ids, teacher)
+        tokenizer = ArrayIds(word_ids)
     else:   # the checkpoint's own wordpiece vocabulary; no word vectors
-        from model.net.transformer import token_ids
+        from model.net.wordpieces import wordpieces
 
-        word_ids = token_ids(inputs.max_tokens, config.network.encoder, config.network.checkpoint)
-        source = TfDataInput(job, word_ids, teacher)
+        tokenizer = wordpieces(inputs.max_tokens, config.network.encoder, config.network.checkpoint)
+    shares = ((strategy.local_replicas, strategy.process_id, strategy.processes)
+              if isinstance(strategy, KerasDevices) else (job.replicas, 0, 1))
+    source = TripletInput(config, run, tokenizer, teacher.encode if teacher else None,
+                          teacher.dim if teacher else None, blocks=shares[0], process=shares[1], processes=shares[2])
     if job.mirror:
         job.mirror.push()
-    # The records each split holds are counted beside training (tf.data releases the GIL), not
-    # before it, and checked before the export: no extra pass before the first step.
+    # The records each split holds are counted beside training, not before it, and checked before
+    # the export: no extra pass before the first step.
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     record_counts = {split: counting.submit(source.count_records, split) for split in SPLITS}
     counting.shutdown(wait=False)   # takes no more work; the counts submitted run on
@@ -675,10 +602,10 @@ def refuse_without_tensorflow(config: TrainConfig) -> None:
     from model import tensorflow_installed
     from pipeline.cli import UsageError
 
-    needs = "--backend tensorflow" if config.runtime.backend != "jax" else needs_tf_data(config)
+    needs = "--backend tensorflow" if config.runtime.backend != "jax" else needs_tensorflow(config)
     if needs and not tensorflow_installed():
         raise UsageError(f"{needs} needs TensorFlow, which is not installed here; under --backend jax a transformer "
-                         "reads its triplets without it (--article-chunk > 0, no --shuffle-buffer or --teacher)")
+                         "trains without it (no --teacher)")
 
 
 def _model(job: _Job, data: _Data) -> tuple:
@@ -714,7 +641,7 @@ def _fit(job: _Job, data: _Data, model, extra_callbacks: list | None,
     Resuming from a backup (`restored_state`): `fit` starts at the epoch after the backup's last
     completed (trained and validated) one, `initial_epoch` = its "epoch", whatever its step: an
     epoch the job was killed in, even in its validation after its last step, is run again, a full
-    `--steps` from the stream position the backup's step reached (`training_stream`: no batch
+    `--steps` from the stream position the backup's step reached (`TripletInput.training_batches`: no batch
     trained twice or skipped). The backup holds the completed epochs' history and learning-curve
     points (`model.training.callbacks.AtomicBackup`), which the new epochs' follow: the record covers every
     epoch since the first run began. When no epoch is left to fit (a rerun with fewer `--epochs`,
@@ -747,7 +674,7 @@ def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint
 
     config, optimizer, runtime = job.config, job.config.optimizer, job.config.runtime
     step, epochs_done = state["step"], state["epoch"]
-    train_batches = data.source.training(step)
+    train_batches = data.training(job.strategy, step)
     # `--steps none`: an epoch is one pass over the train split, by the manifest's count.
     pass_steps = max(1, -(-triplet_split(job.run, config.inputs.dataset, "train").records // job.global_batch))
     first_step = FirstStep(started)
@@ -758,7 +685,8 @@ def _fit_epochs(job: _Job, data: _Data, model, state: dict, best: BestCheckpoint
     budget = TimeBudget(runtime.budget_minutes) if runtime.budget_minutes else None
     callbacks = _callbacks(job, best, curve, budget, extra_callbacks)
     with KeepInterrupts() as interrupts:   # Ctrl-C, which Keras may swallow under JAX
-        fit = model.fit(train_batches, validation_data=data.validation_batches, epochs=optimizer.epochs,
+        fit = model.fit(train_batches, validation_data=data.evaluation("validation", job.strategy),
+                        epochs=optimizer.epochs,
                         initial_epoch=epochs_done,   # Keras counts each part of a step's batch as a step
                         steps_per_epoch=(optimizer.steps or pass_steps) * optimizer.gradient_accumulation_steps,
                         callbacks=[*callbacks, first_step, interrupts],
@@ -825,10 +753,10 @@ def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit
 
     # silent otherwise: the test pass takes a while
     LOG.info("training done; scoring the best epoch on the test split")
-    test = model.evaluate(data.source.evaluation("test"), verbose=0, return_dict=True)
+    test = model.evaluate(data.evaluation("test", job.strategy), verbose=0, return_dict=True)
     LOG.info("test triplet accuracy %.4f; scoring the untrained model on validation, counting every split's "
              "records", test["triplet_accuracy"])
-    untrained = _untrained_scores(job, model, initial_weights, data.validation_batches)
+    untrained = _untrained_scores(job, model, initial_weights, data.evaluation("validation", job.strategy))
     counts = {split: future.result() for split, future in data.record_counts.items()}
     skipped = {split: count["lost"] + count["unparseable"] for split, count in counts.items()}
     if any(skipped.values()):
@@ -839,7 +767,7 @@ def _score(job: _Job, data: _Data, model, initial_weights: list[np.ndarray], fit
         **history,
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
         "untrained_val_loss": float(untrained["loss"]),
-        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(data.validation_batches, matrix, len(vocabulary))
+        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(data.validation, matrix, len(vocabulary))
                                               if matrix is not None and vocabulary is not None else None),
         "evaluation_triplets": inputs.evaluation_triplets or "all",
         "best_val_triplet_accuracy": float(best.best),
@@ -879,9 +807,10 @@ def _export(job: _Job, word_ids: WordIds | None, encoder, model, summary: dict) 
             export_in_tensorflow(model_dir, tested)
         else:
             from model.formats.saved_model import write_saved_models
+            from model.net.transformer import token_ids
 
-            assert word_ids is not None   # the TensorFlow backend reads tf.data's input
-            write_saved_models(config, word_ids, encoder, model_dir)
+            write_saved_models(config, word_ids or token_ids(config.inputs.max_tokens, config.network.encoder,
+                                                             config.network.checkpoint), encoder, model_dir)
         if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
             export_sentence_transformers(encoder, summary, config, model_dir)
         ModelDir(model_dir).write_history(summary)
