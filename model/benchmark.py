@@ -95,10 +95,11 @@ import tensorflow as tf  # noqa: E402
 from model.net.network import LENGTH_SLICES  # noqa: E402
 from model.net.text import ArrayIds, WordIds  # noqa: E402
 from model.net.wordpieces import wordpieces  # noqa: E402
-from model.train import build_models, build_vocabulary, embedding_matrix  # noqa: E402
 from model.training.arrays import Tokenizer, batch_arrays, batched, grouped, split_triplets  # noqa: E402
+from model.training.job import build_models  # noqa: E402
 from model.training.shards import ARTICLE_ID, open_run  # noqa: E402
 from model.training.tf_input import dataset  # noqa: E402
+from model.training.vocabulary import build_vocabulary, embedding_matrix  # noqa: E402
 from pipeline.records import ROLES  # noqa: E402
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
@@ -141,7 +142,7 @@ def endless_batches(triplets: list[dict], tokenizer: Tokenizer, batch_size: int,
 
 def variants(config: TrainConfig, triplets: list[dict], word_ids, matrix) -> dict:
     """name -> (compiled model, (batch size, endless batches of `triplets`)): the trainer's models
-    (`model.train.build_models`), `slices=None` the three-call baseline."""
+    (`model.training.job.build_models`), `slices=None` the three-call baseline."""
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
         varied = config.with_flags(jit_compile=jit, frozen_layers=frozen_layers)
         return build_models(varied, matrix, config.optimizer.batch_size, slices=slices,

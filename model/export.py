@@ -95,7 +95,8 @@ def network_of(train_config: TrainConfig):
     runs from."""
     from model.encoding.encoder import load_encoder
     from model.net.text import WordIds
-    from model.train import build_models, embedding_matrix
+    from model.training.job import build_models
+    from model.training.vocabulary import embedding_matrix
 
     inputs, optimizer = train_config.inputs, train_config.optimizer
     if train_config.network.kind.reads_word_vectors:

@@ -125,10 +125,11 @@ def soup(config: SoupConfig) -> dict:
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
     from model.export import network_of
     from model.formats.saved_model import write_saved_models
+    from model.formats.trained import export_sentence_transformers
     from model.net.wordpieces import wordpieces
-    from model.train import export_sentence_transformers, open_run
     from model.training.arrays import TripletInput
     from model.training.model_dir import ModelDir
+    from model.training.shards import open_run
     from model.training.tf_input import evaluation
     from pipeline.published import write_complete
 

@@ -90,7 +90,7 @@ class ArrayIds:
     sentences -> int32 ids [n, t] as an array, by the same graph (traced once)."""
 
     def __init__(self, word_ids: WordIds):
-        self.max_tokens = word_ids.max_tokens
+        self.max_tokens, self.num_ids = word_ids.max_tokens, word_ids.num_ids
         self._ids = tf.function(word_ids.__call__, input_signature=[tf.TensorSpec([None], tf.string)])
 
     def __call__(self, sentences: list[str]) -> np.ndarray:

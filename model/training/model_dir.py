@@ -21,7 +21,24 @@ HISTORY = "history.json"
 BEST_WEIGHTS = "checkpoints/best.weights.h5"
 ENCODER = "encoder"
 SENTENCE_TRANSFORMERS = "sentence-transformers"
-# What every trainer writes into history.json and its readers rely on, by type (`model.train._score`).
+VOCABULARY = "vocabulary.txt"
+BACKUP = "backup"
+FIT_RECORD = "fit.json"   # in the backup, once `fit` returned: its history, for a rerun that only exports
+TESTED_WEIGHTS = "tested.weights.h5"   # in the backup: the weights a JAX run tested, for its TensorFlow export
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+TRAINING_CURVE = "training_curve.png"
+LEARNING_CURVE = "learning_curve.png"
+# What a training run writes into its model dir, and only that: `--overwrite` deletes these and
+# nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
+CLAIM = INPUTS
+RUN_ENTRIES = (CLAIM, VOCABULARY, f"{VOCABULARY}.partial", BACKUP, f"{BACKUP}.partial", f"{BACKUP}.previous",
+               CHECKPOINTS, LOGS, HISTORY, TRAINING_CURVE, LEARNING_CURVE, ENCODER, f"{ENCODER}.partial", "serving",
+               "model", "model.partial", SENTENCE_TRANSFORMERS, f"{SENTENCE_TRANSFORMERS}.partial")
+# What a non-chief worker copies from the chief's model dir into its own before training: a
+# restarted job resumes every worker from the chief's backup and best-epoch score.
+RESUME_ENTRIES = (BACKUP, CHECKPOINTS)
+# What every trainer writes into history.json and its readers rely on, by type (`model.training.job`).
 HISTORY_FIELDS: dict[str, type | tuple[type, ...]] = {
     "learning_curve": list, "best_val_triplet_accuracy": (int, float), "untrained_val_triplet_accuracy": (int, float),
     "evaluation_triplets": (int, str), "record_counts": dict, "config": dict, "distance": str,
@@ -71,7 +88,7 @@ class ModelDir:
         write_complete(self.file(HISTORY), json.dumps(summary, indent=2).encode())
 
     def recorded_flags(self) -> dict:
-        """The flags `inputs.json` records (`model.train.recorded_flags`); a UsageError naming the
+        """The flags `inputs.json` records (`model.training.claim.recorded_flags`); a UsageError naming the
         folder when it has none (not a `model.train` model dir) or the file when it is not one."""
         from pipeline.cli import UsageError
         from pipeline.published import read_json_object

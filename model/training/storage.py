@@ -155,7 +155,7 @@ def staged(path: str, push: bool = True):
                 mirror.push()
 
 
-# What a command that writes a folder (not the trainer: `model.train.claim_model_dir`) records
+# What a command that writes a folder (not the trainer: `model.training.claim.claim_model_dir`) records
 # there, so that another command, or a rerun, knows whose the folder is and whether it still runs.
 CLAIM_FILE = "claim.json"
 

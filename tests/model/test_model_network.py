@@ -23,7 +23,7 @@ from model.net.head import (
 )
 from model.net.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
 from model.net.text import WordIds
-from model.train import build_models
+from model.training.job import build_models
 from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]

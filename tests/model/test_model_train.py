@@ -85,7 +85,7 @@ def test_a_folder_without_a_manifest_is_refused(shards, tmp_path):
 
 
 def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
-    from model.train import claim_model_dir
+    from model.training.claim import claim_model_dir
 
     model_dir = str(tmp_path / "m")
     config = TrainConfig.from_flags(data=shards, model_dir=model_dir, **TINY)
@@ -531,7 +531,7 @@ def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
 
 def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp_path):
     from model.net.vectors import load_word_vectors
-    from model.train import build_vocabulary
+    from model.training.vocabulary import build_vocabulary
 
     config = TrainConfig.from_flags(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
     vocabulary = build_vocabulary(config, open_run(shards))
