@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from model.encoding.encoders import EncoderSpec, Methods, SpecKind, load_encoder
-from model.formats.hf import EXPORT_FOLDER
+from model.training.model_dir import SENTENCE_TRANSFORMERS
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
@@ -116,7 +116,7 @@ def sentence_transformers_folder(spec: EncoderSpec) -> str | None:
     writes one for a transformer); none for any other method."""
     if spec.kind is not SpecKind.SAVED:
         return None
-    folder = os.path.join(spec.paths[0], EXPORT_FOLDER)
+    folder = os.path.join(spec.paths[0], SENTENCE_TRANSFORMERS)
     return folder if os.path.exists(os.path.join(folder, "modules.json")) else None
 
 

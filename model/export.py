@@ -96,11 +96,12 @@ def network_of(train_config: TrainConfig):
     from model.encoding.encoder import load_encoder
     from model.net.text import WordIds
     from model.training.job import build_models
+    from model.training.model_dir import VOCABULARY, ModelDir
     from model.training.vocabulary import embedding_matrix
 
     inputs, optimizer = train_config.inputs, train_config.optimizer
     if train_config.network.kind.reads_word_vectors:
-        with open(os.path.join(train_config.runtime.model_dir, "vocabulary.txt"), encoding="utf-8") as handle:
+        with open(ModelDir(train_config.runtime.model_dir).file(VOCABULARY), encoding="utf-8") as handle:
             vocabulary = handle.read().splitlines()
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, train_config)

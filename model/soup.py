@@ -27,11 +27,21 @@ import os
 import sys
 from dataclasses import dataclass
 
+from model.training.model_dir import (
+    CHECKPOINTS,
+    ENCODER,
+    HISTORY,
+    INPUTS,
+    SENTENCE_TRANSFORMERS,
+    SERVING,
+    VERTEX_MODEL,
+    ModelDir,
+)
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 
 PROG = "python -m model.soup"
 # What the soup writes into --output: `--overwrite` deletes these and nothing else.
-WRITES = ("inputs.json", "history.json", "checkpoints", "encoder", "serving", "model", "sentence-transformers")
+WRITES = (INPUTS, HISTORY, CHECKPOINTS, ENCODER, SERVING, VERTEX_MODEL, SENTENCE_TRANSFORMERS)
 # Flags the runs of one soup may differ in: their batch order and step size, not their Net or data.
 MAY_DIFFER = ("seed", "learning_rate", "model_dir", "backend", "distribution_strategy", "static_shapes",
               "jit_compile", "budget_minutes", "epochs", "steps", "patience", "progress", "checkpoint_every",
@@ -107,7 +117,7 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
     from model.export import recorded_config
-    from model.training.model_dir import BEST_WEIGHTS, ModelDir
+    from model.training.model_dir import BEST_WEIGHTS
     from model.training.storage import claim_folder
 
     recorded = [recorded_config(path) for path in config.model_dirs]
@@ -128,7 +138,6 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     from model.formats.trained import export_sentence_transformers
     from model.net.wordpieces import wordpieces
     from model.training.arrays import TripletInput
-    from model.training.model_dir import ModelDir
     from model.training.shards import open_run
     from model.training.tf_input import evaluation
     from pipeline.published import write_complete
@@ -156,14 +165,14 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
         print(f"run {path}: validation triplet accuracy {value:.4f}")
     print(f"soup of {len(runs)} runs x {config.scale}: validation triplet accuracy {accuracy:.4f}")
     output = config.output.rstrip("/")
-    os.makedirs(f"{output}/checkpoints", exist_ok=True)
-    model.save_weights(f"{output}/checkpoints/best.weights.h5")
+    os.makedirs(ModelDir(output).file(CHECKPOINTS), exist_ok=True)
+    model.save_weights(ModelDir(output).best_weights)
     histories = [ModelDir(path).history() or {} for path in config.model_dirs]
     summary = {**histories[0], "best_val_triplet_accuracy": accuracy, "delta_scale": config.scale,
                "soup": {"runs": list(config.model_dirs), "run_val_triplet_accuracy": run_accuracy,
                         "run_learning_curves": [history.get("learning_curve", []) for history in histories]},
                "config": {**histories[0].get("config", recipe), "model_dir": config.output}}
-    write_complete(f"{output}/inputs.json", json.dumps({"flags": {**recipe, "model_dir": config.output},
+    write_complete(ModelDir(output).file(INPUTS), json.dumps({"flags": {**recipe, "model_dir": config.output},
                                                         "soup_of": list(config.model_dirs)}, indent=2).encode())
     write_saved_models(train_config, word_ids, encoder, output)
     export_sentence_transformers(encoder, summary, train_config, output)

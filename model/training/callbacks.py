@@ -18,6 +18,7 @@ import time
 
 import keras
 
+from model.training.model_dir import BACKUP, BEST_WEIGHTS
 from model.training.storage import TreeMirror
 from pipeline.cli import DataLossError
 from pipeline.published import write_complete
@@ -167,7 +168,7 @@ class MirrorBackups(keras.callbacks.Callback):
     start it pushes what the previous epoch's callbacks wrote. Placed right after
     AtomicBackup, so a backup goes up before later callbacks run."""
 
-    def __init__(self, mirror: TreeMirror, backup: str = "backup"):
+    def __init__(self, mirror: TreeMirror, backup: str = BACKUP):
         super().__init__()
         self.mirror = mirror
         self.backup = backup
@@ -218,7 +219,7 @@ class BestCheckpoint(keras.callbacks.Callback):
     def __init__(self, directory: str):
         super().__init__()
         self.directory = directory
-        self.filepath = os.path.join(directory, "best.weights.h5")
+        self.filepath = os.path.join(directory, os.path.basename(BEST_WEIGHTS))
         self.score_path = os.path.join(directory, "best.json")
         self.best = float("-inf")
         if os.path.exists(self.score_path):

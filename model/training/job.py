@@ -44,6 +44,7 @@ from model.training.model_dir import (
     CHECKPOINTS,
     FIT_RECORD,
     LEARNING_CURVE,
+    LOGS,
     RESUME_ENTRIES,
     TESTED_WEIGHTS,
     TRAINING_CURVE,
@@ -424,7 +425,7 @@ def _callbacks(job: Job, best: BestCheckpoint, curve: LearningCurve, budget: Tim
         best,
         keras.callbacks.EarlyStopping(monitor="val_triplet_accuracy", mode="max", patience=optimizer.patience),
         # scalars every N steps and per epoch, where TensorFlow runs (Keras writes them with tf.summary)
-        tensorboard_log(f"{job.model_dir}/logs", runtime.checkpoint_every),
+        tensorboard_log(f"{job.model_dir}/{LOGS}", runtime.checkpoint_every),
         *([budget] if budget else []),
         *(extra_callbacks or []),
     ]

@@ -9,6 +9,7 @@ import numpy as np
 
 from model.config import TrainConfig
 from model.net.vectors import load_word_vectors
+from model.training.model_dir import VOCABULARY
 from pipeline.published import Run
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None
     from model.training.arrays import split_triplets
 
     model_dir = model_dir or config.runtime.model_dir
-    path = f"{model_dir}/vocabulary.txt"
+    path = f"{model_dir}/{VOCABULARY}"
     if tf.io.gfile.exists(path):
         with tf.io.gfile.GFile(path) as handle:
             return handle.read().splitlines()
