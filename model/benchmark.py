@@ -92,6 +92,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from model.net.head import pair_distances  # noqa: E402
 from model.net.network import LENGTH_SLICES  # noqa: E402
 from model.net.text import ArrayIds, WordIds  # noqa: E402
 from model.net.wordpieces import wordpieces  # noqa: E402
@@ -109,8 +110,7 @@ class RoleDistances(keras.layers.Layer):
     """The baseline's head: [d+, d-] from the three roles' embeddings."""
 
     def call(self, anchor, positive, negative):
-        return keras.ops.stack([keras.ops.sum(keras.ops.abs(anchor - positive), axis=-1),
-                                keras.ops.sum(keras.ops.abs(anchor - negative), axis=-1)], axis=-1)
+        return keras.ops.stack([pair_distances(anchor, role, "l1") for role in (positive, negative)], axis=-1)
 
 
 def three_call_triplet_model(sentence_encoder: keras.Model) -> keras.Model:

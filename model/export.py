@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from model.checkpoints import CHECKPOINTS
 from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
+from model.similarity import Similarity
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:
@@ -284,7 +285,7 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
     sentences = scb_sentences(config.check_data, config.check_sentences)
     theirs = sentence_transformer(config.output, device="cpu").encode(sentences, batch_size=64)
     ours = load_encoder(config.model_dir).encode(sentences)
-    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
+    cosines = Similarity.COSINE.pairwise(theirs, ours)
     result = {"sentences": len(sentences), "min": float(cosines.min()), "median": float(np.median(cosines)),
               "below_0.9999": int((cosines < 0.9999).sum())}
     print(f"sentence-transformers vs the Keras export on {result['sentences']} SCB sentences: cosine min "
