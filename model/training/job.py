@@ -380,7 +380,7 @@ def _fit_epochs(job: Job, data: Data, model, state: dict, best: BestCheckpoint, 
                         callbacks=[*callbacks, first_step, interrupts],
                         verbose=1 if runtime.progress and sys.stdout.isatty() else 2,   # plain lines in a log
                         shuffle=False)   # the stream is in its written order
-    earlier = state["history"] or {}   # a backup of an older version has none
+    earlier = state["history"]   # the backup's completed epochs
     history = {key: [*earlier.get(key, []), *(float(v) for v in values)] for key, values in fit.history.items()}
     return {"history": history, "stopped_by_budget": bool(budget and budget.stopped),
             "learning_curve": curve.points, "seconds_to_first_step": first_step.seconds}
@@ -390,7 +390,7 @@ def _fitted_before(job: Job, model, state: dict, best: BestCheckpoint) -> dict:
     """The fit's record when the backup holds every epoch `--epochs` allows (`_fit`): its history
     and learning curve. A backup written at its last epoch's end holds the weights that epoch's
     validation scored, offered again to `best` (a job that failed writing the best checkpoint
-    keeps that epoch). A backup without a history (an older version's) is one clear error."""
+    keeps that epoch). A backup without its epochs' history is one clear error."""
     epochs, done, history = job.config.optimizer.epochs, state["epoch"], state["history"]
     if not history or len(history.get("loss", ())) != done:
         raise TripletDataError(
@@ -402,7 +402,7 @@ def _fitted_before(job: Job, model, state: dict, best: BestCheckpoint) -> dict:
     if state["at_epoch_end"]:
         best.set_model(model)
         best.on_epoch_end(done - 1, {key: values[-1] for key, values in history.items()})
-    return {"history": history, "stopped_by_budget": False, "learning_curve": state["learning_curve"] or [],
+    return {"history": history, "stopped_by_budget": False, "learning_curve": state["learning_curve"],
             "seconds_to_first_step": None}
 
 
