@@ -26,6 +26,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from model.training.model_dir import (
     CHECKPOINTS,
@@ -38,6 +39,9 @@ from model.training.model_dir import (
     ModelDir,
 )
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PROG = "python -m model.soup"
 # What the soup writes into --output: `--overwrite` deletes these and nothing else.
@@ -86,17 +90,13 @@ def parse_args(argv: list[str] | None = None) -> SoupConfig:
     return parse_config(SoupConfig, argv, PROG, __doc__.split("\n\n")[0])
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
-    parse_first(parse_args)
-
-import numpy as np  # noqa: E402
-
-
 def souped(untrained: list[np.ndarray], runs: list[list[np.ndarray]], scale: float = 1.0) -> list[np.ndarray]:
     """The float32 mean of each weight over the runs (lists of one Net's weights, in its order),
     `scale` of the way from the untrained Net's weights (WiSE-FT)."""
     if any(len(run) != len(untrained) or any(a.shape != b.shape for a, b in zip(run, untrained)) for run in runs):
         raise UsageError("--model-dir: the runs are not of one Net (their weights differ in number or shape)")
+    import numpy as np
+
     means = [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in range(len(untrained))]
     return [base + scale * (mean - base) for base, mean in zip(untrained, means)]
 
@@ -133,6 +133,8 @@ def soup(config: SoupConfig) -> dict:
 
 
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
+    import numpy as np
+
     from model.export import network_of
     from model.formats.saved_model import write_saved_models
     from model.formats.trained import export_sentence_transformers
@@ -184,5 +186,6 @@ def main(argv: list[str] | None = None) -> dict:
     return soup(parse_args(argv))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
     sys.exit(run_cli(main))

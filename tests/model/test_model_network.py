@@ -211,7 +211,7 @@ def test_the_benchmark_times_the_trainers_models(tmp_path):
     """Every variant but the three-call baseline is `build_models`' triplet model, compiled alike."""
     from model_shards import written_train_triplets
 
-    from model.benchmark import variants
+    from model.training.throughput import variants
 
     data = str(tmp_path)
     triplets = written_train_triplets(data, sizes={"train": 16, "validation": 4, "test": 4}, shards=1)
