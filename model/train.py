@@ -43,13 +43,11 @@ def use_backend(config: TrainConfig) -> None:
         raise UsageError(f"KERAS_BACKEND={chosen} but --backend {backend}: pass --backend {chosen}, or unset "
                          "KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = backend
+    from model import keep_tensorflow_out
     from model.training.shards import needs_tensorflow
 
-    if needs_tensorflow(config) is None and "tensorflow" not in sys.modules:
-        # Nothing of this run needs TensorFlow (`model.training.arrays`), but keras-hub imports it at its
-        # own import wherever it is installed (for tokenizers this run does not use): kept out, so the
-        # process is the one an accelerator image without TensorFlow runs, and its memory JAX's alone.
-        sys.modules["tensorflow"] = None   # type: ignore[assignment]
+    if backend == "jax" and needs_tensorflow(config) is None:   # nothing of this run needs it
+        keep_tensorflow_out()
 
 
 def refuse_without_tensorflow(config: TrainConfig) -> None:

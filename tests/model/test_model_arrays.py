@@ -170,3 +170,17 @@ def test_two_processes_read_disjoint_shares_in_equal_steps(shards):
         assert sum(weighed) == sum(float(whole[i][2].sum()) for i in range(len(whole))) == (size or 64)
     firsts = [_input(shards, 1, process, 2).training()[0] for process in (0, 1)]
     assert not np.array_equal(firsts[0][0]["sentences"], firsts[1][0]["sentences"])
+
+
+@pytest.mark.slow   # two Python processes that load Keras
+@pytest.mark.parametrize("backend, kept_out", [("jax", True), ("tensorflow", False)])
+def test_tensorflow_is_kept_out_of_a_jax_transformer_run_only(backend, kept_out):
+    code = ("import sys\nfrom model.config import TrainConfig\nfrom model.train import use_backend\n"
+            f"use_backend(TrainConfig.from_flags(data='d', model_dir='m', encoder='minilm', backend='{backend}'))\n"
+            "import keras, keras_hub\n"
+            "try:\n    import tensorflow\n    print('TENSORFLOW', True)\n"
+            "except ImportError:\n    print('TENSORFLOW', False)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"TENSORFLOW {not kept_out}" in done.stdout
