@@ -333,10 +333,10 @@ class TripletInput:
                      "starting it at the first record not trained on" if consecutive else
                      "reading it from its first record and dropping the batches trained (--shuffle-buffer or "
                      "--article-chunk 0 reorder records across batches)")
-        paths = self._paths("train")
-        next(shard_stream(paths, 0, self.process, self.processes), None)   # too few shards: refused now, not in fit
-        shards = shard_stream(paths, self.config.runtime.seed, self.process, self.processes,
-                              start=trained * optimizer.part_size * self.blocks if consecutive else 0)
+        planned = shard_stream(self._paths("train"), self.config.runtime.seed, self.process, self.processes,
+                               start=trained * optimizer.part_size * self.blocks if consecutive else 0)
+        first = next(planned, None)   # too few shards for the pipelines: refused now, not in fit
+        shards = itertools.chain([first] if first else [], planned)
         triplets = triplets_of(itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards))
         groups = self._groups(triplets, optimizer.part_size * self.blocks, shuffle=True)
         return (self._arrays(group, optimizer.part_size)
