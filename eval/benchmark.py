@@ -49,7 +49,8 @@ from typing import Any
 import numpy as np
 
 from model.encoding.encoders import EncoderSpec, Methods, SpecKind, load_encoder
-from model.formats.hf import EXPORT_FOLDER
+from model.similarity import Similarity
+from model.training.model_dir import SENTENCE_TRANSFORMERS
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
@@ -116,7 +117,7 @@ def sentence_transformers_folder(spec: EncoderSpec) -> str | None:
     writes one for a transformer); none for any other method."""
     if spec.kind is not SpecKind.SAVED:
         return None
-    folder = os.path.join(spec.paths[0], EXPORT_FOLDER)
+    folder = os.path.join(spec.paths[0], SENTENCE_TRANSFORMERS)
     return folder if os.path.exists(os.path.join(folder, "modules.json")) else None
 
 
@@ -168,8 +169,7 @@ def keras_vs_sentence_transformers(spec: EncoderSpec, folder: str, articles: lis
         start = time.perf_counter()
         their_embeddings = encode_theirs(sentences)
         theirs_seconds += time.perf_counter() - start
-        cosines.append((ours * their_embeddings).sum(1) / np.linalg.norm(ours, axis=1)
-                       / np.linalg.norm(their_embeddings, axis=1))
+        cosines.append(Similarity.COSINE.pairwise(ours, their_embeddings))
     return speed_ratio(spec.name, sum(len(article.sentences) for article in articles), keras_seconds, theirs_seconds,
                        np.concatenate(cosines), {"tensorflow": tensorflow_threads(), "torch": torch.get_num_threads()},
                        {"keras": keras.max_seq_length, "sentence_transformers": theirs.max_seq_length})
@@ -248,8 +248,7 @@ def side_by_side(encoders: dict[str, Callable[[list[str]], np.ndarray]], article
             seconds[name] += time.perf_counter() - start
         reference = embeddings[next(iter(encoders))]
         for name, rows in embeddings.items():
-            cosines[name].append((rows * reference).sum(1) / np.linalg.norm(rows, axis=1)
-                                 / np.linalg.norm(reference, axis=1))
+            cosines[name].append(Similarity.COSINE.pairwise(rows, reference))
     count = sum(len(article.sentences) for article in articles)
     return [{"encoder": name, "sentences": count, "seconds": seconds[name], "sentences_per_s": count / seconds[name],
              "cosine_min": float(np.concatenate(cosines[name]).min()),

@@ -6,17 +6,17 @@ import io
 import json
 
 import matplotlib
+import matplotlib.pyplot as plt
+from apache_beam.io.filesystems import FileSystems
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from apache_beam.io.filesystems import FileSystems  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
+from eval.clustering import ALGORITHMS, METRICS
+from eval.intervals import interval_text, value_text
+from model.config import NetworkKind
+from pipeline.outputs import write_bytes
+from pipeline.records import PAPER_DATASET
 
-from eval.clustering import ALGORITHMS, METRICS  # noqa: E402
-from eval.intervals import interval_text, value_text  # noqa: E402
-from model.config import NetworkKind  # noqa: E402
-from pipeline.outputs import write_bytes  # noqa: E402
-from pipeline.records import PAPER_DATASET  # noqa: E402
+matplotlib.use("Agg")   # files, never a window: pyplot picks its backend at the first figure, so after its import
 
 # Ein Dor et al. 2018, Table 3 (triplet accuracy on their triplets-sen test set), as quoted by the
 # sentence-transformers documentation of its wikipedia-sections models. Their numbers, on their

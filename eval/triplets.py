@@ -9,7 +9,7 @@ network's own metric), so no method needs special handling. Each method embeds e
 sentence once (`model.encoding.embedding_cache`: `<output>/embeddings/<method>.parquet`, reused by a later
 run while the sentences and the encoder are the same); TF-IDF encodes the split's distinct
 sentences in one call, its IDF fitted on them, and stays sparse. Shards are read with
-`model.training.data` (local or gs://), in a fixed order, so the bootstrap's intervals repeat exactly.
+`model.training.arrays` (local or gs://), in a fixed order, so the bootstrap's intervals repeat exactly.
 """
 from __future__ import annotations
 
@@ -51,19 +51,20 @@ class TripletsConfig:
 def read_triplets(data: str, dataset: str, split: str, max_triplets: int | None = None,
                   seed: int = 0) -> dict[str, list[str]]:
     """{role: sentences} (`records.ROLES`): parallel lists of sentences of one split, or of a
-    seeded sample of `max_triplets` of them (`model.training.data.triplet_sample`, the trainer's too)."""
-    from model.training.data import triplet_sample, triplet_strings  # TensorFlow: after the flags parse
+    seeded sample of `max_triplets` of them (the split from shard `seed` on, its first records: the
+    trainer's `--evaluation-triplets` sample, `model.training.arrays.TripletInput.evaluation`)."""
+    import itertools
+
+    from model.training.arrays import batched, split_triplets
     from model.training.shards import open_run
 
     columns: dict[str, list[str]] = {role: [] for role in records.ROLES}
-    run = open_run(data)
-    triplets = (triplet_sample(run, dataset, split, max_triplets, seed) if max_triplets
-                else triplet_strings(run, dataset, split))
+    triplets = split_triplets(open_run(data), dataset, split, rotation=seed if max_triplets else 0)
     with progress_bar(desc=f"read {dataset}/{split}", unit=" triplets", unit_scale=True) as progress:
-        for batch in triplets.batch(4096).as_numpy_iterator():
+        for batch in batched(itertools.islice(triplets, max_triplets), 4096):
             for key, values in columns.items():
-                values += [sentence.decode("utf-8") for sentence in batch[key]]
-            progress.update(len(batch[records.ROLES[0]]))
+                values += [triplet[key] for triplet in batch]
+            progress.update(len(batch))
     return columns
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from infra.recipe import RECIPES
+from model.training.model_dir import ModelDir
 from pipeline.cli import UsageError, build_config, config_parser, dataflow_option_errors, flag, flag_fields, run_cli
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
@@ -125,7 +126,7 @@ def gcs_layout(cfg: CloudConfig) -> GcsLayout:
         data=data,
         scb=f"{data}/scb",
         model_dir=model_dir,
-        encoder=f"{model_dir}/encoder",
+        encoder=ModelDir(model_dir).encoder,
         eval_scb=f"{run_root}/eval/scb",
         temp=f"{bucket}/wikisim/dataflow/temp",
         staging=f"{bucket}/wikisim/dataflow/staging",

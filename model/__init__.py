@@ -75,6 +75,24 @@ if os.environ["TF_CPP_MIN_LOG_LEVEL"] != "0":
     logging.getLogger("absl").addFilter(lambda record: record.levelno >= logging.WARNING)
 
 
+class _TensorFlowKeptOut(importlib.abc.MetaPathFinder):
+    """`import tensorflow` (or tensorflow_text) fails as where it is not installed (`keep_tensorflow_out`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("tensorflow", "tensorflow_text"):
+            raise ModuleNotFoundError(f"No module named {name!r} (kept out of this process)", name=name)
+        return None
+
+
+def keep_tensorflow_out() -> None:
+    """From now on this process imports TensorFlow as one where it is not installed: a library that
+    tries it (keras-hub does at its import, for tokenizers a JAX run of a transformer does not use)
+    goes on without it, so the process is the one an accelerator image without TensorFlow runs,
+    and its memory JAX's alone. Where TensorFlow is loaded already, nothing changes."""
+    if "tensorflow" not in sys.modules and not any(isinstance(finder, _TensorFlowKeptOut) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _TensorFlowKeptOut())
+
+
 def require_tensorflow_keras(command: str) -> None:
     """A UsageError (one `error:` line, exit 2) when KERAS_BACKEND names another backend than
     TensorFlow for a command whose Keras code runs under TensorFlow alone (it builds a strings-in
@@ -90,7 +108,7 @@ def require_tensorflow_keras(command: str) -> None:
 
 def tensorflow_installed() -> bool:
     """Whether TensorFlow is installed (a new process can import it), also in a process that keeps
-    it out (`model.train` under JAX reading arrays sets `sys.modules["tensorflow"]` to None)."""
+    it out (`keep_tensorflow_out`: `model.train` of a transformer under JAX)."""
     import importlib.machinery
 
     return importlib.machinery.PathFinder.find_spec("tensorflow") is not None

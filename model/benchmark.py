@@ -9,11 +9,10 @@ differ. The triplets are one chunk of `--article-chunk` consecutive triplets fro
 articles, so a random batch shares about as few sentences as in a real training run over
 thousands of articles, and an article-chunk batch about as many. The variants add one lever at a time:
 
-* `baseline`: the trainer before this benchmark existed: batches of 32 in random order, each
-  role padded to its own longest sentence, the encoder called three times (anchor, positive,
-  negative);
+* `baseline`: batches of 32 in the split's order, each role padded to its own longest sentence,
+  the encoder called three times (anchor, positive, negative);
 * `+one call`: the encoder called once on the batch's sentences stacked ([3n, t]);
-* `+length groups`: batches of similar-length triplets (`model.training.data.LENGTH_BOUNDARIES`);
+* `+length groups`: batches of similar-length triplets (`model.training.arrays.LENGTH_BOUNDARIES`);
 * `+batch B`: the trainer's batch size (`--batch-size`, default 128);
 * `+article chunks`: batches made of chunks of `--article-chunk` triplets of one article
   (instead of length groups), each distinct sentence of the batch encoded once;
@@ -41,15 +40,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
-from model.config import InputConfig, NetworkConfig, NetworkKind, OptimizerConfig, TrainConfig
+from model.config import InputConfig, NetworkConfig, OptimizerConfig, TrainConfig
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 from pipeline.records import PAPER_DATASET
 
@@ -84,242 +79,15 @@ def parse_args(argv: list[str] | None) -> TrainerBenchmarkConfig:
     return parse_config(TrainerBenchmarkConfig, argv, "python -m model.benchmark", __doc__.split("\n")[0])
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
-    parse_first(parse_args)
-
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from model.net.network import LENGTH_SLICES  # noqa: E402
-from model.net.text import WordIds  # noqa: E402
-from model.net.transformer import token_ids  # noqa: E402
-from model.train import build_models, build_vocabulary, embedding_matrix  # noqa: E402
-from model.training.data import article_chunks, training_batches, triplet_strings  # noqa: E402
-from model.training.shards import ARTICLE_ID, open_run  # noqa: E402
-from pipeline.records import ROLES  # noqa: E402
-
-PAPER_EPOCH_TRIPLETS = 1_780_000
-
-
-class RoleDistances(keras.layers.Layer):
-    """The baseline's head: [d+, d-] from the three roles' embeddings."""
-
-    def call(self, anchor, positive, negative):
-        return keras.ops.stack([keras.ops.sum(keras.ops.abs(anchor - positive), axis=-1),
-                                keras.ops.sum(keras.ops.abs(anchor - negative), axis=-1)], axis=-1)
-
-
-def three_call_triplet_model(sentence_encoder: keras.Model) -> keras.Model:
-    """The baseline's triplet model: Net called once per role, same weights and output."""
-    inputs = {key: keras.Input(shape=(None,), dtype="int32", name=key) for key in ROLES}
-    return keras.Model(inputs, RoleDistances()(*(sentence_encoder(inputs[key]) for key in ROLES)))
-
-
-def per_role_batches(triplets: tf.data.Dataset, word_ids: WordIds, batch_size: int) -> tf.data.Dataset:
-    """The baseline's input: random-order batches, each role padded to its own longest sentence."""
-    def to_ids(batch):
-        return {key: word_ids(batch[key]) for key in ROLES}, tf.zeros(tf.shape(batch[ROLES[0]])[:1], tf.int32)
-
-    return (triplets.repeat().batch(batch_size).map(to_ids, num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(tf.data.AUTOTUNE))
-
-
-def variants(config: TrainConfig, triplets: tf.data.Dataset, word_ids, matrix) -> dict:
-    """name -> (compiled model, (batch size, endless batches of `triplets`)): the trainer's models
-    (`model.train.build_models`), `slices=None` the three-call baseline."""
-    def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
-        varied = config.with_flags(jit_compile=jit, frozen_layers=frozen_layers)
-        return build_models(varied, matrix, config.optimizer.batch_size, slices=slices,
-                            head=None if slices else three_call_triplet_model)[1]
-
-    def batches(batch_size, article_chunk=0, group_by_length=True):
-        return batch_size, training_batches(triplets.repeat(), word_ids, batch_size, article_chunk=article_chunk,
-                                            group_by_length=group_by_length)
-
-    batch, chunk = config.optimizer.batch_size, config.inputs.article_chunk
-    if config.network.kind.pretrained:   # the transformer: the same levers, and freezing its lower layers
-        return {
-            "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
-            "+article chunks": (model(slices=1), batches(batch, article_chunk=chunk)),
-            f"+length slices {LENGTH_SLICES}": (model(slices=LENGTH_SLICES), batches(batch, article_chunk=chunk)),
-            "+2 layers frozen": (model(slices=LENGTH_SLICES, frozen_layers=2), batches(batch, article_chunk=chunk)),
-        }
-    return {
-        "baseline": (model(slices=None), (32, per_role_batches(triplets, word_ids, 32))),
-        "+one call": (model(slices=1), batches(32, group_by_length=False)),
-        "+length groups": (model(slices=1), batches(32)),
-        f"+batch {batch}": (model(slices=1), batches(batch)),
-        "+article chunks": (model(slices=1), batches(batch, article_chunk=chunk)),
-        **{f"+length slices {n}": (model(slices=n), batches(batch, article_chunk=chunk)) for n in (2, 3)},
-        "+XLA": (model(slices=LENGTH_SLICES, jit=True), batches(batch, article_chunk=chunk)),
-    }
-
-
-def one_chunk_per_article(config: TrainConfig, n_triplets: int) -> tf.data.Dataset:
-    """About `n_triplets` training triplets: the first chunk (`model.training.data.article_chunks`) of
-    each article, until enough, in memory; the same in every process (shards read in a fixed order),
-    as the workers of a scaling run must build the same global batches."""
-    chunks, articles = [], set()
-    run = open_run(config.inputs.data)
-    for chunk in article_chunks(triplet_strings(run, config.inputs.dataset, "train"), config.inputs.article_chunk):
-        article = int(chunk[ARTICLE_ID][0])
-        if article not in articles:
-            articles.add(article)
-            chunks.append(chunk)
-            if sum(len(c[ROLES[0]]) for c in chunks) >= n_triplets:
-                break
-    return tf.data.Dataset.from_tensor_slices({key: tf.concat([c[key] for c in chunks], 0) for key in chunks[0]})
-
-
-def sentence_ids(config: TrainConfig):
-    """(the token-id lookup, the embedding matrix or None) of the configured Net, as the trainer builds them."""
-    if config.network.kind.reads_word_vectors:
-        vocabulary = build_vocabulary(config, open_run(config.inputs.data))
-        word_ids = WordIds(vocabulary, config.inputs.num_oov_buckets, config.inputs.max_tokens)
-        return word_ids, embedding_matrix(vocabulary, word_ids, config)
-    return token_ids(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint), None
-
-
-def run(config: TrainConfig, n_triplets: int, rounds: int = 1) -> dict:
-    word_ids, matrix = sentence_ids(config)
-    triplets = one_chunk_per_article(config, n_triplets)
-    n_triplets = int(triplets.cardinality())                   # the split may be smaller
-    timed = variants(config, triplets, word_ids, matrix)
-    steps = {name: -(-n_triplets // batch_size) for name, (_, (batch_size, _)) in timed.items()}
-    for name, (model, (_, batches)) in timed.items():    # trace and warm every variant on a whole pass
-        model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0, shuffle=False)
-    rates = {name: 0.0 for name in timed}
-    for _ in range(rounds):
-        for name, (model, (batch_size, batches)) in timed.items():
-            start = time.perf_counter()
-            model.fit(batches, epochs=1, steps_per_epoch=steps[name], verbose=0)
-            rates[name] = max(rates[name], steps[name] * batch_size / (time.perf_counter() - start))
-    fast = "+XLA" if config.runtime.jit_compile else (f"+length slices {LENGTH_SLICES}" if LENGTH_SLICES > 1
-                                              else "+article chunks")
-    return {
-        "encoder": config.network.encoder,
-        "device": ", ".join(d.name for d in tf.config.list_logical_devices() if d.device_type != "CPU") or "CPU",
-        "cpu_cores": os.cpu_count(),
-        "triplets_per_pass": n_triplets, "lstm_units": config.network.lstm_units, "rounds": rounds,
-        "article_chunk": config.inputs.article_chunk, "length_slices": LENGTH_SLICES,
-        "triplets_per_s": rates,
-        "fast_variant": fast,
-        "train_speedup": rates[fast] / rates["baseline"],
-        "paper_epoch_hours": {name: PAPER_EPOCH_TRIPLETS / rate / 3600 for name, rate in rates.items()},
-    }
-
-
-def plot(results: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(results["triplets_per_s"])
-    values = [results["triplets_per_s"][name] for name in names]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    bars = axis.bar(names, values, color=["tab:grey"] + ["tab:blue"] * (len(names) - 1))
-    axis.bar_label(bars, labels=[f"{v:.0f}" for v in values])
-    axis.set_ylabel("training triplets / s")
-    network = NetworkKind(results["encoder"]).label(results["lstm_units"])
-    axis.set_title(f"Trainer throughput, {network} ({results['device']}, "
-                   f"{results['cpu_cores']} cores): {results['fast_variant']} = "
-                   f"{results['train_speedup']:.2f}x baseline",
-                   fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
-    """One process of a scaling run (TF_CONFIG names its cluster, none when alone): the trainer's
-    model and input (`training_batches`, one block per replica, `distributed_by_blocks`) on the
-    same in-memory triplets as `run`; a warm-up pass, then `rounds` timed passes of one pass's
-    worth of global batches each. Wall seconds of the best pass; also the seconds of the input
-    pipeline alone over the same batches (what every worker spends tokenising global batches) and
-    the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
-    (docs/distributed.md)."""
-    from model.training.data import distributed_by_blocks
-    from model.training.strategies import make_strategy
-
-    strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
-    word_ids, matrix = sentence_ids(config)
-    triplets = one_chunk_per_article(config, n_triplets)
-    replicas = strategy.num_replicas_in_sync
-    batch_size = config.optimizer.batch_size
-    global_batch = batch_size * replicas
-    steps = -(-int(triplets.cardinality()) // global_batch)
-    batches = distributed_by_blocks(training_batches(triplets.repeat(), word_ids, batch_size,
-                                                     article_chunk=config.inputs.article_chunk, replicas=replicas))
-    with strategy.scope():
-        _, model = build_models(config, matrix, global_batch)
-    model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
-    seconds = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
-        seconds.append(time.perf_counter() - start)
-    start = time.perf_counter()
-    for _ in batches.take(steps):
-        pass
-    return {"replicas": replicas, "global_batch": global_batch, "steps": steps, "seconds": min(seconds),
-            "input_seconds": time.perf_counter() - start,
-            "gradient_bytes": 4 * sum(int(np.prod(weight.shape)) for weight in model.trainable_weights)}
-
-
-WORKER_SCRIPT = ("import json, sys; from model.benchmark import TrainConfig, time_worker; a = json.loads(sys.argv[1]); "
-                 "print('RESULT' + json.dumps(time_worker(TrainConfig.from_flags(**a['config']), a['triplets'], "
-                 "a['rounds'])))")
-
-
-def scaling(config: TrainConfig, workers: tuple[int, ...], n_triplets: int, rounds: int) -> dict:
-    """Triplets/s of the trainer as 1, 2, ... worker processes on this machine, one count after the
-    other in this run; every worker process gets a 15-minute timeout."""
-    rates, details = {}, {}
-    for count in workers:
-        ports = []
-        for _ in range(count):
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                ports.append(sock.getsockname()[1])
-        processes = []
-        for task in range(count):
-            env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
-            if count > 1:
-                env["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
-                                               "task": {"type": "worker", "index": task}})
-            payload = json.dumps({"config": config.flags(), "triplets": n_triplets, "rounds": rounds})
-            processes.append(subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, payload], env=env,
-                                              stdout=subprocess.PIPE, text=True))
-        try:
-            outputs = [process.communicate(timeout=900)[0] for process in processes]
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.kill()
-        if any(process.returncode for process in processes):
-            raise RuntimeError(f"a benchmark worker of {count} failed: exit codes "
-                               f"{[process.returncode for process in processes]}")
-        results = [json.loads(next(line for line in out.splitlines() if line.startswith("RESULT"))[6:])
-                   for out in outputs]
-        slowest = max(result["seconds"] for result in results)   # a step ends when every worker's does
-        rates[count] = results[0]["steps"] * results[0]["global_batch"] / slowest
-        details[count] = {"step_seconds": slowest / results[0]["steps"],
-                          "input_triplets_per_s": results[0]["steps"] * results[0]["global_batch"]
-                          / results[0]["input_seconds"], "gradient_bytes": results[0]["gradient_bytes"]}
-    return {"encoder": config.network.encoder, "cpu_cores": os.cpu_count(),
-            "batch_size_per_replica": config.optimizer.batch_size, "lstm_units": config.network.lstm_units,
-            "triplets_per_pass": n_triplets, "rounds": rounds,
-            "triplets_per_s": {str(count): rate for count, rate in rates.items()},
-            "ratio_to_1": {str(count): rate / rates[workers[0]] for count, rate in rates.items()},
-            "per_count": {str(count): detail for count, detail in details.items()}}
-
-
 def main(argv: list[str] | None = None) -> dict:
     from model import require_tensorflow_keras
 
     require_tensorflow_keras("model.benchmark")
     args = parse_args(argv)
+    import tensorflow as tf
+
+    from model.training.throughput import plot, run, scaling
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     work_dir = args.out or tempfile.mkdtemp(prefix="model-benchmark-")
     config = TrainConfig.from_flags(data=args.data, model_dir=work_dir, dataset=args.dataset,
@@ -353,5 +121,6 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
     sys.exit(run_cli(main))

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-from model.training.model_dir import ModelDir
+from model.training.model_dir import LOGS, ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
@@ -39,7 +39,7 @@ def tensorboard_curve(model_dir: str, triplets_per_epoch: int) -> list[dict]:
     """[{"triplets_seen", "val_triplet_accuracy"}] from the run's TensorBoard validation log."""
     import tensorflow as tf
 
-    files = sorted(glob.glob(os.path.join(model_dir, "logs", "validation", "events.out.tfevents.*")))
+    files = sorted(glob.glob(os.path.join(ModelDir(model_dir).file(LOGS), "validation", "events.out.tfevents.*")))
     if not files:
         raise UsageError(f"--run {model_dir}: no history.json and no logs/validation event file")
     by_epoch = {}

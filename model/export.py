@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from model.checkpoints import CHECKPOINTS
 from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
+from model.similarity import Similarity
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:
@@ -95,11 +96,13 @@ def network_of(train_config: TrainConfig):
     runs from."""
     from model.encoding.encoder import load_encoder
     from model.net.text import WordIds
-    from model.train import build_models, embedding_matrix
+    from model.training.job import build_models
+    from model.training.model_dir import VOCABULARY, ModelDir
+    from model.training.vocabulary import embedding_matrix
 
     inputs, optimizer = train_config.inputs, train_config.optimizer
     if train_config.network.kind.reads_word_vectors:
-        with open(os.path.join(train_config.runtime.model_dir, "vocabulary.txt"), encoding="utf-8") as handle:
+        with open(ModelDir(train_config.runtime.model_dir).file(VOCABULARY), encoding="utf-8") as handle:
             vocabulary = handle.read().splitlines()
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, train_config)
@@ -282,7 +285,7 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
     sentences = scb_sentences(config.check_data, config.check_sentences)
     theirs = sentence_transformer(config.output, device="cpu").encode(sentences, batch_size=64)
     ours = load_encoder(config.model_dir).encode(sentences)
-    cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
+    cosines = Similarity.COSINE.pairwise(theirs, ours)
     result = {"sentences": len(sentences), "min": float(cosines.min()), "median": float(np.median(cosines)),
               "below_0.9999": int((cosines < 0.9999).sum())}
     print(f"sentence-transformers vs the Keras export on {result['sentences']} SCB sentences: cosine min "

@@ -46,15 +46,16 @@ def main(argv: list[str] | None = None) -> str:
     from model.formats.saved_model import ExportableEncoder
     from model.net.backbone import build_transformer_encoder, checkpoint_dir
     from model.net.transformer import token_ids
+    from model.training.model_dir import ENCODER, ModelDir
     from model.training.storage import claim_folder, staged
 
     checkpoint_dir(config.encoder, config.checkpoint)   # an absent checkpoint is refused before the claim
-    claim_folder(config.model_dir, "model.pretrained", ("encoder",), "--model-dir", config.overwrite)
+    claim_folder(config.model_dir, "model.pretrained", (ENCODER,), "--model-dir", config.overwrite)
     with staged(config.model_dir) as (model_dir, _):
         ExportableEncoder(token_ids(config.max_tokens, config.encoder, config.checkpoint),
                           build_transformer_encoder(config.encoder, folder=config.checkpoint), similarity="cosine",
-                          checkpoint=config.encoder).export(f"{model_dir}/encoder")
-    print(f"{config.encoder} off the shelf: encoder at {config.model_dir.rstrip('/')}/encoder")
+                          checkpoint=config.encoder).export(ModelDir(model_dir).encoder)
+    print(f"{config.encoder} off the shelf: encoder at {ModelDir(config.model_dir).encoder}")
     return config.model_dir
 
 

@@ -5,7 +5,8 @@ sentence-transformers' `SimilarityFunction` and its `util/similarity.py`.
 
 Every similarity is higher for more similar rows: cosine, or minus the L1 (Manhattan) distance.
 A triplet counts as correct when its positive is strictly more similar to the anchor than its
-negative (ties count as wrong). NumPy only: the triplet head computes the same in TensorFlow.
+negative (ties count as wrong). NumPy here; the triplet head (`model.net.head`) computes the
+same in keras.ops, for every backend (tests/model/test_model_similarity.py holds them equal).
 """
 from __future__ import annotations
 

@@ -26,12 +26,26 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from model.training.model_dir import (
+    CHECKPOINTS,
+    ENCODER,
+    HISTORY,
+    INPUTS,
+    SENTENCE_TRANSFORMERS,
+    SERVING,
+    VERTEX_MODEL,
+    ModelDir,
+)
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+
+if TYPE_CHECKING:
+    import numpy as np
 
 PROG = "python -m model.soup"
 # What the soup writes into --output: `--overwrite` deletes these and nothing else.
-WRITES = ("inputs.json", "history.json", "checkpoints", "encoder", "serving", "model", "sentence-transformers")
+WRITES = (INPUTS, HISTORY, CHECKPOINTS, ENCODER, SERVING, VERTEX_MODEL, SENTENCE_TRANSFORMERS)
 # Flags the runs of one soup may differ in: their batch order and step size, not their Net or data.
 MAY_DIFFER = ("seed", "learning_rate", "model_dir", "backend", "distribution_strategy", "static_shapes",
               "jit_compile", "budget_minutes", "epochs", "steps", "patience", "progress", "checkpoint_every",
@@ -76,17 +90,13 @@ def parse_args(argv: list[str] | None = None) -> SoupConfig:
     return parse_config(SoupConfig, argv, PROG, __doc__.split("\n\n")[0])
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
-    parse_first(parse_args)
-
-import numpy as np  # noqa: E402
-
-
 def souped(untrained: list[np.ndarray], runs: list[list[np.ndarray]], scale: float = 1.0) -> list[np.ndarray]:
     """The float32 mean of each weight over the runs (lists of one Net's weights, in its order),
     `scale` of the way from the untrained Net's weights (WiSE-FT)."""
     if any(len(run) != len(untrained) or any(a.shape != b.shape for a, b in zip(run, untrained)) for run in runs):
         raise UsageError("--model-dir: the runs are not of one Net (their weights differ in number or shape)")
+    import numpy as np
+
     means = [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in range(len(untrained))]
     return [base + scale * (mean - base) for base, mean in zip(untrained, means)]
 
@@ -107,7 +117,7 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
     from model.export import recorded_config
-    from model.training.model_dir import BEST_WEIGHTS, ModelDir
+    from model.training.model_dir import BEST_WEIGHTS
     from model.training.storage import claim_folder
 
     recorded = [recorded_config(path) for path in config.model_dirs]
@@ -123,10 +133,15 @@ def soup(config: SoupConfig) -> dict:
 
 
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
+    import numpy as np
+
     from model.export import network_of
     from model.formats.saved_model import write_saved_models
-    from model.train import evaluation_batches, export_sentence_transformers, open_run
-    from model.training.model_dir import ModelDir
+    from model.formats.trained import export_sentence_transformers
+    from model.net.wordpieces import wordpieces
+    from model.training.arrays import TripletInput
+    from model.training.shards import open_run
+    from model.training.tf_input import evaluation
     from pipeline.published import write_complete
 
     if train_config.network.kind.reads_word_vectors:
@@ -137,7 +152,10 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     untrained = [np.asarray(weight) for weight in model.get_weights()]
     runs = []
     with run.reading():
-        validation = evaluation_batches(train_config, run, "validation", word_ids, replicas=1)
+        network = train_config.network
+        source = TripletInput(train_config, run, wordpieces(train_config.inputs.max_tokens, network.encoder,
+                                                            network.checkpoint))
+        validation = evaluation(source.evaluation("validation"), source)
         run_accuracy = []
         for best in bests:
             model.load_weights(best)
@@ -149,14 +167,14 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
         print(f"run {path}: validation triplet accuracy {value:.4f}")
     print(f"soup of {len(runs)} runs x {config.scale}: validation triplet accuracy {accuracy:.4f}")
     output = config.output.rstrip("/")
-    os.makedirs(f"{output}/checkpoints", exist_ok=True)
-    model.save_weights(f"{output}/checkpoints/best.weights.h5")
+    os.makedirs(ModelDir(output).file(CHECKPOINTS), exist_ok=True)
+    model.save_weights(ModelDir(output).best_weights)
     histories = [ModelDir(path).history() or {} for path in config.model_dirs]
     summary = {**histories[0], "best_val_triplet_accuracy": accuracy, "delta_scale": config.scale,
                "soup": {"runs": list(config.model_dirs), "run_val_triplet_accuracy": run_accuracy,
                         "run_learning_curves": [history.get("learning_curve", []) for history in histories]},
                "config": {**histories[0].get("config", recipe), "model_dir": config.output}}
-    write_complete(f"{output}/inputs.json", json.dumps({"flags": {**recipe, "model_dir": config.output},
+    write_complete(ModelDir(output).file(INPUTS), json.dumps({"flags": {**recipe, "model_dir": config.output},
                                                         "soup_of": list(config.model_dirs)}, indent=2).encode())
     write_saved_models(train_config, word_ids, encoder, output)
     export_sentence_transformers(encoder, summary, train_config, output)
@@ -168,5 +186,6 @@ def main(argv: list[str] | None = None) -> dict:
     return soup(parse_args(argv))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
+    parse_first(parse_args)
     sys.exit(run_cli(main))

@@ -2,7 +2,7 @@
 
 * **Triplets** (`TRIPLET_FEATURES`, {name: type}): each `tf.train.Example` of a triplet shard
   holds these features, one value each. The writer's feature lists, the trainer's parse spec
-  (`model.training.data.triplet_feature_spec`) and the three roles a network compares (`ROLES`) all
+  (`model.training.tf_input.triplet_feature_spec`) and the three roles a network compares (`ROLES`) all
   derive from it. Besides the roles and their article/section context, int64 provenance
   features let a reader check the rules (paragraph indices within their sections; -1 where the
   sentence is a title, in titles triplets).

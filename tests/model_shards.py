@@ -66,12 +66,13 @@ def write_triplet_shards(out: str, dataset: str = "triplets-sen", sizes=None, sh
     return out
 
 
-def written_train_triplets(out: str, sizes: dict, shards: int = 2) -> tf.data.Dataset:
-    """The train split `write_triplet_shards` writes in `out`, as the trainer reads it (its triplets' strings)."""
-    from model.training.data import triplet_strings
+def written_train_triplets(out: str, sizes: dict, shards: int = 2) -> list[dict]:
+    """The train split `write_triplet_shards` writes in `out`, as the trainer reads it (its triplets, in order)."""
+    from model.training.arrays import split_triplets
     from model.training.shards import open_run
 
-    return triplet_strings(open_run(write_triplet_shards(out, sizes=sizes, shards=shards)), "triplets-sen", "train")
+    return list(split_triplets(open_run(write_triplet_shards(out, sizes=sizes, shards=shards)), "triplets-sen",
+                               "train"))
 
 
 def _manifest_counts(out: str) -> dict:

@@ -32,6 +32,7 @@ import numpy as np
 from model.formats.onnx_export import CONFIG_FILE, FORMAT, OUTPUT
 from model.net.wordpieces import WordPieces
 from model.similarity import Similarity, unit_rows
+from model.training.model_dir import ENCODER
 from model.training.storage import download_tree, is_remote
 
 SIGNATURE = "serving_default"
@@ -101,7 +102,7 @@ def _encoder_dir(path: str) -> str:
         join, exists = os.path.join, os.path.exists
     if exists(join(path, "saved_model.pb")):
         return path
-    nested = join(path, "encoder")
+    nested = join(path, ENCODER)
     if exists(join(nested, "saved_model.pb")):
         return nested
     raise FileNotFoundError(f"no SavedModel encoder at {path} (nor at {nested})")

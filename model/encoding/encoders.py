@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from model.encoding.encoder import OnnxEncoder, SavedModelEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
+from model.training.model_dir import ENCODER, ModelDir
 from model.training.storage import exists
 from pipeline.cli import UsageError, flag
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
@@ -274,7 +275,7 @@ def as_encoder_spec(spec_or_path: EncoderSpec | str) -> EncoderSpec:
         path = spec_or_path.rstrip("/")
         if is_onnx_export(path):
             return EncoderSpec.onnx(path)
-        for export in (path, f"{path}/encoder"):
+        for export in (path, f"{path}/{ENCODER}"):
             if exists(f"{export}/saved_model.pb"):
                 name = os.path.basename(path if export != path else os.path.dirname(path)) or "saved"
                 return EncoderSpec(SpecKind.SAVED, name, (path,))
@@ -323,9 +324,10 @@ def check_encoder_specs(specs: list[EncoderSpec]) -> None:
             raise EncoderSpecError(f"encoder spec {str(spec)!r}: no ONNX export there (no onnx.json; python -m "
                                    "model.export --format onnx writes one)")
         for path in spec.model_dirs:
-            if not exists(f"{path.rstrip('/')}/encoder/saved_model.pb"):
-                raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({path}/encoder/saved_model.pb "
-                                       "does not exist; python -m model.train writes it)")
+            saved = f"{ModelDir(path).encoder}/saved_model.pb"
+            if not exists(saved):
+                raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({saved} does not exist; python -m "
+                                       "model.train writes it)")
 
 
 def load_encoders(specs: list[EncoderSpec]) -> list[SentenceEncoder]:

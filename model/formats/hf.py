@@ -31,7 +31,6 @@ from model.checkpoints import CHECKPOINTS
 from model.similarity import REPORTED, Similarity
 
 FORMATS = ("sentence-transformers",)   # what `model.export --format` writes
-EXPORT_FOLDER = "sentence-transformers"    # the train-time export's folder in the model dir
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 

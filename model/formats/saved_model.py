@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from model.config import vertex_model_dir
 from model.similarity import Similarity
+from model.training.model_dir import ENCODER, SERVING, VERTEX_MODEL
 
 if TYPE_CHECKING:
     from model.config import TrainConfig
@@ -58,8 +59,8 @@ def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -
     written whole (`ExportableEncoder.export`). TensorFlow backend only."""
     runtime = config.runtime
     exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
-    exportable.export(f"{model_dir}/encoder")
+    exportable.export(f"{model_dir}/{ENCODER}")
     if runtime.serving_version is not None:
-        exportable.export(f"{model_dir}/serving/{runtime.serving_version}")
+        exportable.export(f"{model_dir}/{SERVING}/{runtime.serving_version}")
     if vertex_model_dir() == runtime.model_dir.rstrip("/"):   # AIP_MODEL_DIR, where Vertex AI looks for the model
-        exportable.export(f"{model_dir}/model")
+        exportable.export(f"{model_dir}/{VERTEX_MODEL}")

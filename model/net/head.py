@@ -3,7 +3,7 @@ the same code: the distances, the paper's triplet loss, the section-masked in-ba
 distillation distance and triplet accuracy. `model.net.network.SharedSentenceDistances` calls it on
 a batch's blocks; `model.similarity.Similarity` scores NumPy matrices by the same names.
 
-A batch comes as `blocks` self-contained blocks (one per replica, `model.training.data.shared_sentences`):
+A batch comes as `blocks` self-contained blocks (one per replica, `model.training.arrays.batch_arrays`):
 embeddings [blocks, s, d] of each block's distinct sentences, `roles` [blocks, n, 3] each
 triplet's anchor, positive and negative rows in its block, `sections` [blocks, s] each sentence's
 section key (negative on padding rows). Outputs are per triplet, flat ([blocks * n, ...]), as

@@ -13,7 +13,7 @@ the triplet's negative as a hard negative), leaving out the sentences of the anc
 to reproduce another encoder's embeddings of the batch's sentences instead.
 
 The triplet model takes a batch as its *distinct* sentences plus, per triplet, the rows of its
-anchor, positive and negative (`model.training.data.shared_sentences`): Net runs once on every distinct
+anchor, positive and negative (`model.training.arrays.batch_arrays`): Net runs once on every distinct
 sentence, not once per role, so a sentence shared by several triplets of the batch (triplets
 of one article share their paragraph openers) is encoded once. The sentences come sorted by
 length and Net runs on `LENGTH_SLICES` slices of them, each padded only to its own longest
@@ -83,7 +83,7 @@ class SharedSentenceDistances(keras.layers.Layer):
     L1 (the paper's) or `COSINE_SCALE` x (1 - cosine), by `distance` (a `Similarity`'s name);
     the head (`model.net.head`) is Keras ops alone, the same under every backend.
 
-    Inputs carry a leading block axis (`model.training.data.shared_sentences` stacks one self-contained
+    Inputs carry a leading block axis (`model.training.arrays.batch_arrays` stacks one self-contained
     block per replica: one under `tf.distribute`, which splits a global batch on axis 0; all of
     them under `keras.distribution.DataParallel`, whose one program sees the global batch):
     `sentences` [blocks, s, t] int ids of each block's distinct sentences, shortest first,
@@ -93,7 +93,7 @@ class SharedSentenceDistances(keras.layers.Layer):
     [blocks * n, 2 + 1 + s]: the distances, then `in_batch_scores`; with `distill`,
     [blocks * n, 3]: the distances, then the block's `distillation_distance` to `teacher`
     [blocks, s, d], the teacher's embeddings of the sentences. With `static_shapes`, Net runs
-    once on every block's sentences as given (`model.training.data.static_batch` padded them to fixed
+    once on every block's sentences as given (`model.training.arrays.batch_arrays` padded them to fixed
     shapes): no shape depends on the data, as XLA on a TPU and the JAX backend require.
     Otherwise (TensorFlow, one block) Net runs on `slices` length slices of the sentences, each
     cut to its longest sentence."""

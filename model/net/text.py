@@ -13,6 +13,11 @@ tokenizer stays on tensorflow-text.
 """
 from __future__ import annotations
 
+import collections
+import itertools
+from collections.abc import Iterable
+
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -34,6 +39,19 @@ def tokenize(sentences: list[str]) -> list[list[str]]:
         return []
     tokens = tokenize_graph(tf.constant(sentences, dtype=tf.string))
     return [[token.decode("utf-8") for token in row] for row in tokens.to_list()]
+
+
+def count_words(triplets: Iterable[dict], batch_size: int = 1024) -> collections.Counter:
+    """Token counts over every sentence of the triplets (dicts of `ROLES`: the vocabulary's source)."""
+    from pipeline.records import ROLES
+
+    counts: collections.Counter = collections.Counter()
+    iterator = iter(triplets)
+    while batch := list(itertools.islice(iterator, batch_size)):
+        for role in ROLES:
+            sentences = tf.constant([triplet[role] for triplet in batch], tf.string)
+            counts.update(tokenize_graph(sentences).flat_values.numpy())
+    return collections.Counter({word.decode("utf-8"): n for word, n in counts.items()})
 
 
 class WordIds(tf.Module):
@@ -65,6 +83,18 @@ class WordIds(tf.Module):
 
     def __call__(self, sentences: tf.Tensor) -> tf.Tensor:
         return pad_ids(self.ragged(sentences).to_tensor(0))
+
+
+class ArrayIds:
+    """A `WordIds` for the trainer's NumPy input (`model.training.arrays.Tokenizer`): a list of
+    sentences -> int32 ids [n, t] as an array, by the same graph (traced once)."""
+
+    def __init__(self, word_ids: WordIds):
+        self.max_tokens, self.num_ids = word_ids.max_tokens, word_ids.num_ids
+        self._ids = tf.function(word_ids.__call__, input_signature=[tf.TensorSpec([None], tf.string)])
+
+    def __call__(self, sentences: list[str]) -> np.ndarray:
+        return self._ids(tf.constant(sentences, tf.string)).numpy()
 
 
 def pad_ids(ids: tf.Tensor, width: tf.Tensor | int = 1) -> tf.Tensor:

@@ -15,8 +15,8 @@ checkpoint's `vocab.txt` with that tokenizer's steps, not the checkpoint's own `
   so the few non-ASCII words of 101+ bytes but at most 100 characters are redone here;
 - at most `max_tokens` ids with [CLS] first and [SEP] last, padded with 0 to the longest sentence.
 
-The ONNX encoder (`model.encoding.onnx`) tokenizes with it; training input may too: it imports
-neither TensorFlow nor Keras.
+The ONNX encoder (`model.encoding.encoder.OnnxEncoder`) and the trainer's input
+(`model.training.arrays`) tokenize with it; it imports neither TensorFlow nor Keras.
 """
 from __future__ import annotations
 

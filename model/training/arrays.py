@@ -1,33 +1,37 @@
-"""The trainer's input as NumPy arrays, without TensorFlow: how Keras' JAX backend reads a
-transformer's triplets (an accelerator image has no TensorFlow at all, and a CPU run saves the
-memory TensorFlow takes).
+"""The trainer's one input path: a run's triplet shards -> the triplet model's batches as NumPy
+arrays, for every backend and strategy (big_vision's shape: one input pipeline on the host CPU,
+feeding any device).
 
-It is tf.data's input (`model.training.data`) in NumPy, not another recipe: the same stream (the
-shards in `shard_stream`'s order, each read front to back, a resumed run from its first record
-not trained on), the same `--article-chunk` batches of consecutive records, the same model
-inputs (`shared_sentences` padded to the fixed shapes of `static_batch`), array for array
-(tests/model/test_model_arrays.py), with the same wordpiece ids (`model.net.wordpieces`). It
-covers what the accelerator recipes use: article chunks, no `--shuffle-buffer`, no `--teacher`
-(`model.training.shards.needs_tf_data` names what is not). Records are parsed by the pipeline's own protobuf class of
-`tf.train.Example` (`pipeline.records.Example`) and framed by `pipeline.tfrecord`; an unreadable
-record is skipped and a corrupt shard ends where it breaks, as under tf.data, and
-`count_records` counts both beside training.
+Records are read by `pipeline.tfrecord` (local, or through Beam's FileSystems for gs://) and
+parsed by the pipeline's own protobuf class of `tf.train.Example` (`pipeline.records.Example`):
+an unreadable record is skipped and a corrupt shard ends where it breaks, and `count_records`
+counts both beside training. The stream follows `shard_stream` (the shards in a seeded order per
+pass, each read front to back, a resumed run from its first record not trained on); `grouped`
+cuts it into batches (`--article-chunk` blocks of consecutive records, a `--shuffle-buffer`, or
+with `--article-chunk 0` length groups); `batch_arrays` turns a batch into the model's inputs:
+each replica's block holds its distinct sentences once, with each triplet's rows among them.
+
+Nothing here imports TensorFlow: the sentences become ids through a `Tokenizer` (a transformer's
+`model.net.wordpieces.WordPieces`, without TensorFlow; the BiLSTM's `model.net.text.ArrayIds`,
+its in-graph tokenizer run on arrays), and a `--teacher` is any function of sentences. Keras reads
+the batches as a `keras.utils.PyDataset` (`SplitBatches`, `StreamedBatches`); under TensorFlow,
+`model.training.tf_input` hands the same batches to tf.distribute.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import itertools
 import logging
 import threading
 import zlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 
 import keras
 import numpy as np
 
 from model.config import TrainConfig
-from model.net.wordpieces import WordPieces, wordpieces
 from model.training.shards import (
     FEATURES,
     NO_SECTION,
@@ -42,6 +46,20 @@ from pipeline.tfrecord import CorruptRecordError, read_records
 
 LOG = logging.getLogger(__name__)
 Batch = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]   # (inputs, labels, sample weights)
+Teacher = Callable[[list[str]], np.ndarray]   # sentences -> float32 [n, d] (`--teacher`)
+
+# Upper bounds (exclusive) of the token-length groups of `--article-chunk 0`: a batch is padded to
+# its longest sentence, and random batches of Wikipedia openers (mean 21 tokens, p90 33) would be
+# padded to about 40, wasting half of the LSTM's steps.
+LENGTH_BOUNDARIES = (12, 16, 20, 24, 28, 33, 40, 50)
+
+
+class Tokenizer(Protocol):
+    """Sentences -> int32 ids [n, t] (0 = padding, t the longest, at most `max_tokens`)."""
+
+    max_tokens: int
+
+    def __call__(self, sentences: list[str]) -> np.ndarray: ...
 
 
 def shard_records(path: str, skip: int = 0) -> Iterator[bytes]:
@@ -81,18 +99,27 @@ def parse_triplet(record: bytes) -> dict | None:
         return None
 
 
-def triplets_of(records: Iterator[bytes]) -> Iterator[dict]:
+def triplets_of(records: Iterable[bytes]) -> Iterator[dict]:
     return (triplet for triplet in map(parse_triplet, records) if triplet is not None)
 
 
-def _distinct_sentences(triplets: list[dict], pieces: WordPieces) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_triplets(run: Run, dataset: str, split: str, rotation: int = 0) -> Iterator[dict]:
+    """Every triplet of the split once, in its written order, from shard `rotation` on (wrapping round)."""
+    paths = [run.path(shard.path) for shard in triplet_split(run, dataset, split).shards]
+    rotation %= max(len(paths), 1)
+    return triplets_of(itertools.chain.from_iterable(map(shard_records, paths[rotation:] + paths[:rotation])))
+
+
+def _distinct_sentences(triplets: list[dict], tokenizer: Tokenizer
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """One block: (ids [s, t] of its distinct sentences, shortest first; rows [n, 3] of each
     triplet's anchor, positive and negative among them; each sentence's section, numbered in the
-    block). `model.training.data._distinct_sentences`, in NumPy."""
+    block (int32: JAX without x64 would truncate the int64 keys); the sentences, in that order)."""
     stacked = [triplet[role] for role in ROLES for triplet in triplets]
     row_of: dict[str, int] = {}
     row_of_sentence = np.array([row_of.setdefault(sentence, len(row_of)) for sentence in stacked], np.int64)
-    ids = pieces(list(row_of))
+    distinct = list(row_of)
+    ids = tokenizer(distinct) if distinct else np.zeros((0, 1), np.int32)
     order = np.argsort((ids != 0).sum(axis=1), kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
@@ -102,99 +129,226 @@ def _distinct_sentences(triplets: list[dict], pieces: WordPieces) -> tuple[np.nd
     np.maximum.at(sections, row_of_sentence, keys)
     numbers: dict[int, int] = {}
     section_numbers = np.array([numbers.setdefault(key, len(numbers)) for key in sections[order].tolist()], np.int32)
-    return ids[order], rank[row_of_sentence].reshape(3, -1).T.astype(np.int32), section_numbers
+    roles = rank[row_of_sentence].reshape(3, -1).T.astype(np.int32)
+    return ids[order].astype(np.int32), roles, section_numbers, [distinct[i] for i in order]
+
+
+def _ceil(count: int, size: int) -> int:
+    return -(-count // size)
 
 
 def _padded(rows: np.ndarray, size: int, value: int | float = 0) -> np.ndarray:
     return np.concatenate([rows, np.full((size - len(rows), *rows.shape[1:]), value, rows.dtype)])
 
 
-def batch_arrays(triplets: list[dict], pieces: WordPieces, batch_size: int, replicas: int = 1,
-                 largest: bool = False) -> Batch:
-    """A batch of triplets -> the triplet model's (inputs, labels, weights) in the fixed shapes of
-    tf.data's `static_batch(shared_sentences(...))`: `replicas` blocks (the first ones full) of
-    `batch_size` triplets (padding weighs 0), their distinct sentences padded to a multiple of
-    `batch_size` rows (with copies of the block's first) and to the smallest of `STATIC_WIDTHS`
-    or `max_tokens` that holds them. `largest`: always the largest of those shapes (3 x
-    `batch_size` rows of `max_tokens`), as processes that feed one global batch need: each
-    shapes its own part, and the parts must agree."""
+def batch_arrays(triplets: list[dict], tokenizer: Tokenizer, batch_size: int, replicas: int = 1, *,
+                 static: bool = True, largest: bool = False, teacher: Teacher | None = None) -> Batch:
+    """A batch of triplets -> the triplet model's (inputs, labels, sample weights).
+
+    The batch is cut into `replicas` blocks (the first ones full, as tf.distribute splits a
+    batch); each holds its distinct sentences once (`sentences` [s, t], shortest first, padded
+    with copies of the block's first: an all-padding row would make a transformer's masked mean
+    divide 0 by 0), each triplet's rows in them (`roles` [n, 3]) and each sentence's section
+    (`sections` [s], `NO_SECTION` on padding rows); with a `teacher`, its embedding of each
+    sentence (`teacher` [s, d], zeros on padding rows). Blocks are stacked on a leading replica
+    axis, so a strategy splits the batch into whole blocks. Labels and weights are flat, one per
+    triplet (Keras averages metrics over triplets); a padding triplet weighs 0; the label is the
+    constant 0 = "the positive is distances[..., 0]".
+
+    `static` (`--static-shapes`, and always under JAX): a few fixed shapes: `batch_size` triplets
+    a block, its sentences padded to a multiple of `batch_size` rows and to the smallest of
+    `STATIC_WIDTHS` or `max_tokens` that holds them; otherwise the batch's own longest sentence
+    and largest block. `largest`: always 3 x `batch_size` rows of `max_tokens`, as processes that
+    feed one global batch need (each shapes its own part, and the parts must agree)."""
     per_replica = -(-len(triplets) // replicas)
-    blocks = [_distinct_sentences(triplets[r * per_replica:(r + 1) * per_replica], pieces) for r in range(replicas)]
-    longest = pieces.max_tokens if largest else max(1, *(ids.shape[1] for ids, _, _ in blocks))
-    width = min(w for w in {*STATIC_WIDTHS, pieces.max_tokens} if w >= longest and w <= pieces.max_tokens)
-    most = 3 * batch_size if largest else max(len(ids) for ids, _, _ in blocks)
-    rows = -(-most // batch_size) * batch_size
+    blocks = [_distinct_sentences(triplets[r * per_replica:(r + 1) * per_replica], tokenizer) for r in range(replicas)]
+    longest = max(max(ids.shape[1] for ids, *_ in blocks), 1)
+    most = max(len(ids) for ids, *_ in blocks)
+    count = max(len(roles) for _, roles, *_ in blocks)
+    if largest:
+        longest, most = tokenizer.max_tokens, 3 * batch_size
+    width, rows = longest, most
+    if static:
+        width = min(w for w in {*STATIC_WIDTHS, tokenizer.max_tokens} if longest <= w <= tokenizer.max_tokens)
+        rows, count = -(-most // batch_size) * batch_size, batch_size
     sentences = []
-    for ids, _, _ in blocks:
+    for ids, *_ in blocks:
         ids = np.pad(ids, [(0, 0), (0, width - ids.shape[1])])
         filler = ids[:1] if len(ids) else np.zeros((1, width), np.int32)
         sentences.append(np.concatenate([ids, np.repeat(filler, rows - len(ids), axis=0)]))
     inputs = {"sentences": np.stack(sentences),
-              "roles": np.stack([_padded(roles, batch_size) for _, roles, _ in blocks]),
-              "sections": np.stack([_padded(sections, rows, NO_SECTION) for _, _, sections in blocks])}
-    weights = np.concatenate([_padded(np.ones(len(roles), np.float32), batch_size) for _, roles, _ in blocks])
-    return inputs, np.zeros(replicas * batch_size, np.int32), weights
+              "roles": np.stack([_padded(roles, count) for _, roles, _, _ in blocks]),
+              "sections": np.stack([_padded(sections, rows, NO_SECTION) for _, _, sections, _ in blocks])}
+    if teacher is not None:
+        inputs["teacher"] = np.stack([_padded(np.asarray(teacher(strings), np.float32), rows)
+                                      for *_, strings in blocks])
+    weights = np.concatenate([_padded(np.ones(len(roles), np.float32), count) for _, roles, _, _ in blocks])
+    return inputs, np.zeros(replicas * count, np.int32), weights
 
 
-class ArrayInput:
-    """The trainer's input of one run under the JAX backend: the validation and test batches, the
-    training stream and the record counts, as `model.train` asks tf.data's for them. In a job of
-    several processes, `process` of `processes` feeds its `replicas` local devices' blocks of each
-    global batch from its own share of the shards (`shard_stream`'s FILE sharding, as tf.data's
-    input pipelines do), and every process runs the same number of evaluation steps."""
+def batched(items: Iterable, size: int) -> Iterator[list]:
+    """Lists of `size` consecutive items (the last may be shorter)."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
-    def __init__(self, config: TrainConfig, run: Run, replicas: int, process: int = 0, processes: int = 1):
-        self.config, self.run, self.replicas = config, run, replicas
+
+def shuffled(items: Iterable, buffer_size: int, seed: int) -> Iterator:
+    """The items through a seeded shuffle buffer of `buffer_size` (tf.data's `shuffle`): each item
+    out is drawn at random from the buffer, and the next one in takes its place."""
+    rng = np.random.default_rng(seed)
+    buffer: list = []
+    for item in items:
+        if len(buffer) < buffer_size:
+            buffer.append(item)
+            continue
+        index = int(rng.integers(len(buffer)))
+        yield buffer[index]
+        buffer[index] = item
+    yield from (buffer[index] for index in rng.permutation(len(buffer)))
+
+
+def length_groups(triplets: Iterable[dict], tokenizer: Tokenizer, size: int) -> Iterator[list[dict]]:
+    """Batches of `size` triplets of one length group (`LENGTH_BOUNDARIES`, by a triplet's longest
+    sentence in tokens), each batched when full; at the end of the triplets, what each group holds."""
+    groups: dict[int, list[dict]] = {}
+    for chunk in batched(triplets, 1024):   # tokenised in large batches
+        lengths = np.max([(tokenizer([triplet[role] for triplet in chunk]) != 0).sum(axis=1) for role in ROLES], axis=0)
+        for triplet, length in zip(chunk, lengths.tolist()):
+            group = bisect.bisect_right(LENGTH_BOUNDARIES, length)
+            groups.setdefault(group, []).append(triplet)
+            if len(groups[group]) == size:
+                yield groups.pop(group)
+    yield from (groups[group] for group in sorted(groups))
+
+
+def grouped(triplets: Iterable[dict], size: int, tokenizer: Tokenizer, *, article_chunk: int,
+            group_by_length: bool = True, shuffle_buffer: int = 0, seed: int = 0) -> Iterator[list[dict]]:
+    """The triplets of each batch of `size`. With `article_chunk` > 0, blocks of that many
+    consecutive triplets side by side: the pipeline wrote each article's triplets in chunks of 16
+    (`pipeline.order`), so a batch holds about `size / article_chunk` articles whose shared
+    sentences are encoded once; a `shuffle_buffer` (triplets) shuffles whole blocks. With
+    `article_chunk` 0, triplets one by one (shuffled alike) and with `group_by_length` in
+    `length_groups`. The split's order was drawn when it was written, so the stream needs no
+    buffer to be shuffled; one keeps a second pass from repeating the first."""
+    if article_chunk:
+        blocks: Iterator[list[dict]] = batched(triplets, article_chunk)
+        if shuffle_buffer:
+            blocks = shuffled(blocks, max(1, shuffle_buffer // article_chunk), seed)
+        return batched(itertools.chain.from_iterable(blocks), size)
+    if shuffle_buffer:
+        triplets = shuffled(triplets, shuffle_buffer, seed)
+    return length_groups(triplets, tokenizer, size) if group_by_length else batched(triplets, size)
+
+
+def in_order(config: TrainConfig, shuffle: bool = False) -> bool:
+    """Whether `grouped` batches consecutive triplets (so a batch's place in the stream says which
+    records it holds): article chunks or no length groups, and no shuffle buffer."""
+    inputs = config.inputs
+    return not (shuffle and inputs.shuffle_buffer) and (inputs.article_chunk > 0 or not inputs.group_by_length)
+
+
+class TripletInput:
+    """The trainer's input of one run: the validation and test batches, the training stream and
+    the record counts. Batches hold `blocks` replicas' blocks; the stream feeds `replicas`
+    replicas (a step takes `replicas / blocks` batches of each of its
+    `--gradient-accumulation-steps` parts). In a job of several input pipelines (processes under
+    `keras.distribution`, workers of a tf.distribute cluster), `process` of `processes` streams
+    its own share of the shards (`shard_stream`'s FILE sharding) and scores every `processes`-th
+    evaluation triplet or its shards of a split, in as many steps as every other."""
+
+    def __init__(self, config: TrainConfig, run: Run, tokenizer: Tokenizer, teacher: Teacher | None = None,
+                 teacher_dim: int | None = None, *, blocks: int = 1, replicas: int | None = None, process: int = 0,
+                 processes: int = 1):
+        self.config, self.run, self.tokenizer = config, run, tokenizer
+        self.teacher, self.teacher_dim = teacher, teacher_dim
+        self.blocks, self.replicas = blocks, replicas or blocks
         self.process, self.processes = process, processes
         self.dataset = config.inputs.dataset
-        self.process_batch = config.optimizer.batch_size * replicas   # this process's share of a step's batch
-        self.pieces = wordpieces(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint)
+
+    def share(self, process: int, processes: int, replicas: int) -> TripletInput:
+        """This input as one of `processes` pipelines feeding `replicas` replicas a batch each."""
+        return TripletInput(self.config, self.run, self.tokenizer, self.teacher, self.teacher_dim, blocks=1,
+                            replicas=replicas, process=process, processes=processes)
 
     def _paths(self, split: str) -> list[tuple[str, int]]:
         return [(self.run.path(shard.path), shard.records or 0)
                 for shard in triplet_split(self.run, self.dataset, split).shards]
 
-    def _batches(self, triplets: Iterator[dict], batch_size: int | None = None) -> Iterator[Batch]:
-        """Batches of `batch_size` triplets per replica (default `--batch-size`)."""
-        batch_size = batch_size or self.config.optimizer.batch_size
-        while chunk := list(itertools.islice(triplets, batch_size * self.replicas)):
-            yield batch_arrays(chunk, self.pieces, batch_size, self.replicas, largest=self.processes > 1)
+    def _arrays(self, group: list[dict], batch_size: int) -> Batch:
+        return batch_arrays(group, self.tokenizer, batch_size, self.blocks, static=self.config.runtime.static_batches,
+                            largest=self.processes > 1, teacher=self.teacher)
 
-    def evaluation(self, split: str) -> keras.utils.PyDataset:
-        """A seeded sample of `--evaluation-triplets` (`model.training.data.triplet_sample`: the
-        split's shards from shard `seed` on, its first records), held for every epoch; without
-        one, the whole split, streamed again at every pass (each validation, the untrained and
-        the test scores), in as many batches as its manifest's records fill. Each process scores
-        its share: every `processes`-th triplet of the sample, or its shards of the split."""
-        shards, size = self._paths(split), self.config.inputs.evaluation_triplets
-        if not size:
-            mine = shards[self.process::self.processes]
-            steps = max(-(-sum(count for _, count in shards[p::self.processes]) // self.process_batch)
-                        for p in range(self.processes))
+    def _groups(self, triplets: Iterable[dict], size: int, shuffle: bool = False) -> Iterator[list[dict]]:
+        """`grouped` by the flags (`shuffle`: through `--shuffle-buffer`, the training stream's)."""
+        inputs = self.config.inputs
+        return grouped(triplets, size, self.tokenizer, article_chunk=inputs.article_chunk,
+                       group_by_length=inputs.group_by_length, shuffle_buffer=inputs.shuffle_buffer if shuffle else 0,
+                       seed=self.config.runtime.seed)
 
-            def stream() -> Iterator[Batch]:
-                records = itertools.chain.from_iterable(shard_records(path) for path, _ in mine)
-                return self._batches(triplets_of(records))
+    def _batches(self, triplets: Iterable[dict], batch_size: int) -> Iterator[Batch]:
+        """`grouped` batches of `batch_size` triplets per block, as arrays."""
+        for group in self._groups(triplets, batch_size * self.blocks):
+            yield self._arrays(group, batch_size)
 
-            return SplitBatches(stream, steps)
-        paths = [path for path, _ in shards]
-        rotation = self.config.runtime.seed % max(len(paths), 1)
-        records = itertools.chain.from_iterable(map(shard_records, paths[rotation:] + paths[:rotation]))
-        sample = list(itertools.islice(triplets_of(records), size))[self.process::self.processes]
-        held = list(self._batches(iter(sample)))   # batched once, read at every pass
-        per_process = -(-size // self.processes)
-        return SplitBatches(lambda: iter(held), -(-per_process // self.process_batch))
+    def evaluation(self, split: str) -> SplitBatches:
+        """A seeded sample of `--evaluation-triplets` (the split's shards from shard `seed` on, its
+        first records), batched once and held for every pass; without one, the whole split,
+        streamed again at every pass (each validation, the untrained and the test scores; held
+        with a teacher, which embeds it once). As many steps as the records fill (a process's
+        share: as many as the largest share), or with length groups as `grouped` makes."""
+        batch_size = self.config.optimizer.batch_size
+        size, sample = batch_size * self.blocks, self.config.inputs.evaluation_triplets
+        shards = self._paths(split)
+        if sample:
+            triplets = itertools.islice(split_triplets(self.run, self.dataset, split, self.config.runtime.seed), sample)
+            held = list(self._batches(list(triplets)[self.process::self.processes], batch_size))
+            total = min(sample, sum(count for _, count in shards))
+            return SplitBatches(lambda: iter(held), max(len(held), _ceil(_ceil(total, self.processes), size)))
 
-    def training(self, resume_at_step: int = 0) -> keras.utils.PyDataset:
-        """The endless training stream, from the first record a resumed run has not trained on, in
-        the parts a step's batch is fed in (`--gradient-accumulation-steps`)."""
-        shards = shard_stream(self._paths("train"), self.config.runtime.seed, self.process, self.processes,
-                              start=resume_at_step * self.process_batch)
-        records = itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards)
-        return StreamedBatches(self._batches(triplets_of(records), self.config.optimizer.part_size))
+        def stream() -> Iterator[Batch]:
+            paths = [path for path, _ in shards[self.process::self.processes]]
+            return self._batches(triplets_of(itertools.chain.from_iterable(map(shard_records, paths))), batch_size)
+
+        if self.teacher is not None:
+            held = list(stream())
+            return SplitBatches(lambda: iter(held), len(held))
+        if in_order(self.config):
+            return SplitBatches(stream, max(_ceil(sum(count for _, count in shards[p::self.processes]), size)
+                                            for p in range(self.processes)))
+        return SplitBatches(stream, sum(1 for _ in self._groups(split_triplets(self.run, self.dataset, split), size)))
+
+    def training_batches(self, resume_at_step: int = 0) -> Iterator[Batch]:
+        """The endless training stream, in the parts a step's batch is fed in
+        (`--gradient-accumulation-steps`), from the first batch a resumed run (`resume_at_step`:
+        its backup's optimizer step) has not trained on: where batches are consecutive records
+        (`in_order`), the stream starts at that record (what came before is not read); otherwise
+        (a shuffle buffer or length groups reorder records across batches) it is read from its
+        first record and the batches trained on are dropped before they become arrays."""
+        optimizer = self.config.optimizer
+        consecutive = in_order(self.config, shuffle=True)
+        trained = resume_at_step * optimizer.gradient_accumulation_steps * self.replicas // self.blocks
+        if resume_at_step:
+            LOG.info("resuming the training stream after step %d: %s", resume_at_step,
+                     "starting it at the first record not trained on" if consecutive else
+                     "reading it from its first record and dropping the batches trained (--shuffle-buffer or "
+                     "--article-chunk 0 reorder records across batches)")
+        planned = shard_stream(self._paths("train"), self.config.runtime.seed, self.process, self.processes,
+                               start=trained * optimizer.part_size * self.blocks if consecutive else 0)
+        first = next(planned, None)   # too few shards for the pipelines: refused now, not in fit
+        shards = itertools.chain([first] if first else [], planned)
+        triplets = triplets_of(itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards))
+        groups = self._groups(triplets, optimizer.part_size * self.blocks, shuffle=True)
+        return (self._arrays(group, optimizer.part_size)
+                for group in (groups if consecutive else itertools.islice(groups, trained, None)))
+
+    def training(self, resume_at_step: int = 0) -> StreamedBatches:
+        """`training_batches` as Keras reads them (a worker thread beside the step)."""
+        return StreamedBatches(self.training_batches(resume_at_step))
 
     def count_records(self, split: str) -> dict[str, int]:
-        """What reading the split loses against its manifest (`model.training.data.count_records`)."""
+        """What reading the split loses against its manifest: `lost` records (a corrupt or truncated
+        shard is read up to where it breaks) and `unparseable` ones (read but not a triplet)."""
         read = unparseable = 0
         for path, _ in self._paths(split):
             for record in shard_records(path):

@@ -15,9 +15,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import keras
 
+from model.training.model_dir import BACKUP, BEST_WEIGHTS
 from model.training.storage import TreeMirror
 from pipeline.cli import DataLossError
 from pipeline.published import write_complete
@@ -97,14 +99,14 @@ def read_backup_state(folder: str) -> dict | None:
     completed: trained and validated), "step" (the optimizer's steps), and the record of the
     completed epochs (BACKUP_EPOCHS): "history" (their epoch-end logs, as Keras' History holds
     them), "learning_curve" (their LearningCurve points) and "at_epoch_end" (whether its weights
-    are those the last completed epoch's validation scored). A backup written by an older version
-    has no record: "history" and "learning_curve" None, "at_epoch_end" False."""
+    are those the last completed epoch's validation scored). A backup without its record (no
+    BACKUP_EPOCHS file) has an empty "history" and "learning_curve", "at_epoch_end" False."""
     path = os.path.join(folder, BACKUP_STATE)
     if not (os.path.exists(path) and os.path.exists(os.path.join(folder, BACKUP_WEIGHTS))):
         return None
     with open(path) as handle:
         state = json.load(handle)
-    record = {"history": None, "learning_curve": None, "at_epoch_end": False}
+    record: dict = {"history": {}, "learning_curve": [], "at_epoch_end": False}
     if os.path.exists(os.path.join(folder, BACKUP_EPOCHS)):
         with open(os.path.join(folder, BACKUP_EPOCHS)) as handle:
             record.update(json.load(handle))
@@ -120,7 +122,7 @@ class AtomicBackup(keras.callbacks.Callback):
     (the one the run resumes from), so a resumed run's backups, and its history, hold every epoch
     since the first run began. Keras' BackupAndRestore writes `latest.weights.h5` in place, so a
     kill mid-write left a truncated file that every rerun failed to load. The trainer restores a
-    backup itself before `fit` (`model.train.restored_state`) and deletes it once the export is
+    backup itself before `fit` (`model.training.job.restored_state`) and deletes it once the export is
     complete."""
 
     def __init__(self, folder: str, every: int, curve: LearningCurve | None = None):
@@ -128,7 +130,7 @@ class AtomicBackup(keras.callbacks.Callback):
         self.folder, self.every, self.curve = folder, every, curve
         self.epochs_done = 0
         self.since_backup = 0
-        self.history: dict[str, list[float]] = dict((read_backup_state(folder) or {}).get("history") or {})
+        self.history: dict[str, list[float]] = dict((read_backup_state(folder) or {}).get("history", {}))
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epochs_done = epoch
@@ -167,7 +169,7 @@ class MirrorBackups(keras.callbacks.Callback):
     start it pushes what the previous epoch's callbacks wrote. Placed right after
     AtomicBackup, so a backup goes up before later callbacks run."""
 
-    def __init__(self, mirror: TreeMirror, backup: str = "backup"):
+    def __init__(self, mirror: TreeMirror, backup: str = BACKUP):
         super().__init__()
         self.mirror = mirror
         self.backup = backup
@@ -218,7 +220,7 @@ class BestCheckpoint(keras.callbacks.Callback):
     def __init__(self, directory: str):
         super().__init__()
         self.directory = directory
-        self.filepath = os.path.join(directory, "best.weights.h5")
+        self.filepath = os.path.join(directory, os.path.basename(BEST_WEIGHTS))
         self.score_path = os.path.join(directory, "best.json")
         self.best = float("-inf")
         if os.path.exists(self.score_path):
@@ -299,10 +301,10 @@ class LearningCurve(keras.callbacks.Callback):
     clocks going on from the last one's (the time between that epoch's end and the kill is not
     counted)."""
 
-    def __init__(self, global_batch: int, earlier: list[dict] | None = None):
+    def __init__(self, global_batch: int, earlier: Sequence[dict] = ()):
         super().__init__()
         self.global_batch = global_batch
-        self.points: list[dict] = list(earlier or [])
+        self.points: list[dict] = list(earlier)
 
     def on_train_begin(self, logs=None):
         last = self.points[-1] if self.points else {}

@@ -21,12 +21,61 @@ HISTORY = "history.json"
 BEST_WEIGHTS = "checkpoints/best.weights.h5"
 ENCODER = "encoder"
 SENTENCE_TRANSFORMERS = "sentence-transformers"
-# What every trainer writes into history.json and its readers rely on, by type (`model.train._score`).
+VOCABULARY = "vocabulary.txt"
+BACKUP = "backup"
+FIT_RECORD = "fit.json"   # in the backup, once `fit` returned: its history, for a rerun that only exports
+TESTED_WEIGHTS = "tested.weights.h5"   # in the backup: the weights a JAX run tested, for its TensorFlow export
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"
+SERVING = "serving"        # `--serving-version N`: serving/N, the folder TensorFlow Serving loads
+VERTEX_MODEL = "model"     # where Vertex AI looks for the model (AIP_MODEL_DIR)
+TRAINING_CURVE = "training_curve.png"
+LEARNING_CURVE = "learning_curve.png"
+# What a training run writes into its model dir, and only that: `--overwrite` deletes these and
+# nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
+CLAIM = INPUTS
+RUN_ENTRIES = (CLAIM, VOCABULARY, f"{VOCABULARY}.partial", BACKUP, f"{BACKUP}.partial", f"{BACKUP}.previous",
+               CHECKPOINTS, LOGS, HISTORY, TRAINING_CURVE, LEARNING_CURVE, ENCODER, f"{ENCODER}.partial", SERVING,
+               VERTEX_MODEL, f"{VERTEX_MODEL}.partial", SENTENCE_TRANSFORMERS, f"{SENTENCE_TRANSFORMERS}.partial")
+# What a non-chief worker copies from the chief's model dir into its own before training: a
+# restarted job resumes every worker from the chief's backup and best-epoch score.
+RESUME_ENTRIES = (BACKUP, CHECKPOINTS)
+# history.json, key by key with its type, as its one writer (`ModelDir.write_history`) checks it:
+# what every trainer writes (`model.training.job`, `model.soup`) and its readers rely on, then what
+# a run may leave out (None where it does not apply), then Keras' per-epoch lists (`loss`,
+# `val_triplet_accuracy`, ... : one float per epoch) and a soup's own keys.
+NUMBER = (int, float)
 HISTORY_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "learning_curve": list, "best_val_triplet_accuracy": (int, float), "untrained_val_triplet_accuracy": (int, float),
+    "learning_curve": list, "best_val_triplet_accuracy": NUMBER, "untrained_val_triplet_accuracy": NUMBER,
     "evaluation_triplets": (int, str), "record_counts": dict, "config": dict, "distance": str,
     "global_batch_size": int, "replicas": int,
 }
+HISTORY_OPTIONAL: dict[str, type | tuple[type, ...]] = {
+    "untrained_val_loss": NUMBER, "mean_vectors_val_triplet_accuracy": NUMBER, "test_triplet_accuracy": NUMBER,
+    "test_loss": NUMBER, "epochs_run": int, "stopped_by_budget": bool, "seconds_to_first_step": NUMBER,
+    "vocabulary_size": int, "skipped_records": dict, "trained_on": dict, "processes": int, "device": str,
+    "learning_rate": NUMBER, "delta_scale": NUMBER, "soup": dict,
+}
+EPOCH_KEYS = ("loss", "triplet_accuracy", "val_loss", "val_triplet_accuracy")   # Keras' `fit` history
+
+
+def _of_type(value: object, kind: type | tuple[type, ...]) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))
+
+
+def history_errors(summary: dict) -> list[str]:
+    """What in `summary` is not a history.json: a field of HISTORY_FIELDS missing, a field of
+    another type than HISTORY_FIELDS, HISTORY_OPTIONAL (or None) or EPOCH_KEYS (lists) say, a key
+    none of them defines."""
+    errors = [f"lacks {name}" for name in HISTORY_FIELDS if name not in summary]
+    for name, value in summary.items():
+        kind = HISTORY_FIELDS.get(name) or HISTORY_OPTIONAL.get(name) or (list if name in EPOCH_KEYS else None)
+        if kind is None:
+            errors.append(f"holds {name}, which history.json does not define")
+        elif not (_of_type(value, kind) or (value is None and name in HISTORY_OPTIONAL)):
+            errors.append(f"{name} is {type(value).__name__}")
+    return errors
 
 
 @dataclass(frozen=True)
@@ -65,13 +114,13 @@ class ModelDir:
     def write_history(self, summary: dict) -> None:
         from pipeline.published import write_complete
 
-        missing = sorted(set(HISTORY_FIELDS) - set(summary))
-        if missing:   # a trainer's bug, not an input: every reader would fail on it later
-            raise ValueError(f"{self.file(HISTORY)}: the summary lacks {', '.join(missing)}")
+        errors = history_errors(summary)
+        if errors:   # a trainer's bug, not an input: every reader would fail on it later
+            raise ValueError(f"{self.file(HISTORY)}: the summary {'; '.join(errors)}")
         write_complete(self.file(HISTORY), json.dumps(summary, indent=2).encode())
 
     def recorded_flags(self) -> dict:
-        """The flags `inputs.json` records (`model.train.recorded_flags`); a UsageError naming the
+        """The flags `inputs.json` records (`model.training.claim.recorded_flags`); a UsageError naming the
         folder when it has none (not a `model.train` model dir) or the file when it is not one."""
         from pipeline.cli import UsageError
         from pipeline.published import read_json_object

@@ -1,7 +1,6 @@
 """A pipeline run's triplet splits as the trainer reads them, without TensorFlow: which shards,
-in which order, from which record, and the names of what training reads of a triplet. Both
-inputs build on it: tf.data's (`model.training.data`) and the NumPy arrays of Keras' JAX backend
-(`model.training.arrays`)."""
+in which order, from which record, and the names of what training reads of a triplet
+(`model.training.arrays` reads them)."""
 from __future__ import annotations
 
 import itertools
@@ -24,14 +23,14 @@ LOG = logging.getLogger(__name__)
 ARTICLE_ID = "article_id"
 FEATURES = tuple(name for name in records.TRIPLET_FEATURES
                  if name in (*ROLES, ARTICLE_ID, *(name for pair in SECTION_OF_ROLE.values() for name in pair)))
-# A section's key: its article id times this, plus its index in the article (`section_keys`).
+# A section's key: its article id times this, plus its index in the article (`arrays.batch_arrays`).
 SECTIONS_PER_ARTICLE = 1 << 20
 # The section key of the padding rows of a batch's sentences: never a candidate.
 NO_SECTION = -1
 
 # Token widths of `--static-shapes` batches (with `max_tokens` itself): every batch is padded to
 # the smallest that holds its longest sentence, so XLA compiles one step per width (times the row
-# counts of `static_batch`) instead of one per batch.
+# counts of `arrays.batch_arrays`) instead of one per batch.
 STATIC_WIDTHS = (16, 32)
 
 
@@ -115,16 +114,11 @@ def shard_stream(shards: list[tuple[str, int]], seed: int, pipeline: int = 0, pi
             start = 0
 
 
-def needs_tf_data(config: TrainConfig) -> str | None:
-    """What in `config` needs tf.data's input (`model.training.data`), or None where the NumPy
-    arrays of the JAX backend (`model.training.arrays`) serve it."""
-    inputs, optimizer = config.inputs, config.optimizer
+def needs_tensorflow(config: TrainConfig) -> str | None:
+    """What in `config` needs TensorFlow under the JAX backend, or None: the BiLSTM (its
+    tokenizer is tensorflow-text's, in the graph it exports) and a teacher (a SavedModel)."""
     if config.network.kind.reads_word_vectors:
         return f"--encoder {config.network.encoder} (word vectors: the in-graph tokenizer of model.net.text)"
-    if optimizer.teacher:
+    if config.optimizer.teacher:
         return "--teacher (a SavedModel teacher runs in TensorFlow)"
-    if inputs.shuffle_buffer:
-        return "--shuffle-buffer"
-    if not inputs.article_chunk:
-        return "--article-chunk 0"
     return None

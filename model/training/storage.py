@@ -4,7 +4,7 @@ Keras and TensorFlow write a model dir (weights, backups, TensorBoard logs,
 SavedModels) through `tf.io.gfile`, whose GCS filesystem has a hard-wired endpoint: it has no
 endpoint override, ignores `STORAGE_EMULATOR_HOST` and calls www.googleapis.com, so it cannot
 be pointed at `gcp-storage-emulator`. Beam's `FileSystems` is the project's one storage layer
-(the pipeline writes with it, `model.training.data` and `eval` read with it); its GCS client honours the
+(the pipeline writes with it, `model.training.arrays` and `eval` read with it); its GCS client honours the
 emulator and is the one Dataflow and Vertex use. So TensorFlow only ever sees local paths: a
 remote tree is downloaded into a local directory, worked on there, and mirrored back through
 `FileSystems` (`TreeMirror.push` uploads what changed and deletes what was removed locally).
@@ -155,7 +155,7 @@ def staged(path: str, push: bool = True):
                 mirror.push()
 
 
-# What a command that writes a folder (not the trainer: `model.train.claim_model_dir`) records
+# What a command that writes a folder (not the trainer: `model.training.claim.claim_model_dir`) records
 # there, so that another command, or a rerun, knows whose the folder is and whether it still runs.
 CLAIM_FILE = "claim.json"
 

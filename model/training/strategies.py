@@ -1,5 +1,5 @@
 """The tf.distribute strategies of the TensorFlow backend (`model.train --distribution-strategy`);
-Keras' JAX backend distributes with `keras.distribution` instead (`model.train.KerasDevices`)."""
+Keras' JAX backend distributes with `keras.distribution` instead (`model.training.devices.KerasDevices`)."""
 from __future__ import annotations
 
 import json

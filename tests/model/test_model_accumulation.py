@@ -23,8 +23,8 @@ def test_a_batch_fed_in_parts_updates_the_weights_as_the_whole_batch_does(triple
     import keras
 
     from model.net.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
-    from model.net.text import WordIds
-    from model.training.data import count_words, training_batches
+    from model.net.text import ArrayIds, WordIds, count_words
+    from model.training.arrays import batch_arrays, batched
 
     word_ids = WordIds(sorted(count_words(triplets)), num_oov_buckets=1, max_tokens=40)
     matrix = np.random.default_rng(0).normal(0, 0.3, (word_ids.num_ids, 8)).astype(np.float32)
@@ -36,7 +36,7 @@ def test_a_batch_fed_in_parts_updates_the_weights_as_the_whole_batch_does(triple
         return network
 
     def batches(size: int):   # the same triplets in the same order
-        return list(training_batches(triplets, word_ids, size, article_chunk=0, group_by_length=False))
+        return [batch_arrays(group, ArrayIds(word_ids), size, static=False) for group in batched(triplets, size)]
 
     whole, in_parts = model(1), model(2)
     initial = in_parts.get_weights()

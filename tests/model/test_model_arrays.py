@@ -1,8 +1,10 @@
-"""The JAX backend's input without TensorFlow (`model.training.arrays`) is tf.data's input
-(`model.training.data`), array for array: the training stream (one and two replicas, a resumed
-run), the evaluation sample and whole split, the record counts; and a JAX run of a transformer
-never imports TensorFlow."""
+"""The trainer's one input (`model.training.arrays`) on real shards: a resumed stream is the
+unbroken one from its step (article chunks, a shuffle buffer, length groups), the evaluation
+sample is held and the whole split streamed again at each pass, the record counts name what
+reading lost, TensorFlow reads the same batches (`model.training.tf_input`), and a JAX run of a
+transformer never imports TensorFlow."""
 import gzip
+import itertools
 import json
 import os
 import shutil
@@ -15,10 +17,9 @@ import pytest
 from model_shards import write_triplet_shards
 
 from model.config import TrainConfig
-from model.net.transformer import token_ids
-from model.training.arrays import ArrayInput
-from model.training.data import count_records, streamed_triplets, training_batches, triplet_sample, triplet_strings
-from model.training.shards import needs_tf_data, open_run
+from model.net.wordpieces import wordpieces
+from model.training.arrays import TripletInput, split_triplets
+from model.training.shards import needs_tensorflow, open_run
 
 DATASET, MAX_TOKENS, BATCH = "triplets-sen", 32, 8
 REPO = Path(__file__).resolve().parents[2]
@@ -34,9 +35,10 @@ def _config(data: str, **flags) -> TrainConfig:
                                      "max_tokens": MAX_TOKENS, "batch_size": BATCH, **flags})
 
 
-def _tf_batches(triplets, config: TrainConfig, replicas: int = 1):
-    return training_batches(triplets, token_ids(MAX_TOKENS), BATCH, article_chunk=config.inputs.article_chunk,
-                            static_shapes=True, replicas=replicas).as_numpy_iterator()
+def _input(data: str, blocks: int = 1, process: int = 0, processes: int = 1, **flags) -> TripletInput:
+    config = _config(data, **flags)
+    return TripletInput(config, open_run(data), wordpieces(MAX_TOKENS), blocks=blocks, process=process,
+                        processes=processes)
 
 
 def _assert_equal(expected, got):
@@ -50,49 +52,89 @@ def _assert_equal(expected, got):
         np.testing.assert_array_equal(array, want)
 
 
-@pytest.mark.parametrize("replicas, resume_at_step", [(1, 0), (2, 0), (1, 5)])
-def test_the_training_stream_is_tf_datas_batch_for_batch(shards, replicas, resume_at_step):
-    config, run = _config(shards), open_run(shards)
-    stream = ArrayInput(config, run, replicas).training(resume_at_step)
-    start = resume_at_step * BATCH * replicas
-    expected = _tf_batches(streamed_triplets(run, DATASET, "train", config.runtime.seed, start=start), config,
-                           replicas)
-    for index in range(40):   # past a pass over the 256 triplets: the next pass's shard order too
-        _assert_equal(next(expected), stream[index])
+@pytest.mark.parametrize("blocks, resume_at_step, flags", [
+    (1, 5, {}), (2, 3, {}), (1, 7, {"shuffle_buffer": 64}), (1, 4, {"article_chunk": 0, "backend": "tensorflow"})])
+def test_a_resumed_training_stream_is_the_unbroken_one_from_its_step(shards, blocks, resume_at_step, flags):
+    """Past a pass over the 256 triplets (the next pass's shard order too): where batches are
+    consecutive records the stream starts at its record, otherwise its trained batches are dropped."""
+    unbroken = _input(shards, blocks, **flags).training_batches()
+    resumed = _input(shards, blocks, **flags).training_batches(resume_at_step)
+    for batch in itertools.islice(unbroken, resume_at_step):
+        assert batch[2].sum() == BATCH * blocks   # every training batch full (an endless stream)
+    for expected, got in itertools.islice(zip(unbroken, resumed), 40):
+        _assert_equal(expected, got)
 
 
-def test_the_evaluation_sample_and_the_whole_split_are_tf_datas(shards):
-    config, run = _config(shards, evaluation_triplets=20), open_run(shards)
-    held = ArrayInput(config, run, 1).evaluation("validation")
-    expected = list(_tf_batches(triplet_sample(run, DATASET, "validation", 20, config.runtime.seed), config))
-    assert len(held) == len(expected) == 3
-    for index, batch in enumerate(expected):
-        _assert_equal(batch, held[index])
-    whole = list(ArrayInput(_config(shards, evaluation_triplets=None), run, 1).evaluation("test"))
-    expected = list(_tf_batches(triplet_strings(run, DATASET, "test"), config))
-    assert len(whole) == len(expected) == 8
-    for batch, want in zip(whole, expected):
-        _assert_equal(want, batch)
+def test_the_shuffle_buffer_reorders_the_stream_and_holds_back_at_most_its_size(shards):
+    def anchors(batches, count):   # each real triplet's anchor, as its wordpiece ids
+        rows = []
+        for inputs, _, weights in itertools.islice(batches, count):
+            sentences = inputs["sentences"][0]
+            rows += [tuple(sentences[roles[0]][sentences[roles[0]] > 0])
+                     for roles, weight in zip(inputs["roles"][0], weights) if weight]
+        return rows
+    in_order = anchors(_input(shards).training_batches(), 40)
+    shuffled = anchors(_input(shards, shuffle_buffer=64).training_batches(), 32)
+    assert len(shuffled) == 256 and shuffled != in_order[:256]
+    assert set(shuffled) <= set(in_order[:256 + 64])              # nothing from further on than the buffer holds
+    assert len(set(in_order[:256]) - set(shuffled)) <= 64         # nothing held back longer
 
 
-def test_the_record_counts_are_tf_datas_for_an_unparseable_record_and_a_truncated_shard(shards, tmp_path):
+def test_the_evaluation_sample_is_held_and_the_whole_split_streamed_at_every_pass(shards):
+    config = _config(shards, evaluation_triplets=20)
+    held = _input(shards, evaluation_triplets=20).evaluation("validation")
+    sample = list(itertools.islice(split_triplets(open_run(shards), DATASET, "validation", config.runtime.seed), 20))
+    assert len(held) == 3 and sum(float(held[i][2].sum()) for i in range(3)) == 20
+    first = [held[i] for i in range(3)]
+    for index in range(3):   # a second pass: the same arrays
+        _assert_equal(first[index], held[index])
+    tokens = wordpieces(MAX_TOKENS)
+    assert {tuple(row[row > 0]) for row in first[0][0]["sentences"][0]} == {
+        tuple(ids[ids > 0]) for ids in tokens([t[role] for t in sample[:BATCH] for role in ("anchor", "positive",
+                                                                                              "negative")])}
+    whole = _input(shards).evaluation("test")
+    assert len(whole) == 8 and sum(float(whole[i][2].sum()) for i in range(8)) == 64
+    again = [whole[i] for i in range(8)]
+    for index in range(8):
+        _assert_equal(again[index], whole[index])
+
+
+def test_the_record_counts_name_an_unparseable_record_and_a_truncated_shard(shards, tmp_path):
     data = tmp_path / "run"
     shutil.copytree(shards, data)
     shard = sorted((data / DATASET / "test").iterdir())[0]
     records = gzip.decompress(shard.read_bytes())
     shard.write_bytes(gzip.compress(records[:len(records) // 2]))   # ends inside a record
-    run = open_run(str(data))
-    arrays = ArrayInput(_config(str(data)), run, 1)
-    for split in ("train", "test"):
-        assert arrays.count_records(split) == count_records(run, DATASET, split)
-    assert arrays.count_records("train")["unparseable"] == 1 and arrays.count_records("test")["lost"] > 0
+    source = _input(str(data))
+    assert source.count_records("train") == {"expected": 257, "read": 257, "lost": 0, "unparseable": 1}
+    test = source.count_records("test")
+    assert test["expected"] == 64 and 0 < test["lost"] < 32 and test["read"] + test["lost"] == 64
 
 
-def test_what_needs_tf_data_is_named():
-    assert needs_tf_data(_config("d")) is None
-    assert "--encoder bilstm" in needs_tf_data(_config("d", encoder="bilstm"))
-    assert needs_tf_data(_config("d", shuffle_buffer=64)) == "--shuffle-buffer"
-    assert needs_tf_data(_config("d", article_chunk=0)) == "--article-chunk 0"
+def test_what_needs_tensorflow_is_named():
+    assert needs_tensorflow(_config("d")) is None
+    assert needs_tensorflow(_config("d", shuffle_buffer=64, article_chunk=0)) is None
+    assert "--encoder bilstm" in needs_tensorflow(_config("d", encoder="bilstm"))
+    assert needs_tensorflow(_config("d", teacher="t")).startswith("--teacher")
+
+
+@pytest.mark.slow   # tf.data
+def test_tensorflow_reads_the_same_batches(shards):
+    """What a TensorFlow run reads (`tf_input`): the stream's and an evaluation's arrays, the
+    evaluation's length known to Keras."""
+    import tensorflow as tf
+
+    from model.training import tf_input
+
+    source = _input(shards, backend="tensorflow")
+    fed = tf_input.training(source, tf.distribute.get_strategy())
+    for expected, got in zip(itertools.islice(source.training_batches(), 40), fed.take(40).as_numpy_iterator()):
+        _assert_equal(expected, got)
+    split = source.evaluation("test")
+    fed = tf_input.dataset(lambda: (split[i] for i in range(len(split))), length=len(split))
+    assert int(fed.cardinality()) == len(split) == 8
+    for index, got in enumerate(fed.as_numpy_iterator()):
+        _assert_equal(split[index], got)
 
 
 @pytest.mark.slow   # a MiniLM trainer process under JAX
@@ -119,14 +161,26 @@ def test_a_jax_run_of_a_transformer_never_imports_tensorflow(shards, tmp_path):
 def test_two_processes_read_disjoint_shares_in_equal_steps(shards):
     """A job of 2 processes: each feeds its devices from its own shards, their shares together are
     the split once, and both run as many evaluation steps (a collective waits for every process)."""
-    run = open_run(shards)
     for size in (None, 20):
-        config = _config(shards, evaluation_triplets=size)
-        shares = [ArrayInput(config, run, 1, process, 2).evaluation("validation") for process in (0, 1)]
+        shares = [_input(shards, 1, process, 2, evaluation_triplets=size).evaluation("validation")
+                  for process in (0, 1)]
         assert len(shares[0]) == len(shares[1]) > 0
-        whole = ArrayInput(config, run, 1).evaluation("validation")
+        whole = _input(shards, evaluation_triplets=size).evaluation("validation")
         weighed = [sum(float(batch[2].sum()) for batch in (share[i] for i in range(len(share)))) for share in shares]
         assert sum(weighed) == sum(float(whole[i][2].sum()) for i in range(len(whole))) == (size or 64)
-    config = _config(shards)
-    firsts = [ArrayInput(config, run, 1, process, 2).training()[0] for process in (0, 1)]
+    firsts = [_input(shards, 1, process, 2).training()[0] for process in (0, 1)]
     assert not np.array_equal(firsts[0][0]["sentences"], firsts[1][0]["sentences"])
+
+
+@pytest.mark.slow   # two Python processes that load Keras
+@pytest.mark.parametrize("backend, kept_out", [("jax", True), ("tensorflow", False)])
+def test_tensorflow_is_kept_out_of_a_jax_transformer_run_only(backend, kept_out):
+    code = ("import sys\nfrom model.config import TrainConfig\nfrom model.train import use_backend\n"
+            f"use_backend(TrainConfig.from_flags(data='d', model_dir='m', encoder='minilm', backend='{backend}'))\n"
+            "import keras, keras_hub\n"
+            "try:\n    import tensorflow\n    print('TENSORFLOW', True)\n"
+            "except ImportError:\n    print('TENSORFLOW', False)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"TENSORFLOW {not kept_out}" in done.stdout

@@ -3,6 +3,7 @@ accuracy under TensorFlow and JAX on the same batch and weights; `model.train --
 trains with Keras `fit` under JAX, resumes after a SIGKILL, and splits a global batch over 2
 (virtual CPU) devices with `keras.distribution.DataParallel`. JAX runs in its own processes:
 Keras picks its backend once, at import, and this test process runs TensorFlow's."""
+import itertools
 import json
 import os
 import signal
@@ -20,8 +21,8 @@ from model_shards import FILLER, TOPICS, write_triplet_shards
 from model.config import TrainConfig
 from model.encoding.encoder import SavedModelEncoder
 from model.net.head import MASKED_SCORE, in_batch_scores
-from model.net.text import WordIds
-from model.training.data import streamed_triplets, training_batches
+from model.net.text import ArrayIds, WordIds
+from model.training.arrays import batch_arrays, split_triplets
 from model.training.shards import open_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,14 +75,14 @@ def test_both_backends_give_the_same_loss_and_accuracy_on_the_same_batch_and_wei
 
     run = open_run(shards)
     word_ids = WordIds(sorted({word for words in TOPICS.values() for word in words} | set(FILLER)), 1, 16)
-    inputs, labels, weights = next(iter(training_batches(streamed_triplets(run, "triplets-sen", "train", 0), word_ids,
-                                                         8, static_shapes=True)))
+    inputs, labels, weights = batch_arrays(list(itertools.islice(split_triplets(run, "triplets-sen", "train"), 8)),
+                                           ArrayIds(word_ids), 8)
     matrix = np.random.default_rng(0).normal(size=(word_ids.num_ids, 6)).astype(np.float32)
     model = build_triplet_model(build_sentence_encoder(matrix, lstm_units=4, attention_size=3), distance=distance,
                                 static_shapes=True, loss=loss)
-    outputs = model({key: value.numpy() for key, value in inputs.items()})
-    np.savez(tmp_path / "batch.npz", matrix=matrix, labels=labels.numpy(), weights=weights.numpy(),
-             **{f"in_{key}": value.numpy() for key, value in inputs.items()})
+    outputs = model(inputs)
+    np.savez(tmp_path / "batch.npz", matrix=matrix, labels=labels, weights=weights,
+             **{f"in_{key}": value for key, value in inputs.items()})
     model.save_weights(tmp_path / "model.weights.h5")
     done = _in_jax(f"""
         import json, numpy as np, keras
@@ -195,7 +196,7 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
     done = _in_jax(f"""
         import json, numpy as np, keras
         from model.export import recorded_config
-        from model.train import build_models
+        from model.training.job import build_models
         from model.net.transformer import token_ids
         _, config = recorded_config("{model_dir}")
         encoder, model = build_models(config, None, global_batch=8)

@@ -1,14 +1,14 @@
-"""The trainer's input: every triplet once per pass, roles aligned, shared sentences encoded once."""
+"""The trainer's input (`model.training.arrays`): every triplet once per pass, roles aligned,
+shared sentences encoded once, each with its section; article chunks, length groups."""
 import collections
 import itertools
 import random
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from model.net.text import WordIds
-from model.training.data import LENGTH_BOUNDARIES, shared_sentences, training_batches, with_known_length
+from model.net.text import ArrayIds, WordIds
+from model.training.arrays import LENGTH_BOUNDARIES, batch_arrays, grouped, shuffled
 from pipeline.records import ROLES
 
 WORDS = [f"w{i}" for i in range(40)]
@@ -33,12 +33,15 @@ def _triplets(n: int, seed: int = 0, articles: int = 7) -> list[dict]:
     return triplets
 
 
-def _dataset(triplets):
-    return tf.data.Dataset.from_tensor_slices({key: [t[key] for t in triplets] for key in triplets[0]})
-
-
 def _word_ids(n):
-    return WordIds([f"k{k}" for k in range(n)] + [f"shared{a}" for a in range(10)] + WORDS, max_tokens=64)
+    return ArrayIds(WordIds([f"k{k}" for k in range(n)] + [f"shared{a}" for a in range(10)] + WORDS, max_tokens=64))
+
+
+def training_batches(triplets, tokenizer, batch_size, replicas=1, static=False, **grouping):
+    """The trainer's batches of `triplets` (`grouped`, then `batch_arrays`)."""
+    grouping = {"article_chunk": 16, **grouping}
+    for group in grouped(triplets, batch_size * replicas, tokenizer, **grouping):
+        yield batch_arrays(group, tokenizer, batch_size, replicas, static=static)
 
 
 def _decoded_triplets(inputs, weights, vocabulary):
@@ -46,28 +49,26 @@ def _decoded_triplets(inputs, weights, vocabulary):
     words = ["<pad>"] + vocabulary
     out = []
     blocks = inputs["roles"].shape[0]
-    for sentences, roles, weight in zip(inputs["sentences"].numpy(), inputs["roles"].numpy(),
-                                        weights.numpy().reshape(blocks, -1)):
+    for sentences, roles, weight in zip(inputs["sentences"], inputs["roles"], weights.reshape(blocks, -1)):
         text = [" ".join(words[i] for i in row if i) for row in sentences]
         out += [tuple(text[row] for row in triplet) for triplet, w in zip(roles, weight) if w]
     return out
 
 
 @pytest.mark.parametrize("options", [dict(article_chunk=4), dict(article_chunk=0),
-                                     dict(article_chunk=0, group_by_length=False), dict(article_chunk=4, replicas=3)])
-@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
+                                     dict(article_chunk=0, group_by_length=False), dict(article_chunk=4, replicas=3),
+                                     dict(article_chunk=4, replicas=2, static=True)])
 def test_every_triplet_once_per_pass_with_its_roles_together(options):
     triplets = _triplets(300)
     word_ids = _word_ids(300)
     vocabulary = [f"k{k}" for k in range(300)] + [f"shared{a}" for a in range(10)] + WORDS
     expected = collections.Counter(tuple(t[key] for key in ROLES) for t in triplets)
     seen = collections.Counter()
-    for inputs, labels, weights in training_batches(_dataset(triplets), word_ids, 16, shuffle_buffer=100, seed=3,
-                                                    **options):
+    for inputs, labels, weights in training_batches(triplets, word_ids, 16, shuffle_buffer=100, seed=3, **options):
         replicas = options.get("replicas", 1)
         assert inputs["sentences"].shape[0] == inputs["roles"].shape[0] == replicas
         assert labels.shape == weights.shape == (replicas * inputs["roles"].shape[1],)   # one per triplet
-        assert weights.numpy().sum() <= 16 * replicas
+        assert weights.sum() <= 16 * replicas
         seen.update(_decoded_triplets(inputs, weights, vocabulary))
     assert seen == expected                                # each triplet exactly once, roles aligned
 
@@ -123,13 +124,12 @@ def test_workers_stream_disjoint_shards_and_every_record_once_per_pass():
 
 def test_shared_sentences_are_encoded_once_and_sorted_by_length():
     triplets = [t for t in _triplets(60) if t["article_id"] == 0]
-    batch = {key: tf.constant([t[key] for t in triplets]) for key in triplets[0]}
-    inputs, _, weights = shared_sentences(batch, _word_ids(60))
-    sentences = inputs["sentences"].numpy()[0]
+    inputs, _, weights = batch_arrays(triplets, _word_ids(60), len(triplets), static=False)
+    sentences = inputs["sentences"][0]
     assert len(sentences) == len({t[key] for t in triplets for key in ROLES}) < 3 * len(triplets)
     lengths = (sentences > 0).sum(axis=1)
     assert (np.diff(lengths) >= 0).all()                    # shortest first: slices cut padding
-    assert weights.numpy().sum() == len(triplets)
+    assert weights.sum() == len(triplets)
 
 
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -146,11 +146,10 @@ def test_each_sentence_carries_its_section_and_padding_none(replicas):
         section_of[t["anchor"]] = section_of[t["positive"]] = t["article_id"] * SECTIONS_PER_ARTICLE + \
             t["anchor_section_index"]
         section_of[t["negative"]] = t["negative_article_id"] * SECTIONS_PER_ARTICLE + t["negative_section_index"]
-    batch = {key: tf.constant([t[key] for t in triplets[:39]]) for key in triplets[0]}
-    inputs, _, _ = shared_sentences(batch, _word_ids(40), replicas)
+    inputs, _, _ = batch_arrays(triplets[:39], _word_ids(40), 20, replicas, static=False)
     distinct = 0
-    assert inputs["sections"].dtype == tf.int32
-    for sentences, sections in zip(inputs["sentences"].numpy(), inputs["sections"].numpy()):
+    assert inputs["sections"].dtype == np.int32
+    for sentences, sections in zip(inputs["sentences"], inputs["sections"]):
         key_of_number: dict[int, int] = {}
         for row, section in zip(sentences, sections):
             text = " ".join(vocabulary[i] for i in row if i)
@@ -162,36 +161,36 @@ def test_each_sentence_carries_its_section_and_padding_none(replicas):
     per_block = [len({t[key] for t in block for key in ROLES})
                  for block in ([triplets[:39]] if replicas == 1 else [triplets[:20], triplets[20:39]])]
     assert distinct == sum(per_block)
-    assert (inputs["sections"].numpy() == NO_SECTION).sum() == replicas * max(per_block) - sum(per_block)
+    assert (inputs["sections"] == NO_SECTION).sum() == replicas * max(per_block) - sum(per_block)
 
 
-@pytest.mark.slow   # seconds of tf.data
 def test_article_chunks_keep_an_article_together():
     triplets = sorted(_triplets(280, articles=7), key=lambda t: t["article_id"])   # as written: articles together
-    batches = training_batches(_dataset(triplets), _word_ids(280), 8, shuffle_buffer=280, article_chunk=8)
+    batches = training_batches(triplets, _word_ids(280), 8, shuffle_buffer=280, article_chunk=8)
     for inputs, _, _ in batches:      # 8 triplets = one chunk = one article: its 3 negatives are shared
-        shared_rows = [row for row in inputs["sentences"].numpy()[0] if row[0] > 280]
+        shared_rows = [row for row in inputs["sentences"][0] if row[0] > 280]
         assert len({row[0] for row in shared_rows}) == 1
         assert len(shared_rows) <= 3
 
 
-@pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_length_groups_pad_to_similar_lengths():
     triplets = _triplets(400)
     lengths = {t["anchor"].split()[0]: max(len(t[key].split()) for key in ROLES) for t in triplets}
     vocabulary = ["<pad>"] + [f"k{k}" for k in range(400)]
-    for inputs, _, _ in training_batches(_dataset(triplets), _word_ids(400), 16, article_chunk=0, shuffle_buffer=50):
-        markers = {vocabulary[row[0]] for row in inputs["sentences"].numpy()[0] if 0 < row[0] <= 400}
+    seen = 0
+    for inputs, _, weights in training_batches(triplets, _word_ids(400), 16, article_chunk=0, shuffle_buffer=50):
+        markers = {vocabulary[row[0]] for row in inputs["sentences"][0] if 0 < row[0] <= 400}
         groups = {sum(lengths[m] >= bound for bound in LENGTH_BOUNDARIES) for m in markers}
         assert len(groups) == 1                                # a batch holds one length group
+        seen += int(weights.sum())
+    assert seen == 400
 
 
-def test_known_length_matches_the_pass():
-    triplets = _triplets(70)
-    batches = with_known_length(training_batches(_dataset(triplets), _word_ids(70), 16, article_chunk=0,
-                                                 group_by_length=False))
-    assert int(batches.cardinality()) == 5
-    assert sum(float(w.numpy().sum()) for _, _, w in batches) == 70
+def test_a_shuffle_buffer_gives_every_item_once_in_another_seeded_order():
+    items = list(range(100))
+    once, again, other = (list(shuffled(items, 10, seed)) for seed in (3, 3, 4))
+    assert sorted(once) == items and once == again != other != items
+    assert all(item - 10 <= position for position, item in enumerate(once))   # none out before the buffer reached it
 
 
 @pytest.mark.slow   # Keras training
@@ -206,13 +205,15 @@ def test_keras_metrics_weigh_every_triplet_alike_across_uneven_batches():
     matrix = np.random.default_rng(0).normal(size=(word_ids.num_ids, 6)).astype(np.float32)
     model = build_triplet_model(build_sentence_encoder(matrix, lstm_units=4, attention_size=3))
     compile_triplet_model(model)
-    batches = with_known_length(training_batches(_dataset(triplets), word_ids, 16, article_chunk=0,
-                                                 group_by_length=False))      # 4 x 16 + 6
+    from model.training.tf_input import dataset
+
+    batches = list(training_batches(triplets, word_ids, 16, article_chunk=0, group_by_length=False))   # 4 x 16 + 6
     right = 0
     for inputs, _, _ in batches:
         distances = model(inputs).numpy()
         right += int((distances[:, 0] < distances[:, 1]).sum())
-    assert model.evaluate(batches, verbose=0, return_dict=True)["triplet_accuracy"] == pytest.approx(right / 70)
+    fed = dataset(lambda: iter(batches), length=len(batches))
+    assert model.evaluate(fed, verbose=0, return_dict=True)["triplet_accuracy"] == pytest.approx(right / 70)
 
 
 def test_a_run_whose_triplets_carry_other_features_is_refused_naming_the_manifest(tmp_path):

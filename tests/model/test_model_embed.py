@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from model import embed
+from model.encoding import corpus as embed_job
 from model.encoding.encoder import load_encoder
 from model.encoding.inference import EncoderModelHandler
 
@@ -110,7 +111,7 @@ def test_a_line_that_breaks_its_format_is_counted_and_set_aside():
     lines = [("scb-0.jsonl.gz", good), ("scb-0.jsonl.gz", "{cut"), ("scb-1.jsonl.gz", json.dumps({"article_id": 5}))]
     pipeline = test_pipeline.TestPipeline()
     parsed = (pipeline | beam.Create(lines)
-              | beam.ParDo(embed.SentencesOfLinesFn(functools.partial(embed.sentences_of_record, source=SCB)))
+              | beam.ParDo(embed_job.SentencesOfLinesFn(functools.partial(embed_job.sentences_of_record, source=SCB)))
               .with_outputs(DEAD_LETTERS, main="sentences"))
     assert_that(parsed.sentences, equal_to([("4:0", "x."), ("4:1", "y.")]), label="Sentences")
     assert_that(parsed[DEAD_LETTERS] | beam.Map(lambda letter: (letter["source"], letter["detail"].split(":")[0])),
@@ -120,7 +121,7 @@ def test_a_line_that_breaks_its_format_is_counted_and_set_aside():
     result.wait_until_finish()
     from pipeline.counters import job_totals
 
-    assert job_totals(result)[embed.LINES_SET_ASIDE] == 2
+    assert job_totals(result)[embed_job.LINES_SET_ASIDE] == 2
 
 
 def test_json_lines_without_text_are_set_aside_in_the_output_and_named_in_the_summary(tiny_model, tmp_path, capsys):

@@ -23,7 +23,7 @@ from model.net.head import (
 )
 from model.net.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
 from model.net.text import WordIds
-from model.train import build_models
+from model.training.job import build_models
 from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,7 +211,7 @@ def test_the_benchmark_times_the_trainers_models(tmp_path):
     """Every variant but the three-call baseline is `build_models`' triplet model, compiled alike."""
     from model_shards import written_train_triplets
 
-    from model.benchmark import variants
+    from model.training.throughput import variants
 
     data = str(tmp_path)
     triplets = written_train_triplets(data, sizes={"train": 16, "validation": 4, "test": 4}, shards=1)

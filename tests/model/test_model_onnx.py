@@ -28,7 +28,7 @@ def _excerpt_sentences(pipeline_output) -> list[str]:
     """Every distinct sentence of the excerpt's run: its SCB articles' and its triplets' (every
     dataset and split), which together hold every sentence the pipeline kept."""
     from eval.scb import read_articles
-    from model.training.data import triplet_strings
+    from model.training.arrays import split_triplets
     from model.training.shards import open_run
     from pipeline.published import Run
     from pipeline.records import ROLES
@@ -40,8 +40,8 @@ def _excerpt_sentences(pipeline_output) -> list[str]:
     for name in Run.open(str(pipeline_output)).manifest.outputs:
         if name.startswith("triplets"):
             dataset, split = name.rsplit("/", 1)
-            for batch in triplet_strings(run, dataset, split).batch(4096).as_numpy_iterator():
-                sentences.update(dict.fromkeys(text.decode() for role in ROLES for text in batch[role]))
+            sentences.update(dict.fromkeys(triplet[role] for triplet in split_triplets(run, dataset, split)
+                                           for role in ROLES))
     return list(sentences)
 
 

@@ -37,3 +37,28 @@ def test_names_the_trainer_and_sentence_transformers_use():
     assert Similarity.named("cosine") is Similarity.COSINE
     with pytest.raises(ValueError, match="dot"):
         Similarity.named("dot")
+
+
+@pytest.mark.parametrize("similarity", list(Similarity))
+def test_the_heads_keras_distances_are_numpys_similarities(similarity):
+    """`model.net.head` (keras.ops, every backend) and `Similarity` (NumPy) define the same
+    comparison: L1 is minus the head's distance; the head's cosine distance is `COSINE_SCALE` x
+    (1 - cosine) of unit rows."""
+    from keras import ops
+
+    from model.net.head import COSINE_SCALE, candidate_distances, pair_distances, unit_rows
+
+    rng = np.random.default_rng(0)
+    left, right = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(7, 8)).astype(np.float32)
+
+    def as_similarity(distances):
+        distances = ops.convert_to_numpy(distances)
+        return -distances if similarity is Similarity.L1 else 1.0 - distances / COSINE_SCALE
+
+    def rows(matrix):
+        return ops.convert_to_numpy(unit_rows(matrix)) if similarity is Similarity.COSINE else matrix
+
+    np.testing.assert_allclose(as_similarity(candidate_distances(rows(left), rows(right), similarity.value)),
+                               similarity.matrix(left, right), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(as_similarity(pair_distances(rows(left), rows(right[:5]), similarity.value)),
+                               similarity.pairwise(left, right[:5]), rtol=1e-5, atol=1e-5)

@@ -21,19 +21,20 @@ def triplets(tmp_path_factory):
 def test_the_static_xla_step_trains_like_the_dynamic_one(triplets, loss):
     """With each loss: the paper's, the in-batch one (padding rows are no candidates) and a
     distillation (padding rows are not taught)."""
+    import zlib
+
     import keras
-    import tensorflow as tf
 
     from model.net.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
-    from model.net.text import WordIds
-    from model.training.data import count_words, training_batches
+    from model.net.text import ArrayIds, WordIds, count_words
+    from model.training.arrays import batch_arrays, batched
 
     vocabulary = sorted(count_words(triplets))
     word_ids = WordIds(vocabulary, num_oov_buckets=1, max_tokens=40)
     matrix = np.random.default_rng(0).normal(0, 0.3, (word_ids.num_ids, 8)).astype(np.float32)
 
     def teacher(sentences):   # a fixed 12-d embedding per sentence: the size of the BiLSTM's (2 x 6)
-        return tf.one_hot(tf.strings.to_hash_bucket_fast(sentences, 12), 12) + 0.1
+        return np.eye(12, dtype=np.float32)[[zlib.crc32(sentence.encode()) % 12 for sentence in sentences]] + 0.1
 
     def model(static_shapes: bool):
         keras.utils.set_random_seed(0)   # the same initial weights for both
@@ -45,8 +46,8 @@ def test_the_static_xla_step_trains_like_the_dynamic_one(triplets, loss):
         return network
 
     def batches(static_shapes: bool):   # the same triplets in the same order; full batches
-        return list(training_batches(triplets, word_ids, BATCH, article_chunk=0, group_by_length=False,
-                                     static_shapes=static_shapes, teacher=teacher if loss == "teacher" else None))
+        return [batch_arrays(group, ArrayIds(word_ids), BATCH, static=static_shapes,
+                             teacher=teacher if loss == "teacher" else None) for group in batched(triplets, BATCH)]
 
     dynamic, static = model(False), model(True)
     assert static.jit_compile is True and dynamic.jit_compile is False   # Keras kept XLA on

@@ -14,7 +14,7 @@ from model_shards import write_triplet_shards
 
 from model.config import TrainConfig, parse_args
 from model.encoding.encoder import SavedModelEncoder
-from model.training.data import triplet_strings
+from model.training.arrays import split_triplets
 from model.training.shards import TripletDataError, list_shards, open_run
 from pipeline import published
 from pipeline.cli import UsageError
@@ -85,7 +85,7 @@ def test_a_folder_without_a_manifest_is_refused(shards, tmp_path):
 
 
 def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
-    from model.train import claim_model_dir
+    from model.training.claim import claim_model_dir
 
     model_dir = str(tmp_path / "m")
     config = TrainConfig.from_flags(data=shards, model_dir=model_dir, **TINY)
@@ -198,7 +198,7 @@ def test_reads_shards_from_gcs_like_local(shards, gcs_emulator):
         with open(local, "rb") as source, FileSystems.create(
                 remote + local[len(shards):], compression_type=CompressionTypes.UNCOMPRESSED) as target:
             target.write(source.read())
-    local_anchors, remote_anchors = (sorted(t["anchor"].numpy() for t in triplet_strings(open_run(data), "triplets-sen",
+    local_anchors, remote_anchors = (sorted(t["anchor"] for t in split_triplets(open_run(data), "triplets-sen",
                                                                                           "validation"))
                                      for data in (shards, remote))
     assert len(remote_anchors) == 64 and remote_anchors == local_anchors
@@ -459,19 +459,21 @@ def test_a_resumed_training_stream_replays_the_unbroken_one(embedded_pipeline_ou
 
     import tensorflow as tf
 
-    from model.net.text import WordIds
-    from model.train import training_stream
+    from model.net.text import ArrayIds, WordIds
+    from model.training.arrays import TripletInput
+    from model.training.tf_input import training
 
     config = TrainConfig.from_flags(data=str(embedded_pipeline_output), model_dir=str(tmp_path / "m"), batch_size=16,
                                     **flags)
     run = open_run(config.inputs.data)
     word_ids = WordIds(["the", "of", "and", "in", "a", "is", "was"], config.inputs.num_oov_buckets,
                        config.inputs.max_tokens)
+    source = TripletInput(config, run, ArrayIds(word_ids))
     strategy = tf.distribute.get_strategy()
     k = 7
-    unbroken = _batches(training_stream(config, run, word_ids, strategy), k + 20)
-    with caplog.at_level(logging.INFO, logger="model.train"):
-        resumed = _batches(training_stream(config, run, word_ids, strategy, resume_at_step=k), 20)
+    unbroken = _batches(training(source, strategy), k + 20)
+    with caplog.at_level(logging.INFO, logger="model.training.arrays"):
+        resumed = _batches(training(source, strategy, resume_at_step=k), 20)
     consecutive = not flags
     assert ("starting it at the first record" if consecutive else "dropping the batches trained") in caplog.text
     assert len(unbroken) == k + 20 and len(resumed) == 20
@@ -529,7 +531,7 @@ def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
 
 def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp_path):
     from model.net.vectors import load_word_vectors
-    from model.train import build_vocabulary
+    from model.training.vocabulary import build_vocabulary
 
     config = TrainConfig.from_flags(data=shards, model_dir=str(tmp_path / "m"), **{**TINY, "vocabulary": "embeddings"})
     vocabulary = build_vocabulary(config, open_run(shards))

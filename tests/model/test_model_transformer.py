@@ -88,7 +88,7 @@ def test_untrained_export_equals_the_backbones_mean_pooled_states(tmp_path, refe
 def test_the_transformer_kind_builds_its_net_as_the_flags_say():
     import keras
 
-    from model.train import build_models
+    from model.training.job import build_models
 
     config = TrainConfig.from_flags(data="d", model_dir="m", encoder="minilm", frozen_layers=1, transformer_layers=2)
     encoder, model = build_models(config, None, global_batch=8)

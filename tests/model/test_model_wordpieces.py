@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from model.net.transformer import token_ids
 from model.net.wordpieces import wordpieces
-from model.training.data import triplet_strings
+from model.training.arrays import split_triplets
 from model.training.shards import open_run
 from pipeline.records import ROLES, TRIPLET_DATASETS
 from pipeline.splits import SPLITS
@@ -35,7 +35,6 @@ def test_every_sentence_of_the_excerpts_run_gets_the_in_graph_tokenizers_ids(emb
     sentences = set()
     for dataset in TRIPLET_DATASETS:
         for split in SPLITS:
-            for batch in triplet_strings(run, dataset, split).batch(4096):
-                sentences.update(text.decode() for role in ROLES for text in batch[role].numpy())
+            sentences.update(triplet[role] for triplet in split_triplets(run, dataset, split) for role in ROLES)
     assert len(sentences) > 1000
     _assert_same_ids(sorted(sentences), 64)

@@ -60,7 +60,7 @@ def sleeper():
 
 @pytest.mark.slow   # a trainer process
 def test_train_overwrite_never_deletes_through_a_symbolic_link(shards, tmp_path):
-    from model.train import claim_model_dir
+    from model.training.claim import claim_model_dir
 
     model_dir, outside = tmp_path / "m", tmp_path / "mine"
     config = TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **TINY)
@@ -79,7 +79,7 @@ def test_train_overwrite_never_deletes_through_a_symbolic_link(shards, tmp_path)
 
 @pytest.mark.slow   # a trainer process
 def test_a_truncated_inputs_json_is_one_error_line(shards, tmp_path):
-    from model.train import claim_model_dir
+    from model.training.claim import claim_model_dir
 
     model_dir = tmp_path / "m"
     claim_model_dir(TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **TINY), str(model_dir))
@@ -91,7 +91,7 @@ def test_a_truncated_inputs_json_is_one_error_line(shards, tmp_path):
 
 
 def test_a_model_dir_a_live_trainer_holds_is_refused_and_a_reused_pid_is_not_its_owner(shards, tmp_path, sleeper):
-    from model.train import claim_model_dir
+    from model.training.claim import claim_model_dir
 
     model_dir = tmp_path / "m"
     config = TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **TINY)
@@ -111,7 +111,7 @@ def test_a_model_dir_a_live_trainer_holds_is_refused_and_a_reused_pid_is_not_its
 
 
 def test_a_resume_that_spells_out_a_default_or_a_trailing_slash_is_the_same_run(shards, tmp_path):
-    from model.train import claim_model_dir
+    from model.training.claim import claim_model_dir
 
     model_dir = str(tmp_path / "m")
     config = TrainConfig.from_flags(data=shards, model_dir=model_dir, **TINY)

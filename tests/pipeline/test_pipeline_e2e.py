@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions
 from dump_support import ALL_NEGATIVES
 
-from model.training.data import triplet_feature_spec
+from model.training.tf_input import triplet_feature_spec
 from pipeline import run
 from pipeline.cli import UsageError
 from pipeline.counters import PAGE_OUTCOMES

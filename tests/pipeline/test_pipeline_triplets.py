@@ -5,7 +5,7 @@ import sys
 
 import tensorflow as tf
 
-from model.training.data import triplet_feature_spec
+from model.training.tf_input import triplet_feature_spec
 from pipeline import records
 from pipeline.rules import Article, ArticleSection, KeptSentence, triplet_slots
 from pipeline.splits import split_of

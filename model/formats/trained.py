@@ -1,0 +1,68 @@
+"""The written forms of a trained run (`model.train`'s export step, `model.soup`): the
+strings-in SavedModels (`encoder/`, and `serving/N`, Vertex AI's `model/`) and, for a
+transformer, `sentence-transformers/`."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+
+from model.config import TrainConfig
+from model.training.model_dir import SENTENCE_TRANSFORMERS
+
+LOG = logging.getLogger(__name__)
+
+
+def export_run(config: TrainConfig, model_dir: str, word_ids, encoder, tested: str, summary: dict) -> None:
+    """The trained Net's forms in the local `model_dir` (`model.training.job.Export`). Under JAX the
+    SavedModels come from a TensorFlow process that loads the weights the run `tested`."""
+    if config.runtime.backend == "jax":
+        export_in_tensorflow(model_dir, tested)
+    else:
+        from model.formats.saved_model import write_saved_models
+        from model.net.transformer import token_ids
+
+        write_saved_models(config, word_ids or token_ids(config.inputs.max_tokens, config.network.encoder,
+                                                         config.network.checkpoint), encoder, model_dir)
+    if config.network.kind.exports_sentence_transformers:   # the same weights for sentence-transformers / HF users
+        export_sentence_transformers(encoder, summary, config, model_dir)
+
+
+def export_in_tensorflow(model_dir: str, weights: str) -> None:
+    """Runs `python -m model.export --format saved-model` under the TensorFlow backend on the
+    weights a JAX run tested: a SavedModel holds TensorFlow functions, which a JAX process cannot
+    trace. Where TensorFlow is not installed (an accelerator image), the model dir keeps its
+    checkpoints and sentence-transformers folder, and the log says which command writes
+    `encoder/` elsewhere."""
+    import subprocess
+
+    from model import tensorflow_installed
+
+    if not tensorflow_installed():
+        LOG.warning("no TensorFlow here: encoder/ not written; where TensorFlow is installed run: python -m "
+                    "model.export --model-dir %s --format saved-model", model_dir)
+        return
+    command = [sys.executable, "-m", "model.export", "--model-dir", model_dir, "--format", "saved-model",
+               "--weights", weights]
+    done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+
+
+def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, model_dir: str) -> None:
+    """`<model-dir>/sentence-transformers`: the fine-tuned transformer for sentence-transformers
+    (`model.formats.hf`)."""
+    from model.formats.hf import model_card, write_sentence_transformers
+    from model.net.backbone import checkpoint_dir
+
+    similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
+    card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [],
+                      int(encoder.output_shape[-1]))
+    final, partial = f"{model_dir}/{SENTENCE_TRANSFORMERS}", f"{model_dir}/{SENTENCE_TRANSFORMERS}.partial"
+    shutil.rmtree(partial, ignore_errors=True)   # the trainer's own (RUN_ENTRIES); swapped in whole below
+    os.makedirs(partial)
+    write_sentence_transformers(encoder, checkpoint_dir(config.network.encoder, config.network.checkpoint), partial,
+                                max_tokens=max_tokens, similarity=similarity, card=card)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(partial, final)
