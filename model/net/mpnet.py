@@ -35,9 +35,9 @@ def relative_position_buckets(query_length: int, key_length: int, buckets: int =
     bucket = (distance > 0).astype(np.int64) * half
     distance = np.abs(distance)
     exact = half // 2
-    with np.errstate(divide="ignore"):
-        far = exact + (np.log(np.maximum(distance, 1) / exact) / math.log(max_distance / exact)
-                       * (half - exact)).astype(np.int64)
+    # log of at least 1: the distances below `exact` take the exact branch below anyway
+    far = exact + (np.log(np.maximum(distance, 1) / exact) / math.log(max_distance / exact)
+                   * (half - exact)).astype(np.int64)
     far = np.minimum(far, half - 1)
     return (bucket + np.where(distance < exact, distance, far)).astype(np.int32)
 
