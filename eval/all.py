@@ -54,7 +54,7 @@ class ReportConfig:
 
 
 def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
-    """name -> history.json of each `--model-dir` that has one (an untrained export has none)."""
+    """name -> the history of each `--model-dir` that has one (an untrained export has none)."""
 
     histories = {}
     for name, path in map(named_model_dir, model_dirs):

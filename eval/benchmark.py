@@ -222,7 +222,7 @@ def sentence_transformers_onnx_int8(folder: str | None, work: str, threads: int,
         return f"absent: sentence-transformers (with optimum) is not installed here ({error.name})"
     import shutil
 
-    copy = os.path.join(work, "sentence-transformers")
+    copy = os.path.join(work, SENTENCE_TRANSFORMERS)
     shutil.copytree(folder, copy, dirs_exist_ok=True)
     export_dynamic_quantized_onnx_model(SentenceTransformer(copy, device="cpu", backend="onnx"), "avx2", copy)
     options = onnxruntime.SessionOptions()

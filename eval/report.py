@@ -226,7 +226,7 @@ def validation_n(history: dict) -> int:
 
 def learning_curves_figure(histories: dict[str, dict]):
     """Validation triplet accuracy of each trained model against training triplets seen and
-    against process CPU minutes (the `learning_curve` of each `history.json`), each with its
+    against process CPU minutes (the `learning_curve` of each model dir's history), each with its
     untrained network as a dotted line of the same colour (for a fine-tuned checkpoint: the
     checkpoint off the shelf). Each model is validated on its own seeded sample and distance."""
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)

@@ -14,7 +14,7 @@ parse_config`: `model_dir` -> `--model-dir`, booleans take true/false), grouped 
 
 The flags stay one flat namespace (a field's name is unique across the groups):
 `TrainConfig.from_flags(data=..., model_dir=..., epochs=1)` builds a config from them,
-`config.flags()` reads them back flat (history.json's "config" and inputs.json hold that form),
+`config.flags()` reads them back flat (the model dir's history "config" and its recorded inputs hold that form),
 `config.with_flags(epochs=2)` is `dataclasses.replace` by flag."""
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from model.checkpoints import CHECKPOINTS
 from model.similarity import Similarity
+from model.training.model_dir import ENCODER, SERVING
 from pipeline.cli import config_flags, config_from_flags, flag, parse_config
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
@@ -41,8 +42,8 @@ VOCABULARIES = ("embeddings", "train")
 class NetworkKind(StrEnum):
     """`--encoder`, the kind of Net: the paper's BiLSTM over word vectors, or a pre-trained
     transformer checkpoint fine-tuned; what differs between them in training, export and plots
-    is read from here (`model.net.network.build_net` builds either). Saved configs (history.json,
-    inputs.json) keep the flag's string, `NetworkKind(config["encoder"])` reads it back."""
+    is read from here (`model.net.network.build_net` builds either). Saved configs (a model dir's
+    history and inputs) keep the flag's string, `NetworkKind(config["encoder"])` reads it back."""
 
     BILSTM = "bilstm"
     MINILM = "minilm"   # all-MiniLM-L6-v2
@@ -230,7 +231,7 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
-    model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and encoder/ go")
+    model_dir: str = flag(help=f"where vocabulary, backups, checkpoints, logs, history, plots and {ENCODER}/ go")
     overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
     backend: str = flag("tensorflow", help="Keras backend: tensorflow, or jax (Keras `fit` under JAX; a "
                                            "transformer's shards read as NumPy arrays, without TensorFlow)")
@@ -245,7 +246,7 @@ class RuntimeConfig:
     budget_minutes: float | None = flag(None, help="wall-clock training budget; stops after the current step, "
                                                    "still validates that epoch")
     checkpoint_every: int = flag(50, help="steps between backups (and TensorBoard scalars)")
-    serving_version: int | None = flag(None, help="also export the encoder to <model-dir>/serving/N, the "
+    serving_version: int | None = flag(None, help=f"also export the encoder to <model-dir>/{SERVING}/N, the "
                                                   "numbered version folder TensorFlow Serving loads")
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
     progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
@@ -314,9 +315,9 @@ class TrainConfig:
 
 def vertex_model_dir() -> str | None:
     """The model dir a Vertex AI job gives the trainer: its base output directory, of which Vertex
-    sets AIP_MODEL_DIR = <base>/model/, AIP_CHECKPOINT_DIR = <base>/checkpoints/ and
-    AIP_TENSORBOARD_LOG_DIR = <base>/logs/: the model dir's own `model/` (the encoder, exported
-    there too), `checkpoints/` and `logs/`. None outside Vertex AI."""
+    sets AIP_MODEL_DIR, AIP_CHECKPOINT_DIR and AIP_TENSORBOARD_LOG_DIR to folders of it: the
+    model dir's own VERTEX_MODEL (the encoder, exported there too), CHECKPOINTS and LOGS
+    (`model.training.model_dir`). None outside Vertex AI."""
     model = os.environ.get("AIP_MODEL_DIR")
     return model.rstrip("/").rsplit("/", 1)[0] if model else None
 

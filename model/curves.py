@@ -3,7 +3,7 @@ equal-learning comparison of two recipes (docs/training.md).
 
     python -m model.curves --run LABEL=MODEL_DIR [--run LABEL=MODEL_DIR[@TRIPLETS_PER_EPOCH] ...] --output PNG
 
-A model dir's curve is its `history.json` learning curve; a run without one (killed before its
+A model dir's curve is its history's learning curve; a run without one (killed before its
 end) is read from its TensorBoard validation log (`logs/validation`, Keras' `epoch_triplet_accuracy`
 per epoch), each epoch counting `@TRIPLETS_PER_EPOCH` triplets (steps x global batch). The points
 are printed too, side by side by triplets seen.
@@ -16,14 +16,14 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
-from model.training.model_dir import LOGS, ModelDir
+from model.training.model_dir import HISTORY, LOGS, ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
 @dataclass(frozen=True)
 class CurvesConfig:
     run: tuple[str, ...] = flag((), repeatable=True, help="LABEL=MODEL_DIR, or LABEL=MODEL_DIR@TRIPLETS_PER_EPOCH "
-                                                          "for a run without history.json")
+                                                          f"for a run without {HISTORY}")
     output: str = flag("learning_curves.png", help="the PNG to write")
     title: str = flag("", help="the plot's title (what the curves compare, their validation samples)")
 
@@ -41,7 +41,7 @@ def tensorboard_curve(model_dir: str, triplets_per_epoch: int) -> list[dict]:
 
     files = sorted(glob.glob(os.path.join(ModelDir(model_dir).file(LOGS), "validation", "events.out.tfevents.*")))
     if not files:
-        raise UsageError(f"--run {model_dir}: no history.json and no logs/validation event file")
+        raise UsageError(f"--run {model_dir}: no {HISTORY} and no {LOGS}/validation event file")
     by_epoch = {}
     for raw in tf.data.TFRecordDataset(files):
         event = tf.compat.v1.Event.FromString(raw.numpy())
@@ -60,7 +60,7 @@ def run_curve(entry: str) -> tuple[str, list[dict]]:
     if history is not None:
         return label, history["learning_curve"]
     if not per_epoch:
-        raise UsageError(f"--run {entry}: {model_dir} has no history.json: give @TRIPLETS_PER_EPOCH to read its "
+        raise UsageError(f"--run {entry}: {model_dir} has no {HISTORY}: give @TRIPLETS_PER_EPOCH to read its "
                          "TensorBoard log")
     return label, tensorboard_curve(model_dir, int(per_epoch))
 

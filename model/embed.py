@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from model.training.model_dir import ENCODER
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
 from pipeline.records import PASSAGES, SCB
 
@@ -38,7 +39,7 @@ PROG = "python -m model.embed"
 class EmbedConfig:
     """Flags of `python -m model.embed` (the rest are Beam's pipeline options)."""
 
-    model_dir: str = flag(help="a trained model dir (holding encoder/), or an ONNX export folder (model.export "
+    model_dir: str = flag(help=f"a trained model dir (holding {ENCODER}/), or an ONNX export folder (model.export "
                                "--format onnx), local or gs://")
     output: str = flag(help="folder for embeddings-*.parquet, local or gs://")
     input: str | None = flag(None, help="text or JSON-lines files (glob), local or gs://")

@@ -6,18 +6,18 @@ workers (`model.formats.onnx_export`).
         [--report EVAL_REPORT_DIR] [--overwrite true]
     python -m model.export --model-dir MODEL --format onnx [--quantize int8] --output DIR [--overwrite true]
 
-`--format onnx` takes any transformer model dir: trained, distilled, a soup (`inputs.json` and a
+`--format onnx` takes any transformer model dir: trained, distilled, a soup (its recorded inputs and a
 best checkpoint), or off the shelf (`model.pretrained`'s, its checkpoint as it ships, at the
 wordpieces per sentence its export records); `onnx:DIR` then names the folder as an encoder.
 
-`--output` is claimed as every writing command claims its folder (`claim.json`): a folder
+`--output` is claimed as every writing command claims its folder (COMMAND_CLAIM): a folder
 holding anything an export does not write (a `NOTES.md`, an `onnx/`) is refused, an earlier
 export is replaced only with `--overwrite true`, and only its own files are deleted. Once the
 folder is written its claim names only the command and when it ended (`end_claim`): a finished
 folder is what a user uploads as it is (to the Hugging Face Hub), and no file of it names this
 host or a pid; while the export runs the claim names them, so another writer is refused.
 
-The network is rebuilt from the flags the model dir records (`inputs.json`) and its best
+The network is rebuilt from the flags the model dir records (its INPUTS) and its best
 checkpoint loaded; `--report` adds an `eval.all` report's scores, with their intervals, to the
 model card. `--check-data RUN` then loads the folder with sentence-transformers itself (where it
 is installed) and prints the cosines between its embeddings and the Keras export's on the run's
@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING, Any
 from model.checkpoints import CHECKPOINTS
 from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
 from model.similarity import Similarity
+from model.training.model_dir import BEST_WEIGHTS, ENCODER, SERVING
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:
     from model.config import TrainConfig
 
 
-SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in encoder/ (model.formats.saved_model)
+SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in ENCODER (model.formats.saved_model)
 ONNX = "onnx"                 # `--format`: an ONNX folder (model.formats.onnx_export)
 
 
@@ -48,14 +49,14 @@ ONNX = "onnx"                 # `--format`: an ONNX folder (model.formats.onnx_e
 class ExportConfig:
     model_dir: str = flag(help="a model.train model dir with a transformer encoder")
     output: str | None = flag(None, help="the folder to write (--format sentence-transformers); saved-model "
-                                         "writes the model dir's own encoder/")
+                                         f"writes the model dir's own {ENCODER}/")
     format: str = flag("sentence-transformers", help=f"one of {', '.join(FORMATS)}; onnx: the graph, tokenizer and "
                                                      "settings for ONNX Runtime; or saved-model: the model dir's "
-                                                     "strings-in encoder/ (and serving/N) from --weights")
+                                                     f"strings-in {ENCODER}/ (and {SERVING}/N) from --weights")
     quantize: str | None = flag(None, help="--format onnx: int8 quantizes the graph's matrix products (dynamic, "
                                            "for AVX2 CPUs); none = float32")
     weights: str | None = flag(None, help="--format saved-model: the network's weights; none = the model dir's "
-                                          "checkpoints/best.weights.h5")
+                                          f"{BEST_WEIGHTS}")
     report: str | None = flag(None, help="an eval.all report folder whose scores go into the model card")
     check_data: str | None = flag(None, help="a pipeline run: after writing, encode its SCB sentences with "
                                              "sentence-transformers and with the Keras export, print their cosines "
@@ -74,7 +75,7 @@ class ExportConfig:
 
 
 def recorded_config(model_dir: str) -> tuple[dict, TrainConfig]:
-    """The flags a model dir's `inputs.json` records (`model.training.model_dir.ModelDir.recorded_flags`),
+    """The flags a model dir's INPUTS records (`model.training.model_dir.ModelDir.recorded_flags`),
     and the TrainConfig they make; a UsageError naming the file for flags this version cannot
     run (an unknown flag, a bad value)."""
     from model.config import TrainConfig
@@ -118,7 +119,7 @@ def network_of(train_config: TrainConfig):
 
 def rebuilt(model_dir: str, weights: str):
     """(recorded flags, TrainConfig under TensorFlow, word ids, Net, triplet model with `weights`
-    loaded): a model dir's network rebuilt from what `inputs.json` records, whichever backend
+    loaded): a model dir's network rebuilt from what its INPUTS records, whichever backend
     trained it (Keras weights files are the same under every backend)."""
     flags, train_config = recorded_config(model_dir)
     train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
@@ -132,7 +133,7 @@ def export_model_dir(config: ExportConfig) -> str:
     """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint (or
     `--weights`) and writes `--format`: a sentence-transformers folder at `--output`, claimed
     (`model.training.storage.claim_folder`: a folder holding anything an export does not write is refused,
-    an earlier export replaced only with `--overwrite`), or the model dir's own `encoder/`."""
+    an earlier export replaced only with `--overwrite`), or the model dir's own ENCODER."""
     from model.training.model_dir import BEST_WEIGHTS, ModelDir
     from model.training.storage import claim_folder
 
@@ -179,21 +180,20 @@ def end_claim(output: str) -> str:
     import json
     import time
 
-    from model.training.storage import CLAIM_FILE
+    from model.training.model_dir import COMMAND_CLAIM
     from pipeline.published import write_complete
 
     ended = {"command": "model.export", "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_complete(f"{output.rstrip('/')}/{CLAIM_FILE}", json.dumps(ended).encode())
+    write_complete(f"{output.rstrip('/')}/{COMMAND_CLAIM}", json.dumps(ended).encode())
     return output
 
 
 def is_off_the_shelf(model_dir: str) -> bool:
     """Whether `model_dir` is `model.pretrained`'s: a checkpoint's export, no recorded training."""
-    from model.training.model_dir import INPUTS
-    from model.training.storage import CLAIM_FILE
+    from model.training.model_dir import COMMAND_CLAIM, INPUTS
     from pipeline.published import read_json_object
 
-    claim = os.path.join(model_dir, CLAIM_FILE)
+    claim = os.path.join(model_dir, COMMAND_CLAIM)
     return (not os.path.exists(os.path.join(model_dir, INPUTS)) and os.path.exists(claim)
             and read_json_object(claim).get("command") == "model.pretrained")
 

@@ -2,12 +2,12 @@
 
     python -m model.pretrained --model-dir DIR [--encoder minilm|mpnet] [--checkpoint FOLDER] [--max-tokens 64]
 
-Claims DIR as its own (`claim.json`: a trained model dir, or any folder holding other files, is
-refused) and writes `DIR/encoder` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}), the very export
-`model.train --encoder minilm` writes after fine-tuning, with zero training steps: the
-off-the-shelf baseline is scored through the same graph (tokenizer, backbone, mean pooling) as
-the fine-tuned model, with no PyTorch. `model.encoding.encoders`' `minilm` spec (sentence-transformers)
-remains the independent reference.
+Claims DIR as its own (`model.training.model_dir.COMMAND_CLAIM`: a trained model dir, or any
+folder holding other files, is refused) and writes its ENCODER (SavedModel: 1-D tf.string ->
+{"embeddings": [n, d]}), the very export `model.train --encoder minilm` writes after
+fine-tuning, with zero training steps: the off-the-shelf baseline is scored through the same
+graph (tokenizer, backbone, mean pooling) as the fine-tuned model, with no PyTorch.
+`model.encoding.encoders`' `minilm` spec (sentence-transformers) remains the independent reference.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import dataclasses
 import sys
 
 from model.config import NetworkKind
+from model.training.model_dir import ENCODER
 from pipeline.cli import flag, parse_config, run_cli
 
 # The `--encoder` values that are checkpoints.
@@ -23,7 +24,7 @@ CHECKPOINTS = tuple(kind.value for kind in NetworkKind if kind.pretrained)
 
 @dataclasses.dataclass(frozen=True)
 class PretrainedConfig:
-    model_dir: str = flag(help="where encoder/ goes (local or gs://)")
+    model_dir: str = flag(help=f"where {ENCODER}/ goes (local or gs://)")
     encoder: str = flag("minilm", help="the checkpoint: minilm (all-MiniLM-L6-v2) or mpnet (all-mpnet-base-v2)")
     checkpoint: str | None = flag(None, help="the checkpoint's sentence-transformers folder; none = the installed "
                                              "one (make setup; make mpnet-checkpoint)")
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> str:
     from model.formats.saved_model import ExportableEncoder
     from model.net.backbone import build_transformer_encoder, checkpoint_dir
     from model.net.transformer import token_ids
-    from model.training.model_dir import ENCODER, ModelDir
+    from model.training.model_dir import ModelDir
     from model.training.storage import claim_folder, staged
 
     checkpoint_dir(config.encoder, config.checkpoint)   # an absent checkpoint is refused before the claim

@@ -16,7 +16,7 @@ import numpy as np
 
 
 class Similarity(StrEnum):
-    """A similarity by the trainer's name (`--distance`, history.json's `distance`): `l1`, the
+    """A similarity by the trainer's name (`--distance`, a model dir's history's `distance`): `l1`, the
     paper's distance first, then `cosine`."""
 
     L1 = "l1"

@@ -13,9 +13,9 @@ checkpoint's general relatedness (SICK) for some of the fine-tuned accuracy.
 The runs' best checkpoints are read whatever backend trained them (Keras weights files are the
 same under TensorFlow and JAX); the soup is scored on the runs' validation triplets, beside each
 run, and SOUP is written as a model dir every reader takes (`eval.all`, `model.export`): its
-`inputs.json` (the first run's recipe and the runs), `checkpoints/best.weights.h5`,
-`history.json`, `encoder/` and, for a transformer, `sentence-transformers/`. It is claimed as
-every writing command claims its folder (`claim.json`). An `--output` that is, lies inside or
+INPUTS (the first run's recipe and the runs), BEST_WEIGHTS, HISTORY, ENCODER and, for a
+transformer, SENTENCE_TRANSFORMERS (`model.training.model_dir`'s names). It is claimed as every
+writing command claims its folder (COMMAND_CLAIM). An `--output` that is, lies inside or
 holds a `--model-dir` is refused before the claim (its `--overwrite` would delete the weights the
 soup reads), and so is one run given twice under two spellings (`A`, `A/`, a link to `A`): it
 would count twice in the mean. No library averages Keras weights, hence these lines.

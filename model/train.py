@@ -4,14 +4,14 @@
         [--embeddings GLOVE.txt] [--epochs N] [--steps N] [--batch-size N]
         [--distribution-strategy auto|one_device|mirrored|multi_worker|tpu] ...   (flags = TrainConfig)
 
-Writes into the model dir: `vocabulary.txt`, `backup/` (`model.training.callbacks.AtomicBackup`, replaced
-whole every `--checkpoint-every` steps: a killed job resumes from its last backup, at the step it
-holds; it is deleted once the export is complete, so a job killed between training and export
-resumes at the export), `checkpoints/best.{weights.h5,json}` (the best
-validation epoch, which is tested and exported), `logs/` (TensorBoard), `history.json`,
-`training_curve.png` and `encoder/` (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}); for a
-transformer also `sentence-transformers/` (`model.export`: the same weights for sentence-transformers
-and Hugging Face users).
+Writes into the model dir (its entries named in `model.training.model_dir`): the vocabulary
+(VOCABULARY), the backup (BACKUP: `model.training.callbacks.AtomicBackup`, replaced whole every
+`--checkpoint-every` steps: a killed job resumes from its last backup, at the step it holds; it is
+deleted once the export is complete, so a job killed between training and export resumes at the
+export), the best checkpoint (BEST_WEIGHTS and BEST_SCORE: the best validation epoch, which is
+tested and exported), TensorBoard's LOGS, the HISTORY, the TRAINING_CURVE and the ENCODER
+(SavedModel: 1-D tf.string -> {"embeddings": [n, d]}); for a transformer also SENTENCE_TRANSFORMERS
+(`model.export`: the same weights for sentence-transformers and Hugging Face users).
 
 How it trains and resumes: `model.training.job`.
 """
@@ -64,7 +64,7 @@ def refuse_without_tensorflow(config: TrainConfig) -> None:
 
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
-    """Trains, exports `<model_dir>/encoder`, returns the summary also written to history.json:
+    """Trains, exports the model dir's encoder, returns the summary also written to its history:
     checks what can be checked before Keras loads, picks the backend, and hands the job over
     (`model.training.job.run_job`) with the doors to the rooms above training: the teacher's
     loader (`model.encoding`) and the export (`model.formats.trained`)."""

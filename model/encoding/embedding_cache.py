@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
+from model.training.model_dir import ENCODER
 from pipeline.outputs import write_bytes
 from pipeline.splits import stable_hash
 
@@ -55,7 +56,7 @@ def encoder_fingerprint(spec: EncoderSpec) -> str:
 
     digest = hashlib.sha256(str(spec).encode("utf-8"))
     parts = [FileSystems.join(model_dir.rstrip("/"), part) for model_dir in spec.model_dirs
-             for part in ("encoder/saved_model.pb", "encoder/variables/variables.index")]
+             for part in (f"{ENCODER}/saved_model.pb", f"{ENCODER}/variables/variables.index")]
     if spec.kind is SpecKind.ONNX:
         parts = [FileSystems.join(spec.paths[0].rstrip("/"), part)
                  for part in (CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE)]

@@ -1,6 +1,6 @@
 """One way to encode sentences: objects with `encode(list[str]) -> np.ndarray`.
 
-`SavedModelEncoder` loads the trainer's export (`<model-dir>/encoder`), whose
+`SavedModelEncoder` loads the trainer's export (the model dir's ENCODER), whose
 `serving_default` signature maps a 1-D tf.string tensor of raw sentences to
 `{"embeddings": float32 [n, d]}`; tokenisation and the vocabulary live inside the graph.
 `OnnxEncoder` runs an ONNX export folder (`model.export --format onnx`) with ONNX Runtime, without
@@ -90,7 +90,7 @@ def utf8_sentences(sentences: list[str]) -> list[str]:
 
 
 def _encoder_dir(path: str) -> str:
-    """Accepts the SavedModel folder itself or the model dir holding `encoder/`, local or remote."""
+    """Accepts the SavedModel folder itself or the model dir holding its ENCODER, local or remote."""
     path = str(path)
     join: Callable[[str, str], str]
     exists: Callable[[str], bool]
@@ -351,7 +351,7 @@ def is_onnx_export(path: str) -> bool:
 
 
 def load_encoder(path: str, batch_size: int = 512) -> ExportedEncoder:
-    """The trained encoder at `path`: a model dir, its `encoder/`, or an ONNX export folder
+    """The trained encoder at `path`: a model dir, its ENCODER, or an ONNX export folder
     (`OnnxEncoder`), local or `gs://`. Loading runs the export's graph: load only
     exports you trust (see the module docstring)."""
     if is_onnx_export(str(path)):

@@ -10,7 +10,7 @@ Specs:
     mean-vectors:<glove.txt>     the same with a GloVe text file, local or gs:// (e.g. 840B 300d)
     tfidf                        TF-IDF vectors (see TfidfEncoder for what the IDF is fitted on)
     minilm                       all-MiniLM-L6-v2 (optional extra `minilm`)
-    saved:<name>=<model-dir>     a trained encoder exported by `model.train` (`<model-dir>/encoder`)
+    saved:<name>=<model-dir>     a trained encoder exported by `model.train` (the model dir's ENCODER)
     onnx:<dir>, onnx:<name>=<dir>  an ONNX export folder (`model.export --format onnx`, fp32 or int8),
                                  run by ONNX Runtime (`model.encoding.encoder.OnnxEncoder`); named after <dir>
     concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
@@ -265,7 +265,7 @@ class ConcatEncoder:
 
 def as_encoder_spec(spec_or_path: EncoderSpec | str) -> EncoderSpec:
     """A spec as it is, a spec's text parsed, or a trained encoder's path (a model dir or its
-    `encoder/`, local or remote) as a saved spec, an ONNX export folder as an onnx spec; anything
+    ENCODER, local or remote) as a saved spec, an ONNX export folder as an onnx spec; anything
     else is an EncoderSpecError, raised now."""
     if isinstance(spec_or_path, EncoderSpec):
         return spec_or_path

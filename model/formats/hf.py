@@ -1,6 +1,6 @@
 """A trained transformer encoder as a Hugging Face / sentence-transformers folder.
 
-`model.train` writes it beside `encoder/` (as `<model-dir>/sentence-transformers`) for every
+`model.train` writes it beside the ENCODER (as the model dir's SENTENCE_TRANSFORMERS) for every
 transformer encoder, and `python -m model.export` from a model dir. The folder holds what both
 libraries read:
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from model.checkpoints import CHECKPOINTS
 from model.similarity import REPORTED, Similarity
+from model.training.model_dir import ENCODER
 
 FORMATS = ("sentence-transformers",)   # what `model.export --format` writes
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -311,6 +312,6 @@ keras-hub: `keras_hub.models.BertBackbone.from_preset(folder)` (mean-pool its
 `sequence_output` over the padding mask). Its `BertTokenizer` does not strip accents as this
 checkpoint's tokenizer does, so on accented text ("Café", "Zürich") its embeddings differ from
 the ones above; tokenise with `tokenizers` (`tokenizer.json`) instead. TF Serving: serve the
-model dir's `encoder/` SavedModel, which takes raw strings (`model.encoding.encoder.load_encoder` in this
+model dir's `{ENCODER}/` SavedModel, which takes raw strings (`model.encoding.encoder.load_encoder` in this
 project).
 """

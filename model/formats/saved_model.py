@@ -55,7 +55,7 @@ class ExportableEncoder(tf.Module):
 
 
 def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -> None:
-    """`encoder/` (and `serving/N`, and Vertex AI's `model/`): the strings-in SavedModel, each
+    """ENCODER (and SERVING/N, and Vertex AI's VERTEX_MODEL): the strings-in SavedModel, each
     written whole (`ExportableEncoder.export`). TensorFlow backend only."""
     runtime = config.runtime
     exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))

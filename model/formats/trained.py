@@ -1,6 +1,6 @@
 """The written forms of a trained run (`model.train`'s export step, `model.soup`): the
-strings-in SavedModels (`encoder/`, and `serving/N`, Vertex AI's `model/`) and, for a
-transformer, `sentence-transformers/`."""
+strings-in SavedModels (ENCODER, and SERVING/N, Vertex AI's VERTEX_MODEL) and, for a
+transformer, SENTENCE_TRANSFORMERS."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +9,7 @@ import shutil
 import sys
 
 from model.config import TrainConfig
-from model.training.model_dir import SENTENCE_TRANSFORMERS
+from model.training.model_dir import ENCODER, SENTENCE_TRANSFORMERS
 
 LOG = logging.getLogger(__name__)
 
@@ -34,14 +34,14 @@ def export_in_tensorflow(model_dir: str, weights: str) -> None:
     weights a JAX run tested: a SavedModel holds TensorFlow functions, which a JAX process cannot
     trace. Where TensorFlow is not installed (an accelerator image), the model dir keeps its
     checkpoints and sentence-transformers folder, and the log says which command writes
-    `encoder/` elsewhere."""
+    the ENCODER elsewhere."""
     import subprocess
 
     from model import tensorflow_installed
 
     if not tensorflow_installed():
-        LOG.warning("no TensorFlow here: encoder/ not written; where TensorFlow is installed run: python -m "
-                    "model.export --model-dir %s --format saved-model", model_dir)
+        LOG.warning("no TensorFlow here: %s/ not written; where TensorFlow is installed run: python -m "
+                    "model.export --model-dir %s --format saved-model", ENCODER, model_dir)
         return
     command = [sys.executable, "-m", "model.export", "--model-dir", model_dir, "--format", "saved-model",
                "--weights", weights]
@@ -51,7 +51,7 @@ def export_in_tensorflow(model_dir: str, weights: str) -> None:
 
 
 def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, model_dir: str) -> None:
-    """`<model-dir>/sentence-transformers`: the fine-tuned transformer for sentence-transformers
+    """SENTENCE_TRANSFORMERS in the model dir: the fine-tuned transformer for sentence-transformers
     (`model.formats.hf`)."""
     from model.formats.hf import model_card, write_sentence_transformers
     from model.net.backbone import checkpoint_dir

@@ -19,7 +19,15 @@ from collections.abc import Sequence
 
 import keras
 
-from model.training.model_dir import BACKUP, BEST_WEIGHTS
+from model.training.model_dir import (
+    BACKUP,
+    BACKUP_EPOCHS,
+    BACKUP_STATE,
+    BACKUP_WEIGHTS,
+    BEST_SCORE,
+    BEST_WEIGHTS,
+    BEST_WEIGHTS_PARTIAL,
+)
 from model.training.storage import TreeMirror
 from pipeline.cli import DataLossError
 from pipeline.published import write_complete
@@ -87,13 +95,6 @@ def recover_backup(folder: str) -> None:
             os.rename(previous, folder)
 
 
-BACKUP_WEIGHTS = "latest.weights.h5"
-BACKUP_STATE = "training_state.json"   # {"epoch": epochs completed, "step": optimizer steps}
-# The completed epochs' record: {"history": {metric: [one value per completed epoch]}, "learning_curve":
-# [LearningCurve's points], "at_epoch_end": whether the backup was written at its last epoch's end}
-BACKUP_EPOCHS = "epochs.json"
-
-
 def read_backup_state(folder: str) -> dict | None:
     """The state a backup holds, or None without a (complete) backup: "epoch" (the epochs
     completed: trained and validated), "step" (the optimizer's steps), and the record of the
@@ -120,7 +121,7 @@ class AtomicBackup(keras.callbacks.Callback):
     it in the callbacks so that an epoch's point is in that epoch's backup), replaced whole
     (`replace_whole`). The record goes on from the backup found in `folder` when it is created
     (the one the run resumes from), so a resumed run's backups, and its history, hold every epoch
-    since the first run began. Keras' BackupAndRestore writes `latest.weights.h5` in place, so a
+    since the first run began. Keras' BackupAndRestore writes its weights file in place, so a
     kill mid-write left a truncated file that every rerun failed to load. The trainer restores a
     backup itself before `fit` (`model.training.job.restored_state`) and deletes it once the export is
     complete."""
@@ -210,10 +211,11 @@ class TimeBudget(keras.callbacks.Callback):
 
 
 class BestCheckpoint(keras.callbacks.Callback):
-    """Keeps `<directory>/best.weights.h5`, the weights of the best validation epoch, with its
-    score in `best.json`: a resumed run starts from that score, so an epoch worse than one of the
-    killed run's never replaces its checkpoint. Both are written to a temporary file and renamed
-    (ModelCheckpoint writes in place: a kill mid-write left a truncated best)."""
+    """Keeps BEST_WEIGHTS in `directory` (the model dir's CHECKPOINTS), the weights of the best
+    validation epoch, with its score (BEST_SCORE): a resumed run starts from that score, so an
+    epoch worse than one of the killed run's never replaces its checkpoint. Both are written to a
+    temporary file and renamed (ModelCheckpoint writes in place: a kill mid-write left a truncated
+    best)."""
 
     monitor = "val_triplet_accuracy"
 
@@ -221,7 +223,7 @@ class BestCheckpoint(keras.callbacks.Callback):
         super().__init__()
         self.directory = directory
         self.filepath = os.path.join(directory, os.path.basename(BEST_WEIGHTS))
-        self.score_path = os.path.join(directory, "best.json")
+        self.score_path = os.path.join(directory, os.path.basename(BEST_SCORE))
         self.best = float("-inf")
         if os.path.exists(self.score_path):
             with open(self.score_path) as handle:
@@ -234,7 +236,7 @@ class BestCheckpoint(keras.callbacks.Callback):
         self.best = float(score)
         with room_in(self.directory):
             os.makedirs(self.directory, exist_ok=True)
-            partial = os.path.join(self.directory, "best.partial.weights.h5")
+            partial = os.path.join(self.directory, os.path.basename(BEST_WEIGHTS_PARTIAL))
             self.model.save_weights(partial, overwrite=True)
             os.replace(partial, self.filepath)
             write_complete(self.score_path, json.dumps({self.monitor: self.best, "epoch": epoch + 1}).encode())

@@ -1,4 +1,4 @@
-"""A model dir claimed by a training run: tied to its inputs (`inputs.json`), refused when it
+"""A model dir claimed by a training run: tied to its inputs (INPUTS), refused when it
 holds anything else, another live run or state from other inputs; and the record counts a
 finished run is checked against (`--max-lost-fraction`)."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_c
 
 # Flags a resumed run may change: how long and how loudly it runs, and checks; any other change
 # (batch size, learning rate, network...) would continue the backup as another run than
-# history.json says, so it is refused unless --overwrite.
+# its history says, so it is refused unless --overwrite.
 RESUME_MAY_CHANGE = ("model_dir", "overwrite", "budget_minutes", "progress", "serving_version", "epochs",
                      "patience", "max_lost_fraction", "jit_compile", "checkpoint_every")
 
@@ -32,7 +32,7 @@ def recorded_flags(config: TrainConfig, flags: dict | None = None) -> dict:
     """The flags a model dir's state depends on, as they take effect: a flag left at none is its
     default (`TrainConfig.default`), a path has no trailing slash; so a rerun that spells a
     default out (`--dropout 0.2`) or ends `--data` with `/` continues the same run. `flags`:
-    recorded ones (an earlier `inputs.json`) instead of `config`'s."""
+    recorded ones (an earlier INPUTS) instead of `config`'s."""
     recorded = {}
     for name, value in (config.flags() if flags is None else flags).items():
         if value is None and name in config.network.kind.defaults:
@@ -44,7 +44,7 @@ def recorded_flags(config: TrainConfig, flags: dict | None = None) -> dict:
 
 
 def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None) -> None:
-    """Ties `model_dir` to its inputs in `inputs.json` (the config fields of STATE_INPUTS, the
+    """Ties `model_dir` to its inputs in INPUTS (the config fields of STATE_INPUTS, the
     SHA-256 of the data's manifest, `recorded_flags` and the training process: `owner_record`).
     Refused (a UsageError naming the folder or file): a non-empty folder that is not a model dir
     (no claim, or entries a run does not write: the user's files, a dataset), one that holds a
@@ -84,7 +84,7 @@ def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None)
 
 def _refuse_other_inputs(config: TrainConfig, inputs: dict, previous: dict) -> None:
     """TripletDataError naming the first input or flag in which a resume differs from the run
-    its model dir holds (`previous`: that run's inputs.json)."""
+    its model dir holds (`previous`: that run's INPUTS)."""
     changed = [name for name in STATE_INPUTS + ("manifest_sha256",)
                if recorded_flags(config, {name: previous.get(name)}).get(name) != inputs[name]]
     if changed:

@@ -41,8 +41,11 @@ from model.training.devices import (
 )
 from model.training.model_dir import (
     BACKUP,
+    BACKUP_WEIGHTS,
     CHECKPOINTS,
+    ENCODER,
     FIT_RECORD,
+    HISTORY,
     LEARNING_CURVE,
     LOGS,
     RESUME_ENTRIES,
@@ -81,7 +84,7 @@ Export = Callable[[TrainConfig, str, "WordIds | None", object, str, dict], None]
 def run_job(config: TrainConfig, started: float, extra_callbacks: list | None, load_teacher: Callable[[str], Teacher],
             export: Export) -> dict:
     """Trains under the backend `config` names (set before Keras loads: `model.train.use_backend`),
-    writes the model dir, returns the summary also written to history.json. `started`: when the
+    writes the model dir, returns the summary also written to its HISTORY. `started`: when the
     command started (`seconds_to_first_step` counts from it)."""
     import keras
 
@@ -155,7 +158,7 @@ def restored_state(model, backup_dir: str) -> dict:
     `model` (the weights and the optimizer's state; "step" is the optimizer's step); without one,
     the state of a run at its start. Read before `fit` so the training stream continues at the
     first batch not yet trained on."""
-    from model.training.callbacks import BACKUP_WEIGHTS, optimizer_step, read_backup_state, recover_backup
+    from model.training.callbacks import optimizer_step, read_backup_state, recover_backup
 
     recover_backup(backup_dir)
     state = read_backup_state(backup_dir)
@@ -434,7 +437,7 @@ def _callbacks(job: Job, best: BestCheckpoint, curve: LearningCurve, budget: Tim
 def _score(job: Job, data: Data, model, initial_weights: list[np.ndarray], fit_record: dict,
            best: BestCheckpoint) -> dict:
     """The best epoch (of this run or a killed one) on the test split, every split's records
-    checked (TripletDataLoss past `--max-lost-fraction`), and the summary history.json holds."""
+    checked (TripletDataLoss past `--max-lost-fraction`), and the summary HISTORY holds."""
     config, inputs = job.config, job.config.inputs
     if os.path.exists(best.filepath):
         model.load_weights(best.filepath)
@@ -481,7 +484,7 @@ def _score(job: Job, data: Data, model, initial_weights: list[np.ndarray], fit_r
 
 def _export(job: Job, word_ids: WordIds | None, encoder, model, summary: dict) -> None:
     """The chief writes the encoder and its copies (`job.export`: sentence-transformers, serving,
-    Vertex AI), history.json and the curves; then the backup goes: a kill before this point
+    Vertex AI), the HISTORY and the curves; then the backup goes: a kill before this point
     resumes here. Under JAX the weights tested here are saved first (by every process: under
     several, Keras' saving runs collectives), for the TensorFlow process that writes the SavedModels."""
     config, runtime, model_dir = job.config, job.config.runtime, job.model_dir
@@ -490,12 +493,12 @@ def _export(job: Job, word_ids: WordIds | None, encoder, model, summary: dict) -
         os.makedirs(os.path.dirname(tested), exist_ok=True)
         model.save_weights(tested)
     if is_chief(job.strategy):
-        LOG.info("exporting the encoder to %s/encoder and writing history.json and the curves", runtime.model_dir)
+        LOG.info("exporting the encoder to %s/%s and writing %s and the curves", runtime.model_dir, ENCODER, HISTORY)
         job.export(config, model_dir, word_ids, encoder, tested, summary)
         ModelDir(model_dir).write_history(summary)
         plot_history(summary, f"{model_dir}/{TRAINING_CURVE}")
         plot_learning_curve(summary, f"{model_dir}/{LEARNING_CURVE}")
     shutil.rmtree(f"{model_dir}/{BACKUP}", ignore_errors=True)   # only now: a kill before this resumes at the export
-    LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/encoder",
+    LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/%s",
              summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
-             summary["test_triplet_accuracy"], runtime.model_dir)
+             summary["test_triplet_accuracy"], runtime.model_dir, ENCODER)

@@ -18,19 +18,31 @@ from dataclasses import dataclass
 
 INPUTS = "inputs.json"
 HISTORY = "history.json"
-BEST_WEIGHTS = "checkpoints/best.weights.h5"
+CHECKPOINTS = "checkpoints"
+BEST_WEIGHTS = f"{CHECKPOINTS}/best.weights.h5"
+BEST_WEIGHTS_PARTIAL = f"{CHECKPOINTS}/best.partial.weights.h5"   # written, then renamed to BEST_WEIGHTS
+BEST_SCORE = f"{CHECKPOINTS}/best.json"   # the best epoch's score: a resumed run keeps a better checkpoint
 ENCODER = "encoder"
 SENTENCE_TRANSFORMERS = "sentence-transformers"
 VOCABULARY = "vocabulary.txt"
 BACKUP = "backup"
+# In the backup (`model.training.callbacks.AtomicBackup`): the last epoch's weights, its state
+# ({"epoch": epochs completed, "step": optimizer steps}) and the completed epochs' record
+# ({"history": {metric: [one value per completed epoch]}, "learning_curve": [LearningCurve's
+# points], "at_epoch_end": whether the backup was written at its last epoch's end}).
+BACKUP_WEIGHTS = "latest.weights.h5"
+BACKUP_STATE = "training_state.json"
+BACKUP_EPOCHS = "epochs.json"
 FIT_RECORD = "fit.json"   # in the backup, once `fit` returned: its history, for a rerun that only exports
 TESTED_WEIGHTS = "tested.weights.h5"   # in the backup: the weights a JAX run tested, for its TensorFlow export
-CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 SERVING = "serving"        # `--serving-version N`: serving/N, the folder TensorFlow Serving loads
 VERTEX_MODEL = "model"     # where Vertex AI looks for the model (AIP_MODEL_DIR)
 TRAINING_CURVE = "training_curve.png"
 LEARNING_CURVE = "learning_curve.png"
+# What every other writing command (`model.soup`, `model.pretrained`, `model.export`, an eval
+# report) records in the folder it claims (`model.training.storage.claim_folder`): whose it is.
+COMMAND_CLAIM = "claim.json"
 # What a training run writes into its model dir, and only that: `--overwrite` deletes these and
 # nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
 CLAIM = INPUTS

@@ -1,5 +1,5 @@
-"""The training curves `model.train` draws into its model dir from its summary (history.json):
-`training_curve.png` (loss and accuracy per epoch) and `learning_curve.png` (validation accuracy
+"""The training curves `model.train` draws into its model dir from its summary (its HISTORY):
+TRAINING_CURVE (loss and accuracy per epoch) and LEARNING_CURVE (validation accuracy
 against triplets seen and CPU time). matplotlib loads when a curve is drawn, not at import."""
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def plot_learning_curve(summary: dict, path: str) -> Figure:
     config = summary["config"]
     kind = NetworkKind(config["encoder"])
     figure, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    # a run on an accelerator (history.json names its `device`) is timed by its training minutes there
+    # a run on an accelerator (its history names its `device`) is timed by its training minutes there
     timed_by = (("wall_seconds", f"training minutes on {summary['device']}") if summary.get("device")
                 else ("cpu_seconds", "process CPU minutes"))
     for axis, key, label in ((axes[0], "triplets_seen", "training triplets seen"), (axes[1], *timed_by)):

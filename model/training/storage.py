@@ -20,6 +20,8 @@ import shutil
 import socket
 import tempfile
 
+from model.training.model_dir import COMMAND_CLAIM
+
 LOG = logging.getLogger(__name__)
 _CHUNK = 16 << 20
 
@@ -155,11 +157,6 @@ def staged(path: str, push: bool = True):
                 mirror.push()
 
 
-# What a command that writes a folder (not the trainer: `model.training.claim.claim_model_dir`) records
-# there, so that another command, or a rerun, knows whose the folder is and whether it still runs.
-CLAIM_FILE = "claim.json"
-
-
 def _top_level_entries(path: str) -> list[str]:
     if not is_remote(path):
         return sorted(os.listdir(path)) if os.path.isdir(path) else []
@@ -196,7 +193,7 @@ def claim_is_live(claim: dict) -> bool:
 def claim_folder(path: str, command: str, writes: tuple[str, ...], flag: str, overwrite: bool | None) -> None:
     """Claims the folder `path` for `command`, which writes entries whose names start with one
     of `writes`, as `model.train` claims its model dir: a folder holding anything else, or
-    another command's output (no `claim.json` of `command`), is refused (a UsageError naming
+    another command's output (no COMMAND_CLAIM of `command`), is refused (a UsageError naming
     `flag`), before any work, with or without `overwrite`; so is one a live process still
     writes (its claim names host, pid and the process's start: `pipeline.published.owner_record`;
     a claim of another host cannot be checked and is taken as ended). The claim decides under an
@@ -230,8 +227,8 @@ def _claim(path: str, command: str, writes: tuple[str, ...], flag: str, overwrit
 
     root = path.rstrip("/")
     found = _top_level_entries(path)
-    entries = [name for name in found if name != CLAIM_FILE]
-    previous = read_json_object(f"{root}/{CLAIM_FILE}", {"command": str}) if CLAIM_FILE in found else None
+    entries = [name for name in found if name != COMMAND_CLAIM]
+    previous = read_json_object(f"{root}/{COMMAND_CLAIM}", {"command": str}) if COMMAND_CLAIM in found else None
     if previous and claim_is_live(previous):
         raise UsageError(f"{flag} {path} is being written by {previous['command']} (pid {previous.get('pid')} on "
                          f"{previous.get('host')}, since {previous.get('started')}); wait for it or choose another "
@@ -247,4 +244,4 @@ def _claim(path: str, command: str, writes: tuple[str, ...], flag: str, overwrit
         FileSystems.delete([f"{root}/{name}" for name in entries])
     if not is_remote(path):
         os.makedirs(path, exist_ok=True)
-    write_complete(f"{root}/{CLAIM_FILE}", json.dumps(owner_record(command=command)).encode())
+    write_complete(f"{root}/{COMMAND_CLAIM}", json.dumps(owner_record(command=command)).encode())

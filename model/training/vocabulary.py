@@ -19,7 +19,7 @@ LOG = logging.getLogger(__name__)
 
 
 def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None) -> list[str]:
-    """The id space, kept in `<model_dir>/vocabulary.txt` (default: `--model-dir`) so a resumed job
+    """The id space, kept in the model dir's VOCABULARY (default: `--model-dir`) so a resumed job
     rebuilds the same one. `--vocabulary embeddings` (default): every word of the vector file
     in its order; with frozen vectors a word unseen in training still has its pre-trained vector
     at no training cost, where the other choice sends it to an OOV bucket that mean-vectors does
