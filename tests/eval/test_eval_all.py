@@ -19,6 +19,7 @@ from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoding.encoders import EncoderSpec, load_encoders
+from model.training.model_dir import HISTORY
 from pipeline.published import JsonFileError
 
 
@@ -77,7 +78,7 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
         assert [(round(low, 6), round(high, 6)) for (_, low), (_, high) in segments] == [
             (round(e[f"interval_{distance}"]["low"], 6), round(e[f"interval_{distance}"]["high"], 6))
             for e in report["triplets"]["methods"]]
-    history = json.loads((Path(tiny_model) / "history.json").read_text())
+    history = json.loads((Path(tiny_model) / HISTORY).read_text())
     labels = [line.get_label() for line in learning_curves_figure({"triplets-sen": history}).axes[0].lines]
     assert f"triplets-sen ({history['distance']}, n = {validation_n(history):,} validation triplets)" in labels
     assert validation_n(history) == history["record_counts"]["validation"]["expected"]   # "all" -> the split's n
@@ -167,13 +168,13 @@ def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
         written[folder] = {"learning_curve": curve, "best_val_triplet_accuracy": curve[0],
                            "untrained_val_triplet_accuracy": 0.5, "evaluation_triplets": 100, "record_counts": {},
                            "config": {}, "distance": "l1", "global_batch_size": 8, "replicas": 1}
-        (tmp_path / folder / "history.json").write_text(json.dumps(written[folder]))
+        (tmp_path / folder / HISTORY).write_text(json.dumps(written[folder]))
     (tmp_path / "untrained").mkdir()
     histories = eval_all.trained_histories((f"{tmp_path}/sen/", f"triplets-titles={tmp_path}/titles",
                                             str(tmp_path / "untrained")))
     assert histories == {"sen": written["sen"], "triplets-titles": written["titles"]}
-    (tmp_path / "sen" / "history.json").write_text(json.dumps({"learning_curve": [0.5]}))   # not a trainer's
-    with pytest.raises(JsonFileError, match="history.json: field best_val_triplet_accuracy is missing"):
+    (tmp_path / "sen" / HISTORY).write_text(json.dumps({"learning_curve": [0.5]}))   # not a trainer's
+    with pytest.raises(JsonFileError, match=f"{HISTORY}: field best_val_triplet_accuracy is missing"):
         eval_all.trained_histories((str(tmp_path / "sen"),))
 
 

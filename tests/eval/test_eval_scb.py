@@ -8,6 +8,7 @@ from eval_fixtures import count_scb_opens, scb_article, write_scb
 
 from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
+from model.training.model_dir import ENCODER
 from pipeline import published, records
 from pipeline.cli import UsageError
 from pipeline.outputs import write_manifest
@@ -215,7 +216,7 @@ def test_a_missing_model_dir_is_one_error_line_before_any_work(tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
-        f"error: --model-dir {tmp_path / 'no-such-model'}: no trained encoder ({tmp_path / 'no-such-model'}/encoder/"
+        f"error: --model-dir {tmp_path / 'no-such-model'}: no trained encoder ({tmp_path / 'no-such-model'}/{ENCODER}/"
         "saved_model.pb does not exist; python -m model.train writes it)")
     assert not out.exists()
 

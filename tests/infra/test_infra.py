@@ -29,6 +29,7 @@ from google.protobuf import json_format
 
 from infra import submit
 from infra.recipe import RECIPES
+from model.training.model_dir import ENCODER
 
 REPO = Path(submit.__file__).resolve().parent.parent
 CLOUD = ["--project", "wikisim-demo", "--region", "europe-west4", "--bucket", "wikisim-data"]
@@ -422,7 +423,7 @@ def test_chain_training_reads_gcs_and_scb_scores_from_gcs(pipeline_on_gcs, chain
 
     local_model_dir = tmp_path / "triplets-sen"  # see test_chain_model_dir_on_gcs for why not gs://
     summary = train(["--data", chain_layout.data, "--model-dir", str(local_model_dir), *TINY_TRAINING])
-    assert summary["vocabulary_size"] > 0 and (local_model_dir / "encoder" / "saved_model.pb").is_file()
+    assert summary["vocabulary_size"] > 0 and (local_model_dir / ENCODER / "saved_model.pb").is_file()
 
     result = eval_scb.main(["--data", chain_layout.data, "--output", chain_layout.eval_scb,
                             "--model-dir", f"triplets-sen={local_model_dir}", "--encoder", "tfidf",

@@ -19,6 +19,7 @@ from model_shards import write_triplet_shards
 from model.config import TrainConfig
 from model.net.wordpieces import wordpieces
 from model.training.arrays import TripletInput, split_triplets
+from model.training.model_dir import HISTORY, LOGS
 from model.training.shards import needs_tensorflow, open_run
 
 DATASET, MAX_TOKENS, BATCH = "triplets-sen", 32, 8
@@ -153,9 +154,9 @@ def test_a_jax_run_of_a_transformer_never_imports_tensorflow(shards, tmp_path):
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TENSORFLOW False" in done.stdout
-    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    history = json.loads((tmp_path / "m" / HISTORY).read_text())
     assert history["record_counts"]["train"]["unparseable"] == 1
-    assert sorted(os.listdir(tmp_path / "m" / "logs")) == ["train", "validation"]   # TensorBoard, by tensorboardX
+    assert sorted(os.listdir(tmp_path / "m" / LOGS)) == ["train", "validation"]   # TensorBoard, by tensorboardX
 
 
 def test_two_processes_read_disjoint_shares_in_equal_steps(shards):

@@ -23,6 +23,7 @@ from model.encoding.encoder import SavedModelEncoder
 from model.net.head import MASKED_SCORE, in_batch_scores
 from model.net.text import ArrayIds, WordIds
 from model.training.arrays import batch_arrays, split_triplets
+from model.training.model_dir import BACKUP, BACKUP_STATE, BEST_WEIGHTS, ENCODER, HISTORY, INPUTS
 from model.training.shards import open_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +121,7 @@ def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path, p
     updates, and steps counted as updates, not parts."""
     flags = ["--epochs", "3", "--steps", "4", "--checkpoint-every", "2", "--gradient-accumulation-steps", str(parts)]
     killed = _train_jax(shards, tmp_path / "m", *flags)
-    state = tmp_path / "m" / "backup" / "training_state.json"
+    state = tmp_path / "m" / BACKUP / BACKUP_STATE
     deadline = time.time() + 300
     while not (state.exists() and json.loads(state.read_text())["step"] >= 4) and killed.poll() is None:
         assert time.time() < deadline
@@ -133,12 +134,12 @@ def test_a_jax_run_killed_by_sigkill_resumes_from_its_backup(shards, tmp_path, p
     _, stderr = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, stderr[-3000:]
     assert "resuming from the backup at step" in stderr
-    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    history = json.loads((tmp_path / "m" / HISTORY).read_text())
     assert history["epochs_run"] == 3 and history["config"]["backend"] == "jax"
     # the epochs left, 4 updates of 8 triplets each, after the backup's updates
     updates = backed_up["step"] + (3 - backed_up["epoch"]) * 4
     assert history["learning_curve"][-1]["triplets_seen"] == updates * 8
-    assert (tmp_path / "m" / "encoder" / "saved_model.pb").exists()   # written by a TensorFlow process
+    assert (tmp_path / "m" / ENCODER / "saved_model.pb").exists()   # written by a TensorFlow process
 
 
 CHECK_REPLICAS = """
@@ -171,7 +172,7 @@ def test_data_parallel_trains_on_two_replicas_whose_weights_stay_equal(shards, t
                           env={**JAX_ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"replicas": 2, "devices": 2, "equal": True}
-    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    history = json.loads((tmp_path / "m" / HISTORY).read_text())
     assert history["replicas"] == 2 and history["global_batch_size"] == 16
 
 
@@ -201,7 +202,7 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
         _, config = recorded_config("{model_dir}")
         encoder, model = build_models(config, None, global_batch=8)
         model.optimizer.build(model.trainable_variables)
-        model.load_weights("{model_dir}/checkpoints/best.weights.h5")
+        model.load_weights("{model_dir}/{BEST_WEIGHTS}")
         ids = token_ids(32)(np.array({sentences!r})).numpy()
         print(json.dumps(np.asarray(encoder(ids)).tolist()))""")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -260,7 +261,7 @@ def test_minilm_under_jax_on_its_defaults_scores_the_whole_validation_split_ever
                               "--epochs", "2", "--batch-size", "8", "--max-tokens", "16", "--progress", "false",
                               *strategy], capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     assert trained.returncode == 0, trained.stderr[-3000:]
-    history = json.loads((tmp_path / "m" / "history.json").read_text())
+    history = json.loads((tmp_path / "m" / HISTORY).read_text())
     assert history["replicas"] == devices and history["evaluation_triplets"] == "all"
     assert len(history["val_triplet_accuracy"]) == 2
     assert 0 < history["untrained_val_triplet_accuracy"] <= 1
@@ -294,10 +295,10 @@ def test_two_processes_train_one_model_dir_that_eval_and_export_accept(embedded_
     for process in processes:
         _, stderr = process.communicate(timeout=900)
         assert process.returncode == 0, stderr[-3000:]
-    history = json.loads((model_dir / "history.json").read_text())
+    history = json.loads((model_dir / HISTORY).read_text())
     assert history["processes"] == 2 and history["replicas"] == 2 and history["global_batch_size"] == 16
     # one writer: process 0 claimed the model dir (the other wrote to a folder of its own)
-    assert json.loads((model_dir / "inputs.json").read_text())["owner"]["pid"] == processes[0].pid
+    assert json.loads((model_dir / INPUTS).read_text())["owner"]["pid"] == processes[0].pid
     report = subprocess.run([sys.executable, "-m", "eval.all", "--data", str(embedded_pipeline_output), "--model-dir",
                              f"two={model_dir}", "--encoder", "mean-vectors", "--output", str(tmp_path / "report"),
                              "--max-scb-articles", "1", "--max-triplets", "50"],

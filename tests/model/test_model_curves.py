@@ -4,13 +4,15 @@ import json
 import pytest
 import tensorflow as tf
 
+from model.training.model_dir import HISTORY, LEARNING_CURVE, LOGS, TRAINING_CURVE
+
 pytestmark = pytest.mark.slow   # TensorFlow loads (the fast tier stays under 3 minutes)
 
 
 def _killed_run(model_dir, accuracies):
     """A model dir as a run killed after len(accuracies) epochs leaves it: Keras' TensorBoard
     validation scalars (`epoch_triplet_accuracy`, one per epoch), no history.json."""
-    with tf.summary.create_file_writer(str(model_dir / "logs" / "validation")).as_default():
+    with tf.summary.create_file_writer(str(model_dir / LOGS / "validation")).as_default():
         for epoch, accuracy in enumerate(accuracies):
             tf.summary.scalar("epoch_triplet_accuracy", accuracy, step=epoch)
             tf.summary.scalar("epoch_loss", 1.0 - accuracy, step=epoch)
@@ -24,7 +26,7 @@ def test_a_killed_runs_tensorboard_log_and_a_finished_runs_history(tmp_path, cap
     finished.mkdir()
     curve = [{"epoch": 1, "triplets_seen": 512, "val_triplet_accuracy": 0.61},
              {"epoch": 2, "triplets_seen": 1024, "val_triplet_accuracy": 0.64}]
-    (finished / "history.json").write_text(json.dumps({
+    (finished / HISTORY).write_text(json.dumps({
         "learning_curve": curve, "best_val_triplet_accuracy": 0.64, "untrained_val_triplet_accuracy": 0.5,
         "evaluation_triplets": "all", "record_counts": {}, "config": {}, "distance": "l1", "global_batch_size": 256,
         "replicas": 1}))   # what every trainer writes (model.training.model_dir.HISTORY_FIELDS)
@@ -64,8 +66,8 @@ def _legend(axis) -> list[str]:
 def test_the_training_curve_draws_loss_and_accuracy_per_epoch(tmp_path):
     from model.training.plots import plot_history
 
-    figure = plot_history(SUMMARY, str(tmp_path / "training_curve.png"))
-    assert (tmp_path / "training_curve.png").stat().st_size > 0
+    figure = plot_history(SUMMARY, str(tmp_path / TRAINING_CURVE))
+    assert (tmp_path / TRAINING_CURVE).stat().st_size > 0
     loss, accuracy = figure.axes
     assert [(line.get_label(), list(line.get_ydata())) for line in loss.lines] == [
         ("train", [0.9, 0.7]), ("validation", [0.95, 0.8])]
@@ -80,8 +82,8 @@ def test_the_training_curve_draws_loss_and_accuracy_per_epoch(tmp_path):
 def test_the_learning_curve_draws_accuracy_against_triplets_and_cpu_time_with_its_baselines(tmp_path):
     from model.training.plots import plot_learning_curve
 
-    figure = plot_learning_curve(SUMMARY, str(tmp_path / "learning_curve.png"))
-    assert (tmp_path / "learning_curve.png").stat().st_size > 0
+    figure = plot_learning_curve(SUMMARY, str(tmp_path / LEARNING_CURVE))
+    assert (tmp_path / LEARNING_CURVE).stat().st_size > 0
     seen, cpu = figure.axes
     for axis, x in ((seen, [640, 1280]), (cpu, [1.0, 2.5])):   # CPU seconds drawn as minutes
         trained, mean_vectors, untrained = axis.lines

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from model_shards import write_triplet_shards
 
+from model.training.model_dir import BACKUP, ENCODER, HISTORY
+
 REPO = Path(__file__).resolve().parents[2]
 JAX_ENV = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
 TINY_MINILM = ["--encoder", "minilm", "--max-tokens", "16", "--batch-size", "8", "--epochs", "1",
@@ -54,11 +56,11 @@ def test_ctrl_c_stops_a_jax_minilm_training_in_one_line_and_releases_its_model_d
     training.wait(timeout=300)
     assert training.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == "interrupted"
-    assert not (model_dir / "history.json").exists() and not (model_dir / "encoder").exists()
+    assert not (model_dir / HISTORY).exists() and not (model_dir / ENCODER).exists()
     rerun = _train_jax(shards, model_dir, "--steps", "2", "--overwrite", "true")   # its claim is not live
     _, stderr = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, stderr[-3000:]
-    assert (model_dir / "history.json").exists()
+    assert (model_dir / HISTORY).exists()
 
 
 @pytest.mark.slow   # a MiniLM trainer process under JAX
@@ -80,7 +82,7 @@ def test_a_gzip_shard_damaged_at_its_size_is_one_error_line_naming_the_split(tmp
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {data}/triplets-sen/train: ") and "lost > --max-lost-fraction 0.001" in last
     assert f"{shard}: read up to a damaged record" in stderr
-    assert not (tmp_path / "m" / "encoder").exists()
+    assert not (tmp_path / "m" / ENCODER).exists()
 
 
 def _file_size_limit(max_bytes: int):
@@ -98,5 +100,5 @@ def test_a_full_disk_writing_a_jax_backup_is_one_error_line_naming_the_folder(sh
     training = _train_jax(shards, model_dir, "--steps", "2", preexec_fn=_file_size_limit(16 << 20))
     _, stderr = training.communicate(timeout=600)
     assert training.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith(f"error: writing {model_dir}/backup failed: File too large; ")
-    assert not (model_dir / "backup").exists() and not (model_dir / "backup.partial").exists()
+    assert stderr.strip().splitlines()[-1].startswith(f"error: writing {model_dir}/{BACKUP} failed: File too large; ")
+    assert not (model_dir / BACKUP).exists() and not (model_dir / f"{BACKUP}.partial").exists()

@@ -16,6 +16,7 @@ import pytest
 
 from model.checkpoints import CHECKPOINTS, MPNET_FOLDER, assemble, padding_first
 from model.net.mpnet import relative_position_buckets
+from model.training.model_dir import SENTENCE_TRANSFORMERS
 
 # A vocabulary in MPNet's order (<s> 0, <pad> 1, </s> 2, <unk> 3), then whole words and letters.
 WORDS = ("the a of in is and to was on for river city war music cafe zurich".split() +
@@ -187,7 +188,7 @@ def test_mpnet_off_the_shelf_and_trained_two_steps_exports(tiny_checkpoint, embe
                         "--batch-size", "8", "--max-tokens", "32", "--evaluation-triplets", "16", "--progress", "false")
     assert result.returncode == 0, result.stderr[-2000:]
     exported = load_encoder(str(trained)).encode(SENTENCES)
-    folder = trained / "sentence-transformers"
+    folder = trained / SENTENCE_TRANSFORMERS
     assert json.loads((folder / "config.json").read_text())["model_type"] == "mpnet"
     from model.net.backbone import mean_pooled_encoder
 
@@ -201,7 +202,7 @@ def test_mpnet_off_the_shelf_and_trained_two_steps_exports(tiny_checkpoint, embe
                         "--encoder", "mpnet", "--checkpoint", tiny_checkpoint, "--epochs", "1", "--steps", "2",
                         "--batch-size", "8", "--max-tokens", "32", "--backend", "jax", "--progress", "false")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert json.loads((under_jax / "sentence-transformers" / "config.json").read_text())["model_type"] == "mpnet"
+    assert json.loads((under_jax / SENTENCE_TRANSFORMERS / "config.json").read_text())["model_type"] == "mpnet"
     assert load_encoder(str(under_jax)).encode(SENTENCES).shape == (len(SENTENCES), 32)
 
 

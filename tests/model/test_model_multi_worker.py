@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from model_shards import write_triplet_shards
 
+from model.training.model_dir import BACKUP, BACKUP_STATE, BACKUP_WEIGHTS, ENCODER, HISTORY
+
 pytestmark = pytest.mark.slow   # TensorFlow worker processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,8 +148,8 @@ def test_two_workers_read_their_own_shards_and_keep_equal_weights(small_shards, 
     assert chief["learning_curve"][-1]["triplets_seen"] == 96
 
     # The chief exports and writes the history; the other worker's folder was its own and is gone.
-    assert (model_dir / "encoder" / "saved_model.pb").is_file() and (model_dir / "history.json").is_file()
-    assert json.loads((model_dir / "history.json").read_text())["replicas"] == 2
+    assert (model_dir / ENCODER / "saved_model.pb").is_file() and (model_dir / HISTORY).is_file()
+    assert json.loads((model_dir / HISTORY).read_text())["replicas"] == 2
     assert not any(name.startswith("workertemp") for name in os.listdir(model_dir))
     assert os.listdir(tmp_path / "worker1" / "tmp") == []
 
@@ -159,7 +161,7 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
     killed = _cluster(config, tmp_path / "killed", kill_at=4)   # 3 steps per epoch, a backup every 2
     chief, worker = killed
     assert _wait([worker]) == [17], (tmp_path / "killed" / "worker1" / "stderr").read_text()[-4000:]
-    metadata = model_dir / "backup" / "training_state.json"
+    metadata = model_dir / BACKUP / BACKUP_STATE
     deadline = time.monotonic() + 120     # the chief backs up epoch 1's end (step 3), then waits for the dead worker
     while time.monotonic() < deadline and chief.poll() is None and not (
             metadata.is_file() and json.loads(metadata.read_text() or "{}") == {"epoch": 1, "step": 3}):
@@ -168,10 +170,10 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
         chief.send_signal(signal.SIGKILL)
     _wait([chief])
     assert json.loads(metadata.read_text()) == {"epoch": 1, "step": 3}
-    assert not (model_dir / "encoder").exists()
+    assert not (model_dir / ENCODER).exists()
     # The dead worker's backups went to its own temporary folder, never into the model dir.
     (own,) = (tmp_path / "killed" / "worker1" / "tmp").glob("workertemp_1-*")
-    assert (own / "backup" / "latest.weights.h5").is_file()
+    assert (own / BACKUP / BACKUP_WEIGHTS).is_file()
 
     resumed = _cluster(config, tmp_path / "resumed")
     summaries = [_summary(tmp_path / "resumed" / f"worker{task}", code) for task, code in enumerate(_wait(resumed))]
@@ -183,5 +185,5 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
     assert summaries[0]["learning_curve"][-1]["triplets_seen"] == 6 * 2 * COMMON["batch_size"]
     for mine, theirs in zip(*(_weights(tmp_path / "resumed" / f"worker{task}") for task in range(2))):
         np.testing.assert_array_equal(mine, theirs)
-    assert (model_dir / "encoder" / "saved_model.pb").is_file()
+    assert (model_dir / ENCODER / "saved_model.pb").is_file()
     assert os.listdir(tmp_path / "resumed" / "worker1" / "tmp") == []

@@ -24,6 +24,7 @@ from model.net.head import (
 from model.net.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
 from model.net.text import WordIds
 from model.training.job import build_models
+from model.training.model_dir import ENCODER
 from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,7 +239,7 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     encoder = build_sentence_encoder(_matrix(word_ids.num_ids), lstm_units=5, attention_size=3)
     sentences = ["The cat sat on the mat.", "A dog!", "", "the " * 20]
     in_memory = encoder(word_ids(tf.constant(sentences))).numpy()
-    ExportableEncoder(word_ids, encoder, similarity="l1").export(str(tmp_path / "m" / "encoder"))
+    ExportableEncoder(word_ids, encoder, similarity="l1").export(str(tmp_path / "m" / ENCODER))
 
     loaded = SavedModelEncoder(str(tmp_path / "m"), batch_size=3)    # model dir or encoder dir both work
     assert isinstance(loaded, SentenceEncoder) and loaded.name == "m"
@@ -246,7 +247,7 @@ def test_export_load_encode_equals_in_memory(tmp_path):
     assert encoded.dtype == np.float32 and encoded.shape == (4, 10)
     np.testing.assert_allclose(encoded, in_memory, rtol=1e-5, atol=1e-6)
     assert loaded.encode([]).shape == (0, 10)
-    signature = tf.saved_model.load(str(tmp_path / "m" / "encoder")).signatures["serving_default"]
+    signature = tf.saved_model.load(str(tmp_path / "m" / ENCODER)).signatures["serving_default"]
     assert signature.structured_outputs["embeddings"].dtype == tf.float32
     with pytest.raises(FileNotFoundError, match="nowhere"):
         SavedModelEncoder(str(tmp_path / "nowhere"))

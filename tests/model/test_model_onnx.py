@@ -14,6 +14,7 @@ from model.encoding.encoders import EncoderSpec, EncoderSpecError, SpecKind, as_
 from model.export import main as export
 from model.net.transformer import token_ids
 from model.net.wordpieces import wordpieces
+from model.training.model_dir import COMMAND_CLAIM
 from pipeline.cli import run_cli
 
 SENTENCES = ["The café in Zürich opened in 1901.", "A short one.", "",
@@ -127,7 +128,7 @@ def onnx_exports(fine_tuned, tmp_path_factory):
 def test_the_export_writes_a_claimed_folder_whole_and_refuses_to_overwrite_without_the_flag(onnx_exports, capsys):
     model_dir, folders = onnx_exports
     folder = folders["float32"]
-    assert sorted(os.listdir(folder)) == ["claim.json", "model.onnx", "onnx.json", "tokenizer.json", "vocab.txt"]
+    assert sorted(os.listdir(folder)) == [COMMAND_CLAIM, "model.onnx", "onnx.json", "tokenizer.json", "vocab.txt"]
     assert all(stat.S_IMODE(os.stat(folder / name).st_mode) == 0o644 for name in os.listdir(folder))
     settings, int8 = (json.loads((folders[kind] / "onnx.json").read_text()) for kind in ("float32", "int8"))
     assert (settings["embedding_dim"], settings["max_seq_length"], settings["similarity_fn_name"]) == (384, 32,

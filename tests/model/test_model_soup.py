@@ -9,6 +9,15 @@ import numpy as np
 import pytest
 
 from model.soup import one_recipe, parse_args, souped
+from model.training.model_dir import (
+    BEST_WEIGHTS,
+    CHECKPOINTS,
+    COMMAND_CLAIM,
+    ENCODER,
+    HISTORY,
+    INPUTS,
+    SENTENCE_TRANSFORMERS,
+)
 from pipeline.cli import UsageError
 
 
@@ -60,9 +69,9 @@ def test_a_soup_of_a_run_with_its_copy_is_that_run_as_a_model_dir(fine_tuned, tm
     copy = shutil.copytree(model_dir, tmp_path / "minilm-sen-copy")
     summary = main(["--model-dir", str(model_dir), "--model-dir", str(copy), "--output", str(tmp_path / "soup")])
     soup = tmp_path / "soup"
-    assert {"inputs.json", "history.json", "checkpoints", "encoder", "sentence-transformers", "claim.json"} <= set(
+    assert {INPUTS, HISTORY, CHECKPOINTS, ENCODER, SENTENCE_TRANSFORMERS, COMMAND_CLAIM} <= set(
         os.listdir(soup))
-    history = json.loads((soup / "history.json").read_text())
+    history = json.loads((soup / HISTORY).read_text())
     assert history["soup"]["runs"] == [str(model_dir), str(copy)] and history["delta_scale"] == 1.0
     assert history["best_val_triplet_accuracy"] == summary["soup"]["run_val_triplet_accuracy"][0]
 
@@ -73,8 +82,8 @@ def test_a_soup_of_a_run_with_its_copy_is_that_run_as_a_model_dir(fine_tuned, tm
                                         else None)
             return found
 
-    for ours, theirs in zip(weights(soup / "checkpoints" / "best.weights.h5"),
-                            weights(model_dir / "checkpoints" / "best.weights.h5")):
+    for ours, theirs in zip(weights(soup / BEST_WEIGHTS),
+                            weights(model_dir / BEST_WEIGHTS)):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
     sentences = ["The striker scored twice.", "Bake the bread in a hot oven."]
     ours, theirs = (load_encoder(str(path)).encode(sentences) for path in (soup, model_dir))
@@ -97,4 +106,4 @@ def test_a_soup_into_one_of_its_runs_is_refused_with_that_run_intact(fine_tuned,
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.splitlines() == [f"error: --output {soup}/ is, lies inside or holds --model-dir {soup}: "
                                            "the soup would replace the run it reads; choose another folder"]
-    assert _files(soup) == before and "checkpoints/best.weights.h5" in before
+    assert _files(soup) == before and BEST_WEIGHTS in before

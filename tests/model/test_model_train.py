@@ -15,6 +15,24 @@ from model_shards import write_triplet_shards
 from model.config import TrainConfig, parse_args
 from model.encoding.encoder import SavedModelEncoder
 from model.training.arrays import split_triplets
+from model.training.model_dir import (
+    BACKUP,
+    BACKUP_EPOCHS,
+    BACKUP_STATE,
+    BACKUP_WEIGHTS,
+    BEST_SCORE,
+    BEST_WEIGHTS,
+    CHECKPOINTS,
+    ENCODER,
+    FIT_RECORD,
+    HISTORY,
+    INPUTS,
+    LEARNING_CURVE,
+    LOGS,
+    SERVING,
+    TRAINING_CURVE,
+    VOCABULARY,
+)
 from model.training.shards import TripletDataError, list_shards, open_run
 from pipeline import published
 from pipeline.cli import UsageError
@@ -74,7 +92,7 @@ def test_an_empty_validation_split_is_refused_before_training(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (f"error: the validation split of {data}/triplets-sen holds "
                                                     "no triplets")
-    assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder").exists()
+    assert not (tmp_path / "m" / BACKUP).exists() and not (tmp_path / "m" / ENCODER).exists()
 
 
 def test_a_folder_without_a_manifest_is_refused(shards, tmp_path):
@@ -90,7 +108,7 @@ def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
     model_dir = str(tmp_path / "m")
     config = TrainConfig.from_flags(data=shards, model_dir=model_dir, **TINY)
     claim_model_dir(config, model_dir)
-    (tmp_path / "m" / "vocabulary.txt").write_text("goal\nstar")
+    (tmp_path / "m" / VOCABULARY).write_text("goal\nstar")
     claim_model_dir(config, model_dir)                    # the same inputs: a resume, accepted
     other = write_triplet_shards(str(tmp_path / "other"), seed=5)      # other data, same layout
     with pytest.raises(TripletDataError, match=r"holds a run on other inputs \(data: "):
@@ -98,7 +116,7 @@ def test_a_model_dir_is_tied_to_its_inputs(shards, tmp_path):
     with pytest.raises(TripletDataError, match=r"\(vocabulary: 'train' -> 'embeddings'\)"):
         claim_model_dir(config.with_flags(vocabulary="embeddings"), model_dir)
     claim_model_dir(config.with_flags(data=other, overwrite=True), model_dir)
-    assert not (tmp_path / "m" / "vocabulary.txt").exists()           # the old id space is gone
+    assert not (tmp_path / "m" / VOCABULARY).exists()           # the old id space is gone
 
 
 LOSSY = ("--max-lost-fraction", "0.01")   # the shards fixture plants a corrupt record
@@ -126,7 +144,7 @@ def test_a_shard_not_as_the_run_wrote_it_is_one_error_line_before_training(tmp_p
     named = train_shard if fault == "truncated" else validation_shard
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith(f"error: {named}: ")
-    assert not (tmp_path / "m" / "backup").exists()
+    assert not (tmp_path / "m" / BACKUP).exists()
 
 
 def test_more_records_than_the_manifest_lists_is_refused_and_fewer_within_the_threshold_reported(tmp_path):
@@ -178,14 +196,14 @@ def test_training_writes_every_artefact_and_skips_corrupt_records(shards, tmp_pa
     assert summary["skipped_records"] == {"train": 1, "validation": 0, "test": 0}   # the planted corrupt record
     assert summary["record_counts"]["train"] == {"expected": 257, "read": 257, "lost": 0, "unparseable": 1}
     assert all(np.isfinite(summary["loss"]))
-    history = json.loads((model_dir / "history.json").read_text())
+    history = json.loads((model_dir / HISTORY).read_text())
     assert history["test_triplet_accuracy"] == summary["test_triplet_accuracy"]
-    for artefact in ("training_curve.png", "vocabulary.txt", "checkpoints/best.weights.h5", "encoder/saved_model.pb"):
+    for artefact in (TRAINING_CURVE, VOCABULARY, BEST_WEIGHTS, f"{ENCODER}/saved_model.pb"):
         assert (model_dir / artefact).is_file(), artefact
-    assert any((model_dir / "logs").rglob("events.out.tfevents.*"))
+    assert any((model_dir / LOGS).rglob("events.out.tfevents.*"))
     embeddings = SavedModelEncoder(str(model_dir)).encode(["The striker scored a goal.", "Bake the flour."])
     assert embeddings.shape == (2, 16) and np.isfinite(embeddings).all()
-    served = SavedModelEncoder(str(model_dir / "serving" / "3")).encode(["The striker scored a goal.",
+    served = SavedModelEncoder(str(model_dir / SERVING / "3")).encode(["The striker scored a goal.",
                                                                          "Bake the flour."])
     np.testing.assert_array_equal(served, embeddings)     # TF Serving's version folder: the same encoder
 
@@ -217,19 +235,19 @@ def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, t
     class RemoteBackupProbe(keras.callbacks.Callback):   # runs after the mirror: the backup is already up
         def on_train_batch_end(self, batch, logs=None):
             if int(self.model.optimizer.iterations.numpy()) == 2:
-                with FileSystems.open(f"{remote}/backup/training_state.json") as handle:
+                with FileSystems.open(f"{remote}/{BACKUP}/{BACKUP_STATE}") as handle:
                     seen.append(json.load(handle))
 
     summary = train(TrainConfig.from_flags(data=shards, model_dir=remote, checkpoint_every=2, **TINY),
                     extra_callbacks=[RemoteBackupProbe()])
     assert seen == [{"epoch": 0, "step": 2}]
     files = list_tree(remote)
-    for artefact in ("history.json", "training_curve.png", "vocabulary.txt", "checkpoints/best.weights.h5",
-                     "encoder/saved_model.pb"):
+    for artefact in (HISTORY, TRAINING_CURVE, VOCABULARY, BEST_WEIGHTS,
+                     f"{ENCODER}/saved_model.pb"):
         assert artefact in files, artefact
-    assert any(name.startswith("logs/") for name in files)
-    assert not any(name.startswith("backup/") for name in files)   # deleted at the end, as in a local dir
-    with FileSystems.open(f"{remote}/history.json") as handle:
+    assert any(name.startswith(f"{LOGS}/") for name in files)
+    assert not any(name.startswith(f"{BACKUP}/") for name in files)   # deleted at the end, as in a local dir
+    with FileSystems.open(f"{remote}/{HISTORY}") as handle:
         history = json.load(handle)
     assert history["test_triplet_accuracy"] == summary["test_triplet_accuracy"]
     assert history["config"]["model_dir"] == remote
@@ -237,9 +255,9 @@ def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, t
     sentences = ["The striker scored a goal.", "Bake the flour.", "An unseenword here."]
     local = tmp_path / "copy"
     download_tree(remote, str(local))
-    from_gcs = SavedModelEncoder(f"{remote}/encoder")
-    assert from_gcs.name == "model" and from_gcs.path == f"{remote}/encoder"
-    from_local = SavedModelEncoder(str(local / "encoder"))
+    from_gcs = SavedModelEncoder(f"{remote}/{ENCODER}")
+    assert from_gcs.name == "model" and from_gcs.path == f"{remote}/{ENCODER}"
+    from_local = SavedModelEncoder(str(local / ENCODER))
     np.testing.assert_array_equal(from_gcs.encode(sentences), from_local.encode(sentences))
 
 
@@ -301,7 +319,7 @@ def test_mirrored_over_two_logical_cpus(shards, tmp_path):
               "max_lost_fraction": TINY["max_lost_fraction"]}
     summary = _summary(_train_in_subprocess(config, tmp_path / "probe.json", logical_cpus=2))
     assert summary["replicas"] == 2 and summary["global_batch_size"] == 2 * TINY["batch_size"]
-    assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / "encoder" / "saved_model.pb").is_file()
+    assert np.isfinite(summary["loss"]).all() and (tmp_path / "m" / ENCODER / "saved_model.pb").is_file()
 
 
 @pytest.mark.parametrize("where", ["local", "gcs"])
@@ -314,16 +332,16 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     killed = _train_in_subprocess(config, tmp_path / "first.json", kill_at=6)   # mid-epoch 2, backup at step 6
     assert killed.returncode == 17, killed.stderr[-3000:]
     assert json.loads((tmp_path / "first.json").read_text()) == {"iterations": 0, "epoch": 0}
-    assert not FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
-    with FileSystems.open(f"{model_dir}/backup/training_state.json") as handle:   # gcs: mirrored before the kill
+    assert not FileSystems.exists(f"{model_dir}/{ENCODER}/saved_model.pb")
+    with FileSystems.open(f"{model_dir}/{BACKUP}/{BACKUP_STATE}") as handle:   # gcs: mirrored before the kill
         assert json.load(handle) == {"epoch": 1, "step": 6}
     if where == "local":   # killed again while writing the next backup: a truncated file in backup.partial
-        (tmp_path / "m" / "backup.partial").mkdir()
-        (tmp_path / "m" / "backup.partial" / "latest.weights.h5").write_bytes(b"\x89HDF" + bytes(92))
+        (tmp_path / "m" / f"{BACKUP}.partial").mkdir()
+        (tmp_path / "m" / f"{BACKUP}.partial" / BACKUP_WEIGHTS).write_bytes(b"\x89HDF" + bytes(92))
     # Epoch 1 was validated before the kill; make its checkpoint unbeatable: a resumed run must keep it.
-    with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
+    with FileSystems.open(f"{model_dir}/{BEST_WEIGHTS}") as handle:
         best_weights = handle.read()
-    with FileSystems.create(f"{model_dir}/checkpoints/best.json") as handle:
+    with FileSystems.create(f"{model_dir}/{BEST_SCORE}") as handle:
         handle.write(json.dumps({"val_triplet_accuracy": 1.0, "epoch": 1}).encode())
 
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
@@ -336,37 +354,36 @@ def test_killed_job_resumes_from_its_backup(shards, tmp_path, request, where):
     assert [point["learning_rate"] for point in summary["learning_curve"]] == pytest.approx(
         [1e-3 * 0.5 ** (4 / 8), 1e-3 * 0.5 ** (10 / 8), 1e-3 * 0.5 ** (14 / 8)], rel=1e-5)
     assert summary["best_val_triplet_accuracy"] == 1.0     # the killed run's best epoch is what was exported
-    with FileSystems.open(f"{model_dir}/checkpoints/best.weights.h5") as handle:
+    with FileSystems.open(f"{model_dir}/{BEST_WEIGHTS}") as handle:
         assert handle.read() == best_weights
-    assert FileSystems.exists(f"{model_dir}/encoder/saved_model.pb")
-    assert not FileSystems.exists(f"{model_dir}/backup/training_state.json")   # deleted once the export is done
+    assert FileSystems.exists(f"{model_dir}/{ENCODER}/saved_model.pb")
+    assert not FileSystems.exists(f"{model_dir}/{BACKUP}/{BACKUP_STATE}")   # deleted once the export is done
 
 
 def test_a_kill_between_two_backups_renames_resumes_from_the_last_good_one(shards, tmp_path):
     config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "epochs": 2, "steps": 4,
               "checkpoint_every": 2}
     assert _train_in_subprocess(config, tmp_path / "first.json", kill_at=6).returncode == 17
-    (tmp_path / "m" / "backup").rename(tmp_path / "m" / "backup.previous")   # killed between the two renames
-    (tmp_path / "m" / "backup.partial").mkdir()
+    (tmp_path / "m" / BACKUP).rename(tmp_path / "m" / f"{BACKUP}.previous")   # killed between the two renames
+    (tmp_path / "m" / f"{BACKUP}.partial").mkdir()
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
     assert json.loads((tmp_path / "second.json").read_text()) == {"iterations": 6, "epoch": 1}
     assert summary["epochs_run"] == 2                      # epoch 1 from the backup's history
     assert sorted(os.listdir(tmp_path / "m")) == sorted(
-        ["inputs.json", "vocabulary.txt", "checkpoints", "logs", "history.json", "training_curve.png",
-         "learning_curve.png", "encoder"])
+        [INPUTS, VOCABULARY, CHECKPOINTS, LOGS, HISTORY, TRAINING_CURVE, LEARNING_CURVE, ENCODER])
 
 
 def test_a_kill_between_training_and_export_resumes_at_the_export(shards, tmp_path):
     config = {**TINY, "data": shards, "model_dir": str(tmp_path / "m"), "epochs": 2, "steps": 3}
     died = _train_in_subprocess(config, tmp_path / "first.json", kill_in_export=True)
     assert died.returncode == 17, died.stderr[-3000:]
-    assert (tmp_path / "m" / "backup" / "fit.json").exists() and not (tmp_path / "m" / "encoder").exists()
-    trained = json.loads((tmp_path / "m" / "backup" / "fit.json").read_text())
+    assert (tmp_path / "m" / BACKUP / FIT_RECORD).exists() and not (tmp_path / "m" / ENCODER).exists()
+    trained = json.loads((tmp_path / "m" / BACKUP / FIT_RECORD).read_text())
     summary = _summary(_train_in_subprocess(config, tmp_path / "second.json"))
     assert not (tmp_path / "second.json").exists()            # fit never began again: no epoch started
     assert summary["learning_curve"] == trained["learning_curve"] and summary["epochs_run"] == 2
-    assert (tmp_path / "m" / "encoder" / "saved_model.pb").exists()
-    assert not (tmp_path / "m" / "backup").exists() and not (tmp_path / "m" / "encoder.partial").exists()
+    assert (tmp_path / "m" / ENCODER / "saved_model.pb").exists()
+    assert not (tmp_path / "m" / BACKUP).exists() and not (tmp_path / "m" / f"{ENCODER}.partial").exists()
 
 
 DIE_IN_THE_LAST_EPOCH = textwrap.dedent("""
@@ -413,14 +430,14 @@ def test_a_job_that_died_in_its_last_epoch_is_finished_by_the_same_command(shard
     killed = fault.startswith("killed")
     assert died.returncode == (-signal.SIGKILL if killed else 1), died.stderr[-3000:]
     assert killed or "No space left on device" in died.stderr
-    backup = model_dir / "backup"
-    assert json.loads((backup / "training_state.json").read_text()) == {"epoch": 1 if killed else 2, "step": 6}
-    record = json.loads((backup / "epochs.json").read_text())
+    backup = model_dir / BACKUP
+    assert json.loads((backup / BACKUP_STATE).read_text()) == {"epoch": 1 if killed else 2, "step": 6}
+    record = json.loads((backup / BACKUP_EPOCHS).read_text())
     assert len(record["history"]["val_triplet_accuracy"]) == len(record["learning_curve"]) == (1 if killed else 2)
-    assert record["at_epoch_end"] is not killed and not (model_dir / "encoder").exists()
+    assert record["at_epoch_end"] is not killed and not (model_dir / ENCODER).exists()
     if not killed:   # a backup without the epochs' record (an older version's): one clear error, not a KeyError
         shutil.copytree(model_dir, tmp_path / "old")
-        (tmp_path / "old" / "backup" / "epochs.json").unlink()
+        (tmp_path / "old" / BACKUP / BACKUP_EPOCHS).unlink()
         old = subprocess.run([sys.executable, "-m", "model.train", *argv[:2], "--model-dir", str(tmp_path / "old"),
                               *argv[4:]], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
         assert old.returncode == 2 and "Traceback" not in old.stderr, old.stderr[-3000:]
@@ -430,7 +447,7 @@ def test_a_job_that_died_in_its_last_epoch_is_finished_by_the_same_command(shard
                            env=env, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert ("resuming from the backup at step 6" if killed else "none left to train") in rerun.stderr
-    history = json.loads((model_dir / "history.json").read_text())
+    history = json.loads((model_dir / HISTORY).read_text())
     assert history["epochs_run"] == 2 and len(history["loss"]) == len(history["val_triplet_accuracy"]) == 2
     assert history["val_triplet_accuracy"][:len(record["learning_curve"])] == record["history"]["val_triplet_accuracy"]
     curve = history["learning_curve"]   # killed: epoch 2 ran again from the stream's step 6, 3 steps
@@ -438,7 +455,7 @@ def test_a_job_that_died_in_its_last_epoch_is_finished_by_the_same_command(shard
     assert [point["triplets_seen"] for point in curve] == [3 * 16, (9 if killed else 6) * 16]
     assert curve[0]["cpu_seconds"] <= curve[1]["cpu_seconds"]      # the clocks go on across the runs
     assert history["best_val_triplet_accuracy"] == max(history["val_triplet_accuracy"])   # every epoch offered
-    assert (model_dir / "encoder" / "saved_model.pb").is_file() and not backup.exists()
+    assert (model_dir / ENCODER / "saved_model.pb").is_file() and not backup.exists()
 
 
 def _batches(stream, count: int) -> list:
@@ -506,13 +523,13 @@ def test_a_rerun_with_other_hyperparameters_is_refused_naming_them(shards, cli_t
 
 def test_model_pretrained_refuses_a_trained_model_dir(cli_trained, tmp_path):
     shutil.copytree(cli_trained, tmp_path / "m")
-    encoder = (tmp_path / "m" / "encoder" / "saved_model.pb").read_bytes()
+    encoder = (tmp_path / "m" / ENCODER / "saved_model.pb").read_bytes()
     for flags in ([], ["--overwrite"]):
         done = subprocess.run([sys.executable, "-m", "model.pretrained", "--model-dir", str(tmp_path / "m"), *flags],
                               capture_output=True, text=True, cwd=REPO, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert "holds files model.pretrained does not write" in done.stderr.strip().splitlines()[-1]
-    assert (tmp_path / "m" / "encoder" / "saved_model.pb").read_bytes() == encoder
+    assert (tmp_path / "m" / ENCODER / "saved_model.pb").read_bytes() == encoder
 
 
 def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
@@ -524,7 +541,7 @@ def test_a_time_budget_stops_training_and_still_exports(shards, tmp_path):
     summary = train(config)
     assert summary["stopped_by_budget"] is True and summary["epochs_run"] == 1
     assert summary["learning_curve"][0]["triplets_seen"] == TINY["batch_size"]   # one step, then the stop
-    assert (model_dir / "encoder" / "saved_model.pb").is_file()
+    assert (model_dir / ENCODER / "saved_model.pb").is_file()
     unbounded = train(config.with_flags(model_dir=str(tmp_path / "n"), budget_minutes=None, epochs=1, steps=4))
     assert unbounded["stopped_by_budget"] is False and unbounded["learning_curve"][0]["triplets_seen"] == 32
 
@@ -539,7 +556,7 @@ def test_the_whole_glove_vocabulary_gives_unseen_words_their_vectors(shards, tmp
     assert vocabulary == glove.words and "volcano" in vocabulary      # not a word of the training shards
     trained_only = build_vocabulary(config.with_flags(vocabulary="train"), open_run(shards), str(tmp_path / "t"))
     assert "volcano" not in trained_only and {"striker", "oven"} <= set(trained_only)
-    assert not (tmp_path / "m" / "vocabulary.txt.partial").exists()
+    assert not (tmp_path / "m" / f"{VOCABULARY}.partial").exists()
 
 
 @pytest.mark.parametrize("loss", ["triplet", "in-batch"])

@@ -14,6 +14,7 @@ from model.config import TrainConfig
 from model.encoding.encoder import SavedModelEncoder
 from model.net.backbone import build_transformer_encoder, checkpoint_dir
 from model.net.transformer import token_ids
+from model.training.model_dir import HISTORY, LEARNING_CURVE, SENTENCE_TRANSFORMERS
 
 pytestmark = pytest.mark.slow   # the MiniLM checkpoint built and run
 
@@ -103,9 +104,9 @@ def test_trainer_fine_tunes_the_transformer_and_exports_it(fine_tuned):
     model_dir, summary = fine_tuned
     assert summary["distance"] == "cosine" and summary["learning_rate"] == 5e-5
     assert summary["learning_curve"][0]["triplets_seen"] == 16
-    history = json.loads((model_dir / "history.json").read_text())
+    history = json.loads((model_dir / HISTORY).read_text())
     assert history["config"]["encoder"] == "minilm"
-    assert (model_dir / "learning_curve.png").stat().st_size > 0
+    assert (model_dir / LEARNING_CURVE).stat().st_size > 0
     encoder = SavedModelEncoder(str(model_dir))
     embeddings = encoder.encode(["Rivers flow into seas.", "Zürich is a city."])
     assert embeddings.shape == (2, 384) and np.isfinite(embeddings).all()
@@ -132,7 +133,7 @@ def _keras_hub_embeddings(folder, sentences, reference_tokenizer, max_tokens) ->
 def test_the_sentence_transformers_export_holds_the_fine_tuned_weights(fine_tuned, embedded_pipeline_output,
                                                                        reference_tokenizer):
     model_dir, _ = fine_tuned
-    folder = model_dir / "sentence-transformers"
+    folder = model_dir / SENTENCE_TRANSFORMERS
     sentences = real_sentences(embedded_pipeline_output, limit=40) + HARD_SENTENCES
     keras_export = SavedModelEncoder(str(model_dir)).encode(sentences)
     by_keras_hub = _keras_hub_embeddings(folder, sentences, reference_tokenizer, max_tokens=32)
@@ -171,7 +172,7 @@ def test_model_export_rewrites_the_same_folder_from_the_model_dir(fine_tuned, tm
     model_dir, _ = fine_tuned
     export(["--model-dir", str(model_dir), "--output", str(tmp_path / "st")])
     written, at_train = load_file(tmp_path / "st" / "model.safetensors"), load_file(
-        model_dir / "sentence-transformers" / "model.safetensors")
+        model_dir / SENTENCE_TRANSFORMERS / "model.safetensors")
     assert written.keys() == at_train.keys() and len(written) == 5 + 6 * 16 + 2
     for name in written:
         np.testing.assert_array_equal(written[name], at_train[name])
@@ -205,7 +206,7 @@ def test_sentence_transformers_loads_the_export(fine_tuned, embedded_pipeline_ou
 
     model_dir, _ = fine_tuned
     sentences = real_sentences(embedded_pipeline_output, limit=200)
-    theirs = SentenceTransformer(str(model_dir / "sentence-transformers"), device="cpu").encode(sentences)
+    theirs = SentenceTransformer(str(model_dir / SENTENCE_TRANSFORMERS), device="cpu").encode(sentences)
     ours = SavedModelEncoder(str(model_dir)).encode(sentences)
     cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
     assert cosines.min() >= 0.9999

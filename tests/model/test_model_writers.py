@@ -17,6 +17,7 @@ import pytest
 from model_shards import write_triplet_shards
 
 from model.config import TrainConfig
+from model.training.model_dir import BEST_WEIGHTS, CHECKPOINTS, COMMAND_CLAIM, HISTORY, INPUTS, LOGS, VOCABULARY
 from model.training.shards import TripletDataError
 from pipeline.published import owner_record
 
@@ -67,14 +68,14 @@ def test_train_overwrite_never_deletes_through_a_symbolic_link(shards, tmp_path)
     claim_model_dir(config, str(model_dir))
     outside.mkdir()
     (outside / "thesis.tex").write_text("years of work")
-    (model_dir / "logs").symlink_to(outside)
+    (model_dir / LOGS).symlink_to(outside)
     done = _cli("model.train", "--data", shards, "--model-dir", model_dir, "--overwrite", "true",
                 "--vocabulary", "train", "--lstm-units", "8", "--steps", "2", "--epochs", "1")
-    _one_error_line(done, model_dir, "symbolic link", "logs")
-    assert (outside / "thesis.tex").read_text() == "years of work" and (model_dir / "inputs.json").exists()
-    (model_dir / "logs").unlink()                       # the link gone, --overwrite recovers the folder
+    _one_error_line(done, model_dir, "symbolic link", LOGS)
+    assert (outside / "thesis.tex").read_text() == "years of work" and (model_dir / INPUTS).exists()
+    (model_dir / LOGS).unlink()                       # the link gone, --overwrite recovers the folder
     claim_model_dir(config.with_flags(overwrite=True), str(model_dir))
-    assert sorted(os.listdir(model_dir)) == ["inputs.json"]
+    assert sorted(os.listdir(model_dir)) == [INPUTS]
 
 
 @pytest.mark.slow   # a trainer process
@@ -83,11 +84,11 @@ def test_a_truncated_inputs_json_is_one_error_line(shards, tmp_path):
 
     model_dir = tmp_path / "m"
     claim_model_dir(TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **TINY), str(model_dir))
-    whole = (model_dir / "inputs.json").read_text()
-    (model_dir / "inputs.json").write_text(whole[: len(whole) // 2])   # a kill in the middle of a write
+    whole = (model_dir / INPUTS).read_text()
+    (model_dir / INPUTS).write_text(whole[: len(whole) // 2])   # a kill in the middle of a write
     done = _cli("model.train", "--data", shards, "--model-dir", model_dir, "--vocabulary", "train",
                 "--lstm-units", "8", "--steps", "2", "--epochs", "1")
-    _one_error_line(done, model_dir / "inputs.json", "not a complete JSON file")
+    _one_error_line(done, model_dir / INPUTS, "not a complete JSON file")
 
 
 def test_a_model_dir_a_live_trainer_holds_is_refused_and_a_reused_pid_is_not_its_owner(shards, tmp_path, sleeper):
@@ -96,18 +97,18 @@ def test_a_model_dir_a_live_trainer_holds_is_refused_and_a_reused_pid_is_not_its
     model_dir = tmp_path / "m"
     config = TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **TINY)
     claim_model_dir(config, str(model_dir))
-    claim = json.loads((model_dir / "inputs.json").read_text())
+    claim = json.loads((model_dir / INPUTS).read_text())
     _, live = sleeper
-    (model_dir / "inputs.json").write_text(json.dumps({**claim, "owner": live}))
+    (model_dir / INPUTS).write_text(json.dumps({**claim, "owner": live}))
     with pytest.raises(TripletDataError, match=f"is being trained by pid {live['pid']}"):
         claim_model_dir(config, str(model_dir))
     with pytest.raises(TripletDataError, match="is being trained by"):   # not even with --overwrite
         claim_model_dir(config.with_flags(overwrite=True), str(model_dir))
     # PID 1 is alive, but it is not the process that wrote this claim: its start differs (or is unknown)
     for reused in ({**live, "pid": 1}, {"host": live["host"], "pid": 1}):
-        (model_dir / "inputs.json").write_text(json.dumps({**claim, "owner": reused}))
+        (model_dir / INPUTS).write_text(json.dumps({**claim, "owner": reused}))
         claim_model_dir(config, str(model_dir))
-    assert json.loads((model_dir / "inputs.json").read_text())["owner"]["pid"] == os.getpid()
+    assert json.loads((model_dir / INPUTS).read_text())["owner"]["pid"] == os.getpid()
 
 
 def test_a_resume_that_spells_out_a_default_or_a_trailing_slash_is_the_same_run(shards, tmp_path):
@@ -116,15 +117,15 @@ def test_a_resume_that_spells_out_a_default_or_a_trailing_slash_is_the_same_run(
     model_dir = str(tmp_path / "m")
     config = TrainConfig.from_flags(data=shards, model_dir=model_dir, **TINY)
     claim_model_dir(config, model_dir)
-    (tmp_path / "m" / "vocabulary.txt").write_text("goal\nstar")
+    (tmp_path / "m" / VOCABULARY).write_text("goal\nstar")
     claim_model_dir(config.with_flags(dropout=0.2, data=shards + "/", learning_rate=1e-3, distance="l1"), model_dir)
     with pytest.raises(TripletDataError, match=r"--dropout 0.2 -> 0.3"):
         claim_model_dir(config.with_flags(dropout=0.3), model_dir)
-    recorded = json.loads((tmp_path / "m" / "inputs.json").read_text())
+    recorded = json.loads((tmp_path / "m" / INPUTS).read_text())
     del recorded["flags"]["backend"]                      # a run recorded before --backend existed
-    (tmp_path / "m" / "inputs.json").write_text(json.dumps(recorded))
+    (tmp_path / "m" / INPUTS).write_text(json.dumps(recorded))
     claim_model_dir(config, model_dir)
-    assert (tmp_path / "m" / "vocabulary.txt").exists()
+    assert (tmp_path / "m" / VOCABULARY).exists()
 
 
 @pytest.fixture
@@ -133,25 +134,25 @@ def exportable(fine_tuned, tmp_path):
     inputs.json and history.json (copied) and a checkpoint (a placeholder)."""
     model_dir, _ = fine_tuned
     copy = tmp_path / "minilm-sen"
-    (copy / "checkpoints").mkdir(parents=True)
-    for name in ("inputs.json", "history.json"):
+    (copy / CHECKPOINTS).mkdir(parents=True)
+    for name in (INPUTS, HISTORY):
         shutil.copyfile(model_dir / name, copy / name)
-    (copy / "checkpoints" / "best.weights.h5").write_bytes(b"")
+    (copy / BEST_WEIGHTS).write_bytes(b"")
     return copy
 
 
 @pytest.mark.parametrize("fault, named", [
-    ("truncated inputs.json", "inputs.json"),
-    ("inputs.json of a list", "inputs.json"),
-    ("unknown flag in inputs.json", "inputs.json"),
-    ("bad encoder in inputs.json", "inputs.json"),
-    ("truncated history.json", "history.json"),
+    ("truncated inputs.json", INPUTS),
+    ("inputs.json of a list", INPUTS),
+    ("unknown flag in inputs.json", INPUTS),
+    ("bad encoder in inputs.json", INPUTS),
+    ("truncated history.json", HISTORY),
     ("truncated report triplets.json", "triplets.json"),
     ("report of other methods", "'minilm-sen'"),
     ("output is a symbolic link", "symbolic link"),
 ])
 def test_export_faults_are_one_error_line_and_write_nothing(exportable, tmp_path, fault, named):
-    inputs, history = exportable / "inputs.json", exportable / "history.json"
+    inputs, history = exportable / INPUTS, exportable / HISTORY
     recorded = json.loads(inputs.read_text())
     output, report = tmp_path / "st", tmp_path / "report"
     report.mkdir()
@@ -201,7 +202,7 @@ def test_export_keeps_the_users_files_and_replaces_its_own_only_with_overwrite(f
     export(["--model-dir", str(model_dir), "--output", str(out)])
     first = (out / "model.safetensors").stat()
     # The folder is what a user uploads: its ended claim names no host or pid, nor does any file.
-    claim = json.loads((out / "claim.json").read_text())
+    claim = json.loads((out / COMMAND_CLAIM).read_text())
     assert claim["command"] == "model.export" and claim.keys() == {"command", "ended"}
     assert not [path for path in out.rglob("*") if path.is_file() and _names_this_host(path)]
     card = (out / "README.md").read_text()
@@ -231,11 +232,11 @@ def _names_this_host(path: Path) -> bool:
 def test_a_claim_that_is_not_one_is_one_error_line(tiny_model, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    (out / "claim.json").write_text("[]")
+    (out / COMMAND_CLAIM).write_text("[]")
     source = tmp_path / "sentences.txt"
     source.write_text("The striker scored.\n")
     done = _cli("model.embed", "--model-dir", tiny_model, "--input", source, "--output", out)
-    _one_error_line(done, out / "claim.json", "list")
+    _one_error_line(done, out / COMMAND_CLAIM, "list")
 
 
 def test_two_embeds_into_one_folder_never_lose_rows(tiny_model, tmp_path):
