@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from model.encoding.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
-from model.training.model_dir import ModelDir
+from model.training.model_dir import History, ModelDir
 from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
@@ -53,7 +53,7 @@ class ReportConfig:
                                           "the same --output reuses (eval.kept); 0 = after each article")
 
 
-def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, dict]:
+def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, History]:
     """name -> the history of each `--model-dir` that has one (an untrained export has none)."""
 
     histories = {}
@@ -231,7 +231,7 @@ def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: T
 
 
 def _write_report(args: ReportConfig, results: _Results, seconds: dict[str, float], sentences: int,
-                  runs: list[dict], histories: dict[str, dict]) -> dict:
+                  runs: list[dict], histories: dict[str, History]) -> dict:
     """report.md (every table and plot, with the trained models' learning curves), summary.md (its
     head and each benchmark's main table) and report.json, which is returned."""
     from apache_beam.io.filesystems import FileSystems

@@ -13,6 +13,7 @@ from matplotlib.lines import Line2D
 from eval.clustering import ALGORITHMS, METRICS
 from eval.intervals import interval_text, value_text
 from model.config import NetworkKind
+from model.training.model_dir import History
 from pipeline.outputs import write_bytes
 from pipeline.records import PAPER_DATASET
 
@@ -216,15 +217,14 @@ def write_triplets_report(result: dict, output: str) -> None:
     write_figure(FileSystems.join(output, "triplets_accuracy.png"), triplets_figure(result))
 
 
-def validation_n(history: dict) -> int:
+def validation_n(history: History) -> int:
     """The validation triplets each point of a model's learning curve was scored on: its seeded
     sample, or the whole split (`evaluation_triplets` "all": the split's records)."""
-    sample = history["evaluation_triplets"]
-    whole = history["record_counts"]["validation"]["expected"]
+    sample, whole = history.evaluation_triplets, history.record_counts["validation"]["expected"]
     return whole if sample == "all" else min(int(sample), whole)
 
 
-def learning_curves_figure(histories: dict[str, dict]):
+def learning_curves_figure(histories: dict[str, History]):
     """Validation triplet accuracy of each trained model against training triplets seen and
     against process CPU minutes (the `learning_curve` of each model dir's history), each with its
     untrained network as a dotted line of the same colour (for a fine-tuned checkpoint: the
@@ -232,14 +232,14 @@ def learning_curves_figure(histories: dict[str, dict]):
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
     for index, (name, history) in enumerate(histories.items()):
         color = f"C{index}"
-        points = history["learning_curve"]
+        points = history.learning_curve
         accuracy = [point["val_triplet_accuracy"] for point in points]
-        label = f"{name} ({history.get('distance', 'l1')}, n = {validation_n(history):,} validation triplets)"
+        label = f"{name} ({history.distance}, n = {validation_n(history):,} validation triplets)"
         for axis, key, scale in ((axes[0], "triplets_seen", 1000), (axes[1], "cpu_seconds", 60)):
             axis.plot([point[key] / scale for point in points], accuracy, "o-", color=color, markersize=3, label=label)
-            axis.axhline(history["untrained_val_triplet_accuracy"], color=color, ls=":",
+            axis.axhline(history.untrained_val_triplet_accuracy, color=color, ls=":",
                          label=f"{name} untrained" + (" (off the shelf)" if NetworkKind(
-                             history["config"].get("encoder", NetworkKind.BILSTM)).pretrained else ""))
+                             history.config.get("encoder", NetworkKind.BILSTM)).pretrained else ""))
     axes[0].set_xlabel("training triplets seen (thousands)")
     axes[1].set_xlabel("process CPU minutes")
     axes[0].set_ylabel("validation triplet accuracy")

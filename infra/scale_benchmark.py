@@ -93,14 +93,16 @@ def timed_training(data: str, model_dir: str, flags: list[str]) -> dict:
         raise RuntimeError(f"model.train failed on {data}: {done.stderr[-2000:]}")
     stamp = next(match.group(1) for line in done.stderr.splitlines() if (match := FIRST_STEP.match(line)))
     first_step = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    history = ModelDir(model_dir).history() or {}
+    history = ModelDir(model_dir).history()
+    if history is None:
+        raise RuntimeError(f"model.train wrote no history into {model_dir}: {done.stderr[-2000:]}")
     peak_rss = MAX_RSS.search(done.stderr)
     if peak_rss is None:
         raise RuntimeError(f"model.train reported no peak RSS on {data}: {done.stderr[-2000:]}")
     return {"seconds_to_first_step_from_process_start": round(first_step - started, 1),
-            "seconds_to_first_step_in_train": history["seconds_to_first_step"],
+            "seconds_to_first_step_in_train": history.seconds_to_first_step,
             "peak_rss_mib": round(int(peak_rss.group(1)) / 1024, 1),
-            "train_records": history["record_counts"]["train"]["expected"]}
+            "train_records": history.expected_records("train")}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -58,7 +58,7 @@ def run_curve(entry: str) -> tuple[str, list[dict]]:
     model_dir, _, per_epoch = target.partition("@")
     history = ModelDir(model_dir).history()
     if history is not None:
-        return label, history["learning_curve"]
+        return label, history.learning_curve
     if not per_epoch:
         raise UsageError(f"--run {entry}: {model_dir} has no {HISTORY}: give @TRIPLETS_PER_EPOCH to read its "
                          "TensorBoard log")

@@ -157,7 +157,7 @@ def export_model_dir(config: ExportConfig) -> str:
     if not train_config.network.kind.exports_sentence_transformers:
         raise UsageError(f"--model-dir {config.model_dir} holds a bilstm encoder: only transformer encoders "
                          "export to sentence-transformers")
-    summary = model_dir.history() or {"config": flags}
+    history = model_dir.history()
     name = os.path.basename(config.model_dir.rstrip("/"))
     report_lines = report_scores(config.report, name)
     claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
@@ -165,8 +165,8 @@ def export_model_dir(config: ExportConfig) -> str:
 
     _, train_config, _, encoder, _ = rebuilt(config.model_dir, weights)
     similarity = train_config.resolved("distance")
-    card = model_card(summary, name, similarity, train_config.inputs.max_tokens, report_lines,
-                      int(encoder.output_shape[-1]))
+    card = model_card(history, history.config if history else flags, name, similarity,
+                      train_config.inputs.max_tokens, report_lines, int(encoder.output_shape[-1]))
     folder = checkpoint_dir(flags["encoder"], train_config.network.checkpoint)
     write_sentence_transformers(encoder, folder, config.output,
                                 max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)

@@ -169,11 +169,12 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     output = config.output.rstrip("/")
     os.makedirs(ModelDir(output).file(CHECKPOINTS), exist_ok=True)
     model.save_weights(ModelDir(output).best_weights)
-    histories = [ModelDir(path).history() or {} for path in config.model_dirs]
-    summary = {**histories[0], "best_val_triplet_accuracy": accuracy, "delta_scale": config.scale,
+    histories = [ModelDir(path).history() for path in config.model_dirs]
+    first = histories[0]
+    summary = {**(first.record if first else {}), "best_val_triplet_accuracy": accuracy, "delta_scale": config.scale,
                "soup": {"runs": list(config.model_dirs), "run_val_triplet_accuracy": run_accuracy,
-                        "run_learning_curves": [history.get("learning_curve", []) for history in histories]},
-               "config": {**histories[0].get("config", recipe), "model_dir": config.output}}
+                        "run_learning_curves": [history.learning_curve if history else [] for history in histories]},
+               "config": {**(first.config if first else recipe), "model_dir": config.output}}
     write_complete(ModelDir(output).file(INPUTS), json.dumps({"flags": {**recipe, "model_dir": config.output},
                                                         "soup_of": list(config.model_dirs)}, indent=2).encode())
     write_saved_models(train_config, word_ids, encoder, output)

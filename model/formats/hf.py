@@ -29,7 +29,7 @@ import numpy as np
 
 from model.checkpoints import CHECKPOINTS
 from model.similarity import REPORTED, Similarity
-from model.training.model_dir import ENCODER
+from model.training.model_dir import ENCODER, History
 
 FORMATS = ("sentence-transformers",)   # what `model.export --format` writes
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -223,68 +223,70 @@ def _front_matter(encoder: str) -> str:
     return "\n".join(lines)
 
 
-def _trained_on(summary: dict, flags: dict) -> str:
+def _trained_on(history: History | None, flags: dict) -> str:
     """What the card says the run was trained on: the dataset's splits and the dump, by the run's
     own record (`pipeline.published.Run.provenance`), never a local path; only what is recorded."""
-    counts = {split: count.get("expected") for split, count in (summary.get("record_counts") or {}).items()}
-    splits = ", ".join(f"{counts[split]:,} {split}" for split in ("train", "validation", "test")
-                       if isinstance(counts.get(split), int))
-    source = summary.get("trained_on") or {}
+    counts = {split: history.expected_records(split) if history else None for split in ("train", "validation", "test")}
+    splits = ", ".join(f"{count:,} {split}" for split, count in counts.items() if isinstance(count, int))
+    source = (history.trained_on if history else None) or {}
     dump = source.get("dump")
     if dump:
         dated = f", {source['dump_date']}" if source.get("dump_date") else ""
         kept = (f"; {source['articles']:,} articles kept of {source['pages']:,} pages"
                 if isinstance(source.get("articles"), int) and isinstance(source.get("pages"), int) else "")
         dump = f" built by wikisim's pipeline from the Wikipedia dump `{dump}`{dated}{kept}"
-    seen = (summary.get("learning_curve") or [{}])[-1].get("triplets_seen")
+    seen = history.learning_curve[-1].get("triplets_seen") if history and history.learning_curve else None
     return (f"`{flags.get('dataset')}` triplets" + (f" ({splits})" if splits else "") + (dump or "") +
             (f"; {seen:,} training triplets seen" if isinstance(seen, int) else "") +
             (f", seed {flags['seed']}" if flags.get("seed") is not None else ""))
 
 
-def _recipe(summary: dict, flags: dict, similarity: str) -> str:
-    """The recipe's numbers the run recorded, each only where it did."""
-    parts = [(f"batch {summary.get('global_batch_size') or flags.get('batch_size')}"
-              if summary.get("global_batch_size") or flags.get("batch_size") else None),
-             (f"peak learning rate {summary.get('learning_rate') or flags.get('learning_rate'):g}"
-              if summary.get("learning_rate") or flags.get("learning_rate") else None),
+def _recipe(history: History | None, flags: dict, similarity: str) -> str:
+    """The recipe's numbers the run recorded, each only where it did (the flags' where there is
+    no history: an untrained export)."""
+    batch = history.global_batch_size if history else flags.get("batch_size")
+    learning_rate = (history.learning_rate if history else None) or flags.get("learning_rate")
+    epochs_run, soup = (history.epochs_run, history.soup) if history else (None, None)
+    parts = [f"batch {batch}" if batch else None,
+             f"peak learning rate {learning_rate:g}" if learning_rate else None,
              f"distance {similarity}",
              f"frozen layers {flags['frozen_layers']}" if flags.get("frozen_layers") is not None else None,
-             f"epochs run {summary['epochs_run']}" if summary.get("epochs_run") is not None else None,
-             f"a soup of {len(summary['soup']['runs'])} runs" if summary.get("soup") else None]
+             f"epochs run {epochs_run}" if epochs_run is not None else None,
+             f"a soup of {len(soup['runs'])} runs" if soup else None]
     return ", ".join(part for part in parts if part)
 
 
-def _own_score(summary: dict, flags: dict, similarity: str) -> list[str]:
-    accuracy = summary.get("test_triplet_accuracy")
-    if not isinstance(accuracy, (int, float)) or accuracy != accuracy:   # not measured (or NaN)
+def _own_score(history: History | None, flags: dict, similarity: str) -> list[str]:
+    accuracy = history.test_triplet_accuracy if history else None
+    if history is None or accuracy is None or accuracy != accuracy:   # not measured (or NaN)
         return ["- No score was measured with this model dir; `python -m model.export --report` adds eval.all's, "
                 "with 95 % intervals."]
-    sample = summary.get("evaluation_triplets")
-    n = sample if isinstance(sample, int) else ((summary.get("record_counts") or {}).get("test") or {}).get("expected")
+    sample = history.evaluation_triplets
+    n = sample if isinstance(sample, int) else history.expected_records("test")
     size = f", n = {n:,} triplets" if isinstance(n, int) else ""
     return [f"- triplet accuracy ({similarity}), {flags.get('dataset')} test split{size}: {accuracy:.3f} "
             "(model.train's own score; `python -m model.export --report` adds eval.all's, with 95 % intervals)"]
 
 
-def model_card(summary: dict, name: str, similarity: str, max_tokens: int, report_lines: list[str],
-               dim: int) -> str:
+def model_card(history: History | None, flags: dict, name: str, similarity: str, max_tokens: int,
+               report_lines: list[str], dim: int) -> str:
     """The README.md of the export, as a Hugging Face user would publish it: YAML metadata (the
     base checkpoint, its licence, the language and data), what it was trained on (by the run's
     own record, not a local path), its scores only where measured, each with its split and n, and
-    how to load it. No field reads None or nan, whichever trainer wrote the model dir."""
-    flags = summary.get("config", {})
-    base = BASE_MODELS.get(flags.get("encoder"), (flags.get("encoder"), None))[0]
-    scores = report_lines or _own_score(summary, flags, similarity)
-    return f"""{_front_matter(flags.get('encoder'))}
+    how to load it. `flags`: the run's (its history's `config`; the recorded flags of a model dir
+    without one). No field reads None or nan, whichever trainer wrote the model dir."""
+    encoder: str = flags["encoder"]   # every transformer run records it
+    base = BASE_MODELS.get(encoder, (encoder, None))[0]
+    scores = report_lines or _own_score(history, flags, similarity)
+    return f"""{_front_matter(encoder)}
 
 # {name}: thematic sentence similarity learned from Wikipedia sections
 
 [{base}](https://huggingface.co/{base}) fine-tuned as a triplet network (Ein Dor et al., ACL 2018):
 two sentences of one Wikipedia section should be closer than a sentence of another section.
 
-- Trained on: {_trained_on(summary, flags)}.
-- Recipe: {_recipe(summary, flags, similarity)}.
+- Trained on: {_trained_on(history, flags)}.
+- Recipe: {_recipe(history, flags, similarity)}.
 - Embeddings: {dim} floats, mean pooling over at most {max_tokens}
   wordpieces; compare them by **{Similarity(similarity).fn_name}** similarity.
 

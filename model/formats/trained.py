@@ -9,7 +9,7 @@ import shutil
 import sys
 
 from model.config import TrainConfig
-from model.training.model_dir import ENCODER, SENTENCE_TRANSFORMERS
+from model.training.model_dir import ENCODER, SENTENCE_TRANSFORMERS, History
 
 LOG = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ def export_sentence_transformers(encoder, summary: dict, config: TrainConfig, mo
     from model.net.backbone import checkpoint_dir
 
     similarity, max_tokens = config.resolved("distance"), config.inputs.max_tokens
-    card = model_card(summary, os.path.basename(config.runtime.model_dir.rstrip("/")), similarity, max_tokens, [],
-                      int(encoder.output_shape[-1]))
+    card = model_card(History.of(summary), summary["config"], os.path.basename(config.runtime.model_dir.rstrip("/")),
+                      similarity, max_tokens, [], int(encoder.output_shape[-1]))
     final, partial = f"{model_dir}/{SENTENCE_TRANSFORMERS}", f"{model_dir}/{SENTENCE_TRANSFORMERS}.partial"
     shutil.rmtree(partial, ignore_errors=True)   # the trainer's own (RUN_ENTRIES); swapped in whole below
     os.makedirs(partial)

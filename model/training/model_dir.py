@@ -14,7 +14,8 @@ it, and a reader never meets a history without a field it relies on.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 INPUTS = "inputs.json"
 HISTORY = "history.json"
@@ -91,6 +92,53 @@ def history_errors(summary: dict) -> list[str]:
 
 
 @dataclass(frozen=True)
+class History:
+    """history.json read back, typed: HISTORY_FIELDS and HISTORY_OPTIONAL as attributes (an
+    optional one None where the run left it out), Keras' per-epoch lists (EPOCH_KEYS) in `epochs`,
+    and `record`, the object as written, which a soup carries forward into its own. Its readers
+    (the model card, `eval.all`'s curves, `model.curves`, `model.soup`, `infra.scale_benchmark`)
+    read these attributes, never the raw object."""
+
+    learning_curve: list[dict]
+    best_val_triplet_accuracy: float
+    untrained_val_triplet_accuracy: float
+    evaluation_triplets: int | str
+    record_counts: dict[str, dict]
+    config: dict
+    distance: str
+    global_batch_size: int
+    replicas: int
+    untrained_val_loss: float | None
+    mean_vectors_val_triplet_accuracy: float | None
+    test_triplet_accuracy: float | None
+    test_loss: float | None
+    epochs_run: int | None
+    stopped_by_budget: bool | None
+    seconds_to_first_step: float | None
+    vocabulary_size: int | None
+    skipped_records: dict | None
+    trained_on: dict | None
+    processes: int | None
+    device: str | None
+    learning_rate: float | None
+    delta_scale: float | None
+    soup: dict | None
+    epochs: dict[str, list[float]]
+    record: dict = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, record: dict) -> History:
+        """The History of `record`, a summary that holds HISTORY_FIELDS (as every reader and the
+        writer check it); keys it does not define are kept in `record` alone."""
+        known: dict[str, Any] = {name: record.get(name) for name in (*HISTORY_FIELDS, *HISTORY_OPTIONAL)}
+        return cls(**known, epochs={name: record[name] for name in EPOCH_KEYS if name in record}, record=record)
+
+    def expected_records(self, split: str) -> int | None:
+        """The records `split` was expected to hold (`record_counts`), None where not recorded."""
+        return (self.record_counts.get(split) or {}).get("expected")
+
+
+@dataclass(frozen=True)
 class ModelDir:
     """A model dir at `path` (local or gs://): its files' paths, and their typed readers and writer."""
 
@@ -116,12 +164,12 @@ class ModelDir:
 
         return exists(self.file(name))
 
-    def history(self) -> dict | None:
-        """history.json, checked to hold HISTORY_FIELDS; None where there is none (an untrained
+    def history(self) -> History | None:
+        """HISTORY, checked to hold HISTORY_FIELDS; None where there is none (an untrained
         export: `model.pretrained`)."""
         from pipeline.published import read_json_object
 
-        return read_json_object(self.file(HISTORY), HISTORY_FIELDS) if self.has(HISTORY) else None
+        return History.of(read_json_object(self.file(HISTORY), HISTORY_FIELDS)) if self.has(HISTORY) else None
 
     def write_history(self, summary: dict) -> None:
         from pipeline.published import write_complete

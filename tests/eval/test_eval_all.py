@@ -19,7 +19,7 @@ from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoding.encoders import EncoderSpec, load_encoders
-from model.training.model_dir import HISTORY
+from model.training.model_dir import HISTORY, ModelDir
 from pipeline.published import JsonFileError
 
 
@@ -78,10 +78,11 @@ def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny
         assert [(round(low, 6), round(high, 6)) for (_, low), (_, high) in segments] == [
             (round(e[f"interval_{distance}"]["low"], 6), round(e[f"interval_{distance}"]["high"], 6))
             for e in report["triplets"]["methods"]]
-    history = json.loads((Path(tiny_model) / HISTORY).read_text())
+    history = ModelDir(tiny_model).history()
+    assert history is not None and history.record == json.loads((Path(tiny_model) / HISTORY).read_text())
     labels = [line.get_label() for line in learning_curves_figure({"triplets-sen": history}).axes[0].lines]
-    assert f"triplets-sen ({history['distance']}, n = {validation_n(history):,} validation triplets)" in labels
-    assert validation_n(history) == history["record_counts"]["validation"]["expected"]   # "all" -> the split's n
+    assert f"triplets-sen ({history.distance}, n = {validation_n(history):,} validation triplets)" in labels
+    assert validation_n(history) == history.expected_records("validation")   # "all" -> the split's n
 
     # The model card of a sentence-transformers export quotes this report, intervals included.
     from model.formats.hf import report_scores
@@ -172,7 +173,8 @@ def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
     (tmp_path / "untrained").mkdir()
     histories = eval_all.trained_histories((f"{tmp_path}/sen/", f"triplets-titles={tmp_path}/titles",
                                             str(tmp_path / "untrained")))
-    assert histories == {"sen": written["sen"], "triplets-titles": written["titles"]}
+    assert {name: history.record for name, history in histories.items()} == {
+        "sen": written["sen"], "triplets-titles": written["titles"]}
     (tmp_path / "sen" / HISTORY).write_text(json.dumps({"learning_curve": [0.5]}))   # not a trainer's
     with pytest.raises(JsonFileError, match=f"{HISTORY}: field best_val_triplet_accuracy is missing"):
         eval_all.trained_histories((str(tmp_path / "sen"),))
