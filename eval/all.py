@@ -105,7 +105,7 @@ def int8_methods(methods: Methods, output: str) -> Methods:
     from eval.report import write_json
     from model.encoding.encoders import SpecKind
     from model.export import main as export
-    from pipeline.published import read_json_object
+    from pipeline.files import read_json_object
 
     texts = []
     for spec in methods.specs():

@@ -41,8 +41,7 @@ from eval.report import read_jsonl
 from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, encoder_fingerprint
 from model.encoding.encoders import EncoderSpec, method_names
 from pipeline.cli import UsageError
-from pipeline.outputs import write_bytes
-from pipeline.published import read_json_object
+from pipeline.files import read_json_object, write_bytes
 
 ROWS_FOLDER = "scb/rows"
 KEY_FILE = "key.json"
@@ -136,7 +135,7 @@ def _refuse_unreadable_embeddings(path: str, output: str) -> None:
 
 
 def _refuse_unreadable_rows(path: str, output: str) -> None:
-    from pipeline.published import read_bytes
+    from pipeline.files import read_bytes
 
     for number, line in enumerate(read_bytes(path).decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -219,7 +218,7 @@ def runs_ledger(output: str) -> Iterator[list[dict]]:
     `RUNS_FILE` is rewritten whole every HEARTBEAT_SECONDS, so a killed run counts to within
     that; the caller marks it `finished` before writing the report, and the yielded list is the
     ledger then."""
-    from pipeline.published import read_bytes
+    from pipeline.files import read_bytes
 
     path = FileSystems.join(output, RUNS_FILE)
     earlier = json.loads(read_bytes(path)) if FileSystems.exists(path) else []

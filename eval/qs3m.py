@@ -29,7 +29,7 @@ from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
 from pipeline.cli import flag, parse_config, run_cli
-from pipeline.outputs import read_bytes
+from pipeline.files import read_bytes
 from pipeline.progress import progress_bar
 from pipeline.splits import SPLITS
 

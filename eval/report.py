@@ -14,7 +14,7 @@ from eval.clustering import ALGORITHMS, METRICS
 from eval.intervals import interval_text, value_text
 from model.config import NetworkKind
 from model.training.model_dir import History
-from pipeline.outputs import write_bytes
+from pipeline.files import write_bytes
 from pipeline.records import PAPER_DATASET
 
 matplotlib.use("Agg")   # files, never a window: pyplot picks its backend at the first figure, so after its import

@@ -181,7 +181,7 @@ def end_claim(output: str) -> str:
     import time
 
     from model.training.model_dir import COMMAND_CLAIM
-    from pipeline.published import write_complete
+    from pipeline.files import write_complete
 
     ended = {"command": "model.export", "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_complete(f"{output.rstrip('/')}/{COMMAND_CLAIM}", json.dumps(ended).encode())
@@ -191,7 +191,7 @@ def end_claim(output: str) -> str:
 def is_off_the_shelf(model_dir: str) -> bool:
     """Whether `model_dir` is `model.pretrained`'s: a checkpoint's export, no recorded training."""
     from model.training.model_dir import COMMAND_CLAIM, INPUTS
-    from pipeline.published import read_json_object
+    from pipeline.files import read_json_object
 
     claim = os.path.join(model_dir, COMMAND_CLAIM)
     return (not os.path.exists(os.path.join(model_dir, INPUTS)) and os.path.exists(claim)
@@ -262,7 +262,8 @@ def export_onnx(config: ExportConfig) -> str:
 
 def scb_sentences(data: str, limit: int) -> list[str]:
     """The first `limit` distinct sentences of a run's SCB articles, as the pipeline wrote them."""
-    from pipeline.published import Run, read_bytes
+    from pipeline.files import read_bytes
+    from pipeline.published import Run
     from pipeline.records import SCB, ScbRecord
 
     sentences: dict[str, None] = {}

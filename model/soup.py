@@ -142,7 +142,7 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     from model.training.arrays import TripletInput
     from model.training.shards import open_run
     from model.training.tf_input import evaluation
-    from pipeline.published import write_complete
+    from pipeline.files import write_complete
 
     if train_config.network.kind.reads_word_vectors:
         raise UsageError("--model-dir: a soup of BiLSTM runs is not made (each has its own vocabulary); soups are "

@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 
 from pipeline.cli import UsageError
+from pipeline.files import partial_of, read_bytes, write_bytes, write_complete
 from pipeline.published import (
     LOCK,
     MANIFEST,
@@ -50,9 +51,6 @@ from pipeline.published import (
     live_lock_owner,
     live_readers,
     owner_record,
-    partial_of,
-    read_bytes,
-    write_complete,
 )
 from pipeline.records import TRIPLET_FEATURES
 
@@ -76,16 +74,6 @@ def check_output_path(out: str, flag: str = "--output") -> None:
     if found:
         raise OutputInUseError(f"{flag} {out}: the path holds {' '.join(found)}, which Beam reads as a glob "
                                "pattern; choose a path without them")
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes exactly `data` (no compression chosen by extension) to `path`, local or gs://, whole
-    or not at all (`write_complete`: a kill mid-write leaves the earlier file, never half of
-    one). Creates a local file's folder, as Beam's `FileSystems.create` does. The one such
-    helper: eval and model import it."""
-    if "://" not in path:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    write_complete(path, data)
 
 
 def _files(out: str) -> list[str]:

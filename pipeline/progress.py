@@ -28,6 +28,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from pipeline.files import write_complete
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -90,10 +92,7 @@ class PageCounts:
             self.flush()
 
     def flush(self) -> None:
-        partial = self.path + ".partial"
-        with open(partial, "w") as handle:
-            json.dump({"pages": self.pages, "dead_letters": self.dead_letters}, handle)
-        os.replace(partial, self.path)
+        write_complete(self.path, json.dumps({"pages": self.pages, "dead_letters": self.dead_letters}).encode())
         self.reported_at = time.monotonic()
 
 
@@ -172,7 +171,7 @@ def private_tempdir() -> Iterator[str]:
     `beam-temp*` and `beam-requirements-cache` folders in the system's temporary folder on
     every run, which piled up. A run killed before it removes its folder (SIGKILL, a lost
     machine) leaves it; the next run removes it (`remove_dead_runs_folders`)."""
-    from pipeline.published import owner_record, write_complete
+    from pipeline.published import owner_record
 
     remove_dead_runs_folders(tempfile.gettempdir())
     previous_env, previous_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir

@@ -57,7 +57,8 @@ def submission(out: str) -> tuple[dict, dict] | None:
     UsageError naming the folder when it holds no submitted job."""
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.published import LOCK, MANIFEST, read_json_object, submitted_job
+    from pipeline.files import read_json_object
+    from pipeline.published import LOCK, MANIFEST, submitted_job
 
     if not FileSystems.exists(f"{out}/{LOCK}"):
         if FileSystems.exists(f"{out}/{MANIFEST}"):

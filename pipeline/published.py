@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.cli import DataLossError, UsageError
+from pipeline.files import read_bytes, read_json_object, write_complete
 from pipeline.records import TRIPLET_FEATURES
 
 LOG = logging.getLogger(__name__)
@@ -204,44 +205,6 @@ class Manifest:
         stats, the rest, this manifest."""
         shards = [shard.path for output in self.outputs.values() for shard in output.all_shards()]
         return sorted({*shards, *self.files, *([self.stats] if self.stats else []), MANIFEST})
-
-
-def read_bytes(path: str) -> bytes:
-    """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
-    from apache_beam.io.filesystems import FileSystems
-
-    with FileSystems.open(path) as handle:
-        return handle.read()
-
-
-class JsonFileError(UsageError):
-    """A JSON file a command reads back (a claim, a model dir's inputs or history, a report) is
-    truncated, not JSON, or lacks a field its writer writes."""
-
-
-def read_json_object(path: str, fields: dict[str, type | tuple[type, ...]] | None = None) -> dict:
-    """The JSON object in the file `path` (local or remote), checked to hold `fields` (name:
-    type): the one reader of every JSON file a command reads back. JsonFileError, one line
-    naming the file and the field, for a truncated or non-JSON file, another JSON value than an
-    object, or a missing or mistyped field: what a kill in the middle of a write by an older
-    version, or an edit, leaves."""
-    try:
-        value = json.loads(read_bytes(path).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise JsonFileError(f"{path}: not a complete JSON file ({type(error).__name__}: {error}); it was cut "
-                            "short or edited: restore it, or rerun the command that wrote it") from None
-    if not isinstance(value, dict):
-        raise JsonFileError(f"{path}: holds a JSON {type(value).__name__}, not an object; it was edited or is "
-                            "not this file: restore it, or rerun the command that wrote it")
-    for name, kind in (fields or {}).items():
-        if name not in value:
-            raise JsonFileError(f"{path}: field {name} is missing; restore the file, or rerun the command that "
-                                "wrote it")
-        if not isinstance(value[name], kind) or (isinstance(value[name], bool) and kind in (int, float)):
-            raise JsonFileError(f"{path}: field {name} is {type(value[name]).__name__} {str(value[name])[:60]!r}, "
-                                f"not {getattr(kind, '__name__', kind)}; restore the file, or rerun the command "
-                                "that wrote it")
-    return value
 
 
 def file_sizes(paths: list[str]) -> dict[str, int | None]:
@@ -596,44 +559,6 @@ def submitted_job(owner: dict | None) -> dict | None:
     submitted: {"id", "project", "region"}), or None for a lock held by a running process."""
     job = (owner or {}).get("job")
     return job if isinstance(job, dict) and isinstance(job.get("id"), str) and job["id"] else None
-
-
-# `write_complete`'s temporary beside `path`: `path.<pid>-<8 hex digits>.partial`; one that stays
-# (a kill mid-write, or an older wikisim) is a file of whoever lists `path` (`pipeline.outputs`).
-PARTIAL = re.compile(r"(?P<of>.+)\.[0-9]+-[0-9a-f]{8}\.partial")
-
-
-def partial_of(path: str) -> str | None:
-    """The path whose `write_complete` temporary `path` is, or None when it is none."""
-    match = PARTIAL.fullmatch(path)
-    return match.group("of") if match else None
-
-
-def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
-    """Writes `path` so that it appears complete or not at all: a temporary file beside it,
-    then (local) `os.link` when `exclusive` (FileExistsError if `path` exists) or `os.replace`.
-    On a remote store the object is written in one request (GCS objects appear whole)."""
-    if "://" in path:
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
-
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            handle.write(data)
-        return
-    temporary = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial"   # `PARTIAL` tells it
-    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    try:   # whatever fails (disk full, a file size limit, a kill's KeyboardInterrupt), no temporary stays
-        try:
-            written = memoryview(data)
-            while written:   # a full disk first writes short, then fails: never a truncated file
-                written = written[os.write(fd, written):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.link(temporary, path) if exclusive else os.replace(temporary, path)
-    finally:
-        with contextlib.suppress(OSError):   # gone once replaced; the error that got here is the one raised
-            os.unlink(temporary)
 
 
 def take_lease(root: str) -> str | None:

@@ -414,7 +414,7 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
     """What follows a job that ended (`result`, a Beam PipelineResult): its counters reconciled,
     stats.json and the plot written, the summary printed; InputLossError when it lost more of
     its input than allowed or its counts do not reconcile (the run then stays unpublished)."""
-    from pipeline import outputs
+    from pipeline import files, outputs
 
     out = config.output.rstrip("/")
     counters = counters_of(result, config, runner)
@@ -428,8 +428,8 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
     }
     plot = triplets_plot_png(counters, config.triplet_datasets())
     with writes_of(out):
-        outputs.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
-        outputs.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", plot)
+        files.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
+        files.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", plot)
     print(summary_table(counters))
     print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
           f"wall time {stats['wall_seconds']} s; outputs in {out}")

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
 from model.training.model_dir import ENCODER
-from pipeline.outputs import write_bytes
+from pipeline.files import write_bytes
 from pipeline.splits import stable_hash
 
 # Where an evaluation keeps its embeddings, under its --output.

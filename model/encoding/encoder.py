@@ -242,7 +242,7 @@ class SavedModelEncoder(ExportedEncoder):
 def read_settings(folder: str) -> dict:
     """The folder's `onnx.json`, checked to be this format's (`JsonFileError`, one line naming it,
     otherwise); FileNotFoundError where there is none."""
-    from pipeline.published import JsonFileError, read_json_object
+    from pipeline.files import JsonFileError, read_json_object
 
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.exists(path):

@@ -124,13 +124,13 @@ def export_entries() -> tuple[str, ...]:
 def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_tokens: int, similarity: str,
                                 card: str) -> str:
     """Writes the folder's files into the existing folder `output`, each whole (a temporary file,
-    then a rename: `pipeline.published.write_complete`, mode 0644) and `modules.json`, what
+    then a rename: `pipeline.files.write_complete`, mode 0644) and `modules.json`, what
     sentence-transformers reads first, last: a killed export is never a loadable half.
     `checkpoint`: the pre-trained checkpoint's folder, whose `config.json` (with the backbone's
     layer count) and tokenizer files the fine-tuned model keeps. Returns `output`."""
     from safetensors.numpy import save
 
-    from pipeline.published import read_json_object, write_complete
+    from pipeline.files import read_json_object, write_complete
 
     backbone = backbone_of(encoder)
     files: dict[str, bytes] = {}
@@ -156,7 +156,7 @@ def report_scores(report: str | None, method: str) -> list[str]:
     is a JsonFileError naming it, and a report without `method`'s rows a UsageError naming the
     methods it has: a card never silently lacks the scores it was asked for."""
     from pipeline.cli import UsageError
-    from pipeline.published import JsonFileError, read_json_object
+    from pipeline.files import JsonFileError, read_json_object
 
     if not report:
         return []

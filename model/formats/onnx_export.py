@@ -225,7 +225,7 @@ def write_onnx_folder(backbone, vocabulary_path: str, output: str, *, max_tokens
     `projection`: a distilled student's Dense layer after pooling, or None."""
     from model.formats.hf import hf_bert_weights
     from model.net.wordpieces import WordPieces
-    from pipeline.published import write_complete
+    from pipeline.files import write_complete
 
     norm = backbone.get_layer("embeddings_layer_norm")
     dense = None if projection is None else (np.asarray(projection.kernel.numpy(), np.float32),

@@ -19,7 +19,7 @@ from model.qs3m.data import QUERY_REPRESENTATIONS, QueryEmbeddings, embed_querie
 from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
 from model.qs3m.pairs import LABELINGS, Pair, sample_pairs
 from pipeline.cli import flag, parse_config, run_cli
-from pipeline.outputs import write_bytes
+from pipeline.files import write_bytes
 
 # ---------------------------------------------------------------- training
 

@@ -10,7 +10,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -30,7 +29,7 @@ from model.training.model_dir import (
 )
 from model.training.storage import TreeMirror
 from pipeline.cli import DataLossError
-from pipeline.published import write_complete
+from pipeline.files import replace_folder, write_complete
 
 
 def optimizer_step(model: keras.Model) -> int:
@@ -60,41 +59,6 @@ def room_in(folder: str):
                           "--model-dir) and rerun the same command: it resumes from the last backup") from error
 
 
-def replace_whole(folder: str, write) -> None:
-    """Replaces the local folder `folder` whole or not at all, as Orbax and TF's CheckpointManager
-    replace a checkpoint: `write(partial)` fills `<folder>.partial/`, the current folder is renamed
-    `<folder>.previous`, the new one renamed into place, and only then the previous one deleted.
-    `recover_backup` undoes a kill between the two renames."""
-    partial, previous = f"{folder}.partial", f"{folder}.previous"
-    if os.path.isdir(partial):
-        shutil.rmtree(partial)
-    os.makedirs(partial)
-    try:
-        write(partial)
-    except BaseException:   # a full disk: the half-written copy goes, not the room it takes
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    if os.path.isdir(folder):
-        os.rename(folder, previous)
-    os.rename(partial, folder)
-    if os.path.isdir(previous):
-        shutil.rmtree(previous)
-
-
-def recover_backup(folder: str) -> None:
-    """Before a run reads `folder` (written by `replace_whole`): a kill between its two renames
-    left the last good one as `<folder>.previous`, which is put back; a half-written
-    `<folder>.partial` is removed."""
-    partial, previous = f"{folder}.partial", f"{folder}.previous"
-    if os.path.isdir(partial):
-        shutil.rmtree(partial)
-    if os.path.isdir(previous):
-        if os.path.isdir(folder):
-            shutil.rmtree(previous)
-        else:
-            os.rename(previous, folder)
-
-
 def read_backup_state(folder: str) -> dict | None:
     """The state a backup holds, or None without a (complete) backup: "epoch" (the epochs
     completed: trained and validated), "step" (the optimizer's steps), and the record of the
@@ -119,7 +83,7 @@ class AtomicBackup(keras.callbacks.Callback):
     optimizer's state and step), the epochs completed and their record (`read_backup_state`: the
     epoch-end logs of every completed epoch, the points of `curve`, a LearningCurve placed before
     it in the callbacks so that an epoch's point is in that epoch's backup), replaced whole
-    (`replace_whole`). The record goes on from the backup found in `folder` when it is created
+    (`pipeline.files.replace_folder`). The record goes on from the backup found in `folder` when it is created
     (the one the run resumes from), so a resumed run's backups, and its history, hold every epoch
     since the first run began. Keras' BackupAndRestore writes its weights file in place, so a
     kill mid-write left a truncated file that every rerun failed to load. The trainer restores a
@@ -161,7 +125,7 @@ class AtomicBackup(keras.callbacks.Callback):
                 json.dump(record, handle)
 
         with room_in(self.folder):
-            replace_whole(self.folder, write)
+            replace_folder(self.folder, write)
 
 
 class MirrorBackups(keras.callbacks.Callback):

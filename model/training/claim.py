@@ -12,7 +12,8 @@ from model.config import TrainConfig
 from model.training.model_dir import CLAIM, RUN_ENTRIES
 from model.training.shards import TripletDataError, TripletDataLoss, open_run
 from model.training.storage import claim_is_live
-from pipeline.published import Run, owner_record, read_json_object, write_complete
+from pipeline.files import read_json_object, write_complete
+from pipeline.published import Run, owner_record
 
 # What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
 # run must see the same, or it would silently continue on other data or another id space.

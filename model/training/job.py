@@ -57,7 +57,8 @@ from model.training.plots import plot_history, plot_learning_curve
 from model.training.shards import TripletDataError, open_run, triplet_split
 from model.training.storage import TreeMirror, staged
 from model.training.vocabulary import build_vocabulary, embedding_matrix
-from pipeline.published import Run, write_complete
+from pipeline.files import write_complete
+from pipeline.published import Run
 from pipeline.splits import SPLITS
 
 if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
@@ -158,9 +159,10 @@ def restored_state(model, backup_dir: str) -> dict:
     `model` (the weights and the optimizer's state; "step" is the optimizer's step); without one,
     the state of a run at its start. Read before `fit` so the training stream continues at the
     first batch not yet trained on."""
-    from model.training.callbacks import optimizer_step, read_backup_state, recover_backup
+    from model.training.callbacks import optimizer_step, read_backup_state
+    from pipeline.files import recover_folder
 
-    recover_backup(backup_dir)
+    recover_folder(backup_dir)
     state = read_backup_state(backup_dir)
     if state is None:
         return {"epoch": 0, "step": 0, "history": {}, "learning_curve": [], "at_epoch_end": False}

@@ -1,7 +1,7 @@
 """A model dir: the one hand-off between a trainer (`model.train` under any backend, `model.soup`,
 `model.pretrained`) and every reader of it (`eval.all` and its report, `model.export`,
 `model.curves`, the model card, `infra.scale_benchmark`). Its files are
-named here once; each is written whole (`pipeline.published.write_complete`) and read back by
+named here once; each is written whole (`pipeline.files.write_complete`) and read back by
 one typed reader (`read_json_object`), so a truncated or foreign file is one `error:` line naming
 it, and a reader never meets a history without a field it relies on.
 
@@ -167,12 +167,12 @@ class ModelDir:
     def history(self) -> History | None:
         """HISTORY, checked to hold HISTORY_FIELDS; None where there is none (an untrained
         export: `model.pretrained`)."""
-        from pipeline.published import read_json_object
+        from pipeline.files import read_json_object
 
         return History.of(read_json_object(self.file(HISTORY), HISTORY_FIELDS)) if self.has(HISTORY) else None
 
     def write_history(self, summary: dict) -> None:
-        from pipeline.published import write_complete
+        from pipeline.files import write_complete
 
         errors = history_errors(summary)
         if errors:   # a trainer's bug, not an input: every reader would fail on it later
@@ -183,7 +183,7 @@ class ModelDir:
         """The flags `inputs.json` records (`model.training.claim.recorded_flags`); a UsageError naming the
         folder when it has none (not a `model.train` model dir) or the file when it is not one."""
         from pipeline.cli import UsageError
-        from pipeline.published import read_json_object
+        from pipeline.files import read_json_object
 
         if not self.has(INPUTS):
             raise UsageError(f"--model-dir {self.path}: no {INPUTS} (not a model.train model dir)")

@@ -223,7 +223,8 @@ def _claim(path: str, command: str, writes: tuple[str, ...], flag: str, overwrit
     from apache_beam.io.filesystems import FileSystems
 
     from pipeline.cli import UsageError
-    from pipeline.published import owner_record, read_json_object, write_complete
+    from pipeline.files import read_json_object, write_complete
+    from pipeline.published import owner_record
 
     root = path.rstrip("/")
     found = _top_level_entries(path)

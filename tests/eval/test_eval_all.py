@@ -20,7 +20,7 @@ from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoding.encoders import EncoderSpec, load_encoders
 from model.training.model_dir import HISTORY, ModelDir
-from pipeline.published import JsonFileError
+from pipeline.files import JsonFileError
 
 
 def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny_model, tmp_path):

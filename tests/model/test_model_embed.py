@@ -56,7 +56,7 @@ def test_embeds_from_and_to_gcs_with_a_model_on_gcs(tiny_model, gcs_emulator):
     import io
 
     from model.training.storage import upload_tree
-    from pipeline.outputs import read_bytes, write_bytes
+    from pipeline.files import read_bytes, write_bytes
 
     root = gcs_emulator()
     upload_tree(tiny_model, f"{root}/model")

@@ -184,7 +184,7 @@ def test_the_onnx_encoder_loads_and_encodes_without_tensorflow(onnx_exports):
 
 def test_a_folder_that_is_no_onnx_export_is_one_error_line(tmp_path, capsys):
     from eval.triplets import main as triplets
-    from pipeline.published import JsonFileError
+    from pipeline.files import JsonFileError
 
     status = run_cli(triplets, ["--data", str(tmp_path / "no-run"), "--output", str(tmp_path / "out"),
                                 "--encoder", f"onnx:{tmp_path / 'missing'}"])

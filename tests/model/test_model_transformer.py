@@ -44,7 +44,7 @@ def reference_tokenizer():
 def real_sentences(pipeline_output, limit=1500) -> list[str]:
     """Kept sentences of the excerpt's SCB articles (plain JSON lines, as the pipeline writes them)."""
     from eval.scb import scb_files
-    from pipeline.outputs import read_bytes
+    from pipeline.files import read_bytes
     from pipeline.records import ScbRecord
 
     sentences = []

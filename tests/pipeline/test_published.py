@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline import outputs, published
+from pipeline import files, outputs, published
 from pipeline.published import MANIFEST, Manifest, ManifestError, Run
 
 
@@ -98,7 +98,7 @@ def test_a_lock_is_written_whole_and_an_empty_one_goes_stale_after_a_minute(tmp_
     assert lock["pid"] == os.getpid() and lock["folders"] == ["scb"]
     assert oct((tmp_path / published.LOCK).stat().st_mode & 0o777) == "0o644"
     with pytest.raises(FileExistsError):                # exclusive: never replaces a lock that is there
-        published.write_complete(str(tmp_path / published.LOCK), b"{}", exclusive=True)
+        files.write_complete(str(tmp_path / published.LOCK), b"{}", exclusive=True)
     assert [name for name in os.listdir(tmp_path) if "partial" in name] == []
 
 
