@@ -202,16 +202,12 @@ class SavedModelEncoder(ExportedEncoder):
         self._module = tf.saved_model.load(local)
         self._serve = self._module.signatures[SIGNATURE]
         self.dim = int(self._module.embedding_dim.numpy())
-        # What the embeddings were trained for, by sentence-transformers' name (exports before it
-        # was recorded: cosine, as sentence-transformers assumes; older ones recorded `l1`).
-        recorded = getattr(self._module, "similarity", None)
-        recorded = recorded.numpy().decode() if recorded is not None else "cosine"
-        self.similarity_function = Similarity.named(recorded)
+        # What the embeddings were trained for (sentence-transformers' name) and the tokens
+        # (wordpieces) kept per sentence, as the export records them (`ExportableEncoder`).
+        self.similarity_function = Similarity.named(self._module.similarity.numpy().decode())
         self.similarity_fn_name = self.similarity_function.fn_name
-        # Tokens (wordpieces) kept per sentence, where the export records it (older ones do not).
-        recorded = getattr(self._module, "max_seq_length", None)
-        self.max_seq_length = int(recorded.numpy()) if recorded is not None else None
-        # The checkpoint a `model.pretrained` export is (exports before it was recorded: minilm's).
+        self.max_seq_length = int(self._module.max_seq_length.numpy())
+        # The checkpoint a `model.pretrained` export is (a trained export records none).
         recorded = getattr(self._module, "checkpoint", None)
         self.checkpoint = recorded.numpy().decode() if recorded is not None else None
 
