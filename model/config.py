@@ -26,7 +26,6 @@ from typing import Any
 
 from model.checkpoints import CHECKPOINTS
 from model.similarity import Similarity
-from model.training.model_dir import ENCODER, SERVING
 from pipeline.cli import config_flags, config_from_flags, flag, parse_config
 from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
@@ -231,7 +230,7 @@ class OptimizerConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
-    model_dir: str = flag(help=f"where vocabulary, backups, checkpoints, logs, history, plots and {ENCODER}/ go")
+    model_dir: str = flag(help="where vocabulary, backups, checkpoints, logs, history, plots and the encoder go")
     overwrite: bool = flag(False, help="start over: delete what --model-dir holds from an earlier run")
     backend: str = flag("tensorflow", help="Keras backend: tensorflow, or jax (Keras `fit` under JAX; a "
                                            "transformer's shards read as NumPy arrays, without TensorFlow)")
@@ -246,8 +245,8 @@ class RuntimeConfig:
     budget_minutes: float | None = flag(None, help="wall-clock training budget; stops after the current step, "
                                                    "still validates that epoch")
     checkpoint_every: int = flag(50, help="steps between backups (and TensorBoard scalars)")
-    serving_version: int | None = flag(None, help=f"also export the encoder to <model-dir>/{SERVING}/N, the "
-                                                  "numbered version folder TensorFlow Serving loads")
+    serving_version: int | None = flag(None, help="also export the encoder to the model dir's numbered "
+                                                  "version folder N, which TensorFlow Serving loads")
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
     progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
 

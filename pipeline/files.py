@@ -15,6 +15,13 @@ from collections.abc import Callable
 from pipeline.cli import UsageError
 
 
+def exists(path: str) -> bool:
+    """Whether the file `path` exists, local or remote: Beam's `FileSystems.exists`, typed (Beam's is not)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return bool(FileSystems.exists(path))
+
+
 def read_bytes(path: str) -> bytes:
     """Whole file through Beam FileSystems (local or gs://), decompressed by its extension."""
     from apache_beam.io.filesystems import FileSystems

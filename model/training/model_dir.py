@@ -160,7 +160,7 @@ class ModelDir:
         return self.file(SENTENCE_TRANSFORMERS)
 
     def has(self, name: str) -> bool:
-        from model.training.storage import exists
+        from pipeline.files import exists
 
         return exists(self.file(name))
 

@@ -33,13 +33,6 @@ def is_remote(path: str) -> bool:
     return FileSystems.get_scheme(str(path)) is not None
 
 
-def exists(path: str) -> bool:
-    """Whether the file `path` exists, local or remote: Beam's `FileSystems.exists`, typed (Beam's is not)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    return bool(FileSystems.exists(path))
-
-
 def _remote_file(root: str, relative: str) -> str:
     return f"{root.rstrip('/')}/{relative}"
 
