@@ -18,7 +18,7 @@ per self-consistent update of a run) against this machine's float64 matmul peak 
 thread, the one thread Iclust runs on: how far its element-wise work keeps it from the bound.
 
 `--sentence-transformers true` (it needs sentence-transformers, hence PyTorch, installed; CI has
-neither) also times, for each `--model-dir` holding a `sentence-transformers/` export, that folder
+neither) also times, for each `--model-dir` holding a SENTENCE_TRANSFORMERS export, that folder
 loaded by `SentenceTransformer(folder, device="cpu")` against the Keras export on the same
 articles: one call each per article, in turn (a load on a shared machine falls on both alike),
 at the same batch size and on the same number of threads (PyTorch's set to TensorFlow's), after a
@@ -29,7 +29,7 @@ min and median cosine between the two embeddings of each sentence.
 --format onnx`, into `--output`'s `onnx/`), and times side by side, on the same articles, one
 call each per article in turn, at `--batch-size` and on TensorFlow's thread count: the SavedModel
 export, the two ONNX exports, and sentence-transformers' own `backend="onnx"` int8 export (its
-`export_dynamic_quantized_onnx_model`, "avx2") of the model dir's `sentence-transformers/` folder
+`export_dynamic_quantized_onnx_model`, "avx2") of the model dir's SENTENCE_TRANSFORMERS folder
 where sentence-transformers (with optimum) is installed; a row says why it is absent otherwise. It
 prints each one's sentences/s, its ratio to the SavedModel's, and the min and median cosine of its
 embeddings to the SavedModel's, and writes them to `onnx.md` and `.json` in `--output`.
@@ -113,7 +113,7 @@ def encoding_speed(spec: EncoderSpec, articles: list) -> dict:
 
 
 def sentence_transformers_folder(spec: EncoderSpec) -> str | None:
-    """The local `sentence-transformers/` export inside a saved method's model dir (`model.train`
+    """The local SENTENCE_TRANSFORMERS export inside a saved method's model dir (`model.train`
     writes one for a transformer); none for any other method."""
     if spec.kind is not SpecKind.SAVED:
         return None
@@ -214,7 +214,7 @@ def sentence_transformers_onnx_int8(folder: str | None, work: str, threads: int,
     """sentence-transformers' ONNX int8 export of `folder` (a copy in `work`: "avx2", its
     `export_dynamic_quantized_onnx_model`) as an encode function, or why there is none."""
     if folder is None:
-        return "absent: the model dir holds no sentence-transformers/ export"
+        return f"absent: the model dir holds no {SENTENCE_TRANSFORMERS}/ export"
     try:
         import onnxruntime
         from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
@@ -360,7 +360,7 @@ class ScbBenchmarkConfig:
     max_articles: int | None = flag(None, help="time a seeded sample of this many SCB articles; none = all")
     encode_only: bool = flag(False, help="time encoding alone (no clustering, no job), as multiples of the first "
                                          "method's sentences/s too")
-    sentence_transformers: bool = flag(False, help="also time each --model-dir's sentence-transformers/ export in "
+    sentence_transformers: bool = flag(False, help=f"also time each --model-dir's {SENTENCE_TRANSFORMERS}/ export in "
                                                    "sentence-transformers against its Keras export, same sentences "
                                                    "and threads (needs sentence-transformers installed)")
     onnx: bool = flag(False, help="also export each transformer --model-dir as ONNX (float32, int8) and time them "
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     specs = args.methods.specs()
     folders = {spec.name: folder for spec in specs if (folder := sentence_transformers_folder(spec))}
     if sentence_transformer is not None and not folders:
-        raise UsageError("--sentence-transformers true: no --model-dir holds a sentence-transformers/ export "
+        raise UsageError(f"--sentence-transformers true: no --model-dir holds a {SENTENCE_TRANSFORMERS}/ export "
                          "(python -m model.export writes one)")
     output = args.output or tempfile.mkdtemp(prefix="eval-benchmark-")
     articles = scb.read_articles(args.data, args.max_articles)
