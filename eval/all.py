@@ -19,11 +19,8 @@ of every run that went into the report.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,6 +142,7 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
     from eval import scb, sick
     from eval.kept import check_kept, runs_ledger
     from eval.report import claim_report_folder
+    from pipeline.progress import timed
     from pipeline.published import Run
 
     scb.check_scb_input(args.data)
@@ -159,19 +157,11 @@ def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
     check_kept(args.output, args.methods.specs(), Run.open(args.data).sha256, args.seed)
     seconds: dict[str, float] = {}
     with runs_ledger(args.output) as runs:   # a resumed report's cost: every run's wall time
-        with _timed(seconds, "embed"):
+        with timed(seconds, "embed"):
             triplet_config, test_triplets, sentences, specs = _embed(args, sick_splits)
         results = _run_evaluations(args, beam_args, triplet_config, test_triplets, specs, seconds)
         runs[-1].update(finished=True, seconds=round(sum(seconds.values()), 1))
         return _write_report(args, results, seconds, len(sentences), runs, histories)
-
-
-@contextlib.contextmanager
-def _timed(seconds: dict[str, float], step: str) -> Iterator[None]:
-    """Records the wall time of the `with` block as `seconds[step]` (report.json's `seconds`)."""
-    start = time.perf_counter()
-    yield
-    seconds[step] = time.perf_counter() - start
 
 
 def _embed(args: ReportConfig,
@@ -210,21 +200,22 @@ def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: T
     the last two score `specs`, the cached embeddings."""
     from eval import scb, sick, triplets
     from eval.report import scb_markdown, sick_markdown, triplets_markdown
+    from pipeline.progress import timed
 
     sections: list[str] = []
-    with _timed(seconds, "scb"):
+    with timed(seconds, "scb"):
         scb_result = scb.run(scb.ScbConfig(data=args.data, output=args.output, methods=args.methods, seed=args.seed,
                                            max_articles=args.max_scb_articles, keep_seconds=args.keep_seconds),
                            beam_args)
     sections.append(scb_markdown(scb_result) + "\n![per-article ARI](scb_ari.png)\n")
 
-    with _timed(seconds, "triplets"):
+    with timed(seconds, "triplets"):
         triplet_result = triplets.run(triplet_config, test_triplets, specs)
     sections.append(triplets_markdown(triplet_result) + "\n![triplet accuracy](triplets_accuracy.png)\n")
 
     sick_result = None
     if args.sick:
-        with _timed(seconds, "sick"):
+        with timed(seconds, "sick"):
             sick_result = sick.run(sick.SickConfig(sick=args.sick, output=args.output, methods=args.methods), specs)
         sections.append(sick_markdown(sick_result) + "\n![SICK Pearson r](sick_pearson.png)\n")
     return _Results(scb_result, triplet_result, sick_result, sections)

@@ -6,13 +6,17 @@ matrix, and average-link agglomerative clustering on the cosine distance 1 - cos
 dense rows even from TF-IDF: one article's vocabulary is small, and scikit-learn's sparse k-means
 takes another arithmetic path (its labels could differ from the dense ones by rounding).
 """
+from collections import Counter
+
 import numpy as np
 from scipy import sparse
 from sklearn.cluster import AgglomerativeClustering, KMeans
 from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, mutual_info_score, rand_score
 from sklearn.preprocessing import normalize
+from threadpoolctl import threadpool_limits
 
 from eval.iclust import IclustConfig, iclust_many
+from pipeline.progress import timed
 
 ALGORITHMS = ("kmeans", "iclust", "average-link")
 METRICS = ("MI", "AMI", "RI", "ARI")
@@ -28,9 +32,12 @@ def cosine_geometry(embeddings) -> tuple[np.ndarray, np.ndarray]:
 
 
 def kmeans_labels(unit, n_clusters: int, seed: int = 0) -> np.ndarray:
-    """k-means (10 restarts) of L2-normalised rows, densified (see the module docstring)."""
-    return KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(
-        unit.toarray() if sparse.issparse(unit) else unit)
+    """k-means (10 restarts) of L2-normalised rows, densified (see the module docstring), on one
+    thread: on an article's few hundred rows scikit-learn's OpenMP threads cost more than they give,
+    10x more beside a second Beam worker (docs/results.md, issue 64), and the labels are the same."""
+    with threadpool_limits(limits=1):
+        return KMeans(n_clusters=n_clusters, n_init=10, random_state=seed).fit_predict(
+            unit.toarray() if sparse.issparse(unit) else unit)
 
 
 def average_link_labels(similarity: np.ndarray, n_clusters: int) -> np.ndarray:
@@ -40,19 +47,28 @@ def average_link_labels(similarity: np.ndarray, n_clusters: int) -> np.ndarray:
     return AgglomerativeClustering(n_clusters=n_clusters, metric="precomputed", linkage="average").fit_predict(distance)
 
 
-def cluster_embeddings(embeddings_by_method: dict[str, np.ndarray], n_clusters: int,
-                       seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
-    """method -> algorithm -> labels, for several methods' embeddings of the same sentences.
+def cluster_embeddings(embeddings_by_method: dict[str, np.ndarray], n_clusters: int, seed: int = 0,
+                       seconds: Counter[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
+    """method -> algorithm -> labels, for several methods' embeddings of the same sentences;
+    `seconds` (where given) adds each algorithm's time over all the methods (the SCB job's profile).
 
     Iclust (the slow one: 10 annealing runs) clusters every method's similarity matrix in one
     batched call (`iclust_many`, the same labels as one call each); k-means (10 restarts) and
     average-link run per method."""
-    geometry = {method: cosine_geometry(embeddings) for method, embeddings in embeddings_by_method.items()}
-    iclust_labels = iclust_many([similarity for _, similarity in geometry.values()], n_clusters,
-                                IclustConfig(seed=seed))   # 10 restarts, like k-means
-    return {method: {"kmeans": kmeans_labels(unit, n_clusters, seed), "iclust": by_iclust,
-                     "average-link": average_link_labels(similarity, n_clusters)}
-            for (method, (unit, similarity)), by_iclust in zip(geometry.items(), iclust_labels)}
+    spent: Counter[str] = Counter() if seconds is None else seconds
+    with timed(spent, "geometry"):
+        geometry = {method: cosine_geometry(embeddings) for method, embeddings in embeddings_by_method.items()}
+    with timed(spent, "iclust"):
+        iclust_labels = iclust_many([similarity for _, similarity in geometry.values()], n_clusters,
+                                    IclustConfig(seed=seed))   # 10 restarts, like k-means
+    labels: dict[str, dict[str, np.ndarray]] = {}
+    for (method, (unit, similarity)), by_iclust in zip(geometry.items(), iclust_labels):
+        with timed(spent, "kmeans"):
+            by_kmeans = kmeans_labels(unit, n_clusters, seed)
+        with timed(spent, "average-link"):
+            by_average_link = average_link_labels(similarity, n_clusters)
+        labels[method] = {"kmeans": by_kmeans, "iclust": by_iclust, "average-link": by_average_link}
+    return labels
 
 
 def clustering_metrics(true_labels, predicted_labels) -> dict[str, float]:

@@ -109,7 +109,27 @@ def scb_markdown(result: dict) -> str:
                      + markdown_table(["method", *ALGORITHMS], ari_rows))
         parts.append(differences_markdown([row for row in result.get("differences", []) if row["variant"] == variant],
                                           "ARI", "articles", ALGORITHMS, column_key="algorithm"))
+    parts.append(scb_profile_markdown(result))
     return "".join(parts)
+
+
+def scb_profile_markdown(result: dict) -> str:
+    """Where the SCB job's time went (`eval.scb.job_profile`): each method's encoding and each
+    clustering step over all methods, in seconds summed over the workers, and per article this
+    job clustered (a resumed job's kept articles cost it nothing)."""
+    profile = result.get("profile")
+    if not profile:
+        return ""
+    articles = max(1, max(spent["articles"] for spent in profile["clustering"].values()))   # clustered by this job
+    rows = [[f"encode: {method}", spent["seconds"], spent["load_seconds"], 1e3 * spent["seconds"] / articles]
+            for method, spent in profile["encoding"].items()]
+    rows += [[f"cluster: {step} (all methods)", spent["seconds"], "-", 1e3 * spent["seconds"] / articles]
+             for step, spent in profile["clustering"].items()]
+    total = sum(row[1] for row in rows)
+    rows.append(["total", total, sum(spent["load_seconds"] for spent in profile["encoding"].values()),
+                 1e3 * total / articles])
+    return (f"\n### Where the job's time went (seconds summed over its workers, {articles} articles)\n\n"
+            + markdown_table(["step", "seconds", "model load s", "ms per article"], rows))
 
 
 def scb_ari_summary(result: dict) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,13 @@ METHODS_SCORED = "scb_eval_article_methods_scored"   # (article, method) pairs e
 METHODS_KEPT = "scb_eval_article_methods_kept"       # ... whose rows an earlier, killed run kept (eval.kept)
 SAMPLE = "scb/sample"   # the ids of the articles the job scores, a JSON line each: the report's rows are theirs
 REFUSED_LINES = "scb/dead_letters"   # the SCB lines the job could not parse, a JSON line each
+# The job's profile (`job_profile`): per article, each clustering step's milliseconds over all its methods.
+PROFILE_STEPS = ("geometry", "kmeans", "iclust", "average-link", "metrics")
+
+
+def profile_metric(step: str) -> str:
+    """The Beam distribution of a profile step's milliseconds per article."""
+    return f"scb_eval_ms_{step.replace('-', '_')}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from eval.intervals import comparisons, mean_interval  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
-from pipeline.progress import progress_bar  # noqa: E402
+from pipeline.progress import progress_bar, timed  # noqa: E402
 from pipeline.published import ManifestError, Run, check_record_count  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
@@ -81,8 +89,10 @@ def variant_subset(record: records.ScbRecord, variant: str) -> np.ndarray:
     raise ValueError(f"unknown SCB variant {variant!r}; expected one of {VARIANTS}")
 
 
-def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.ndarray], seed: int) -> list[dict]:
-    """Per method, variant and algorithm: the clustering metrics of one article.
+def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.ndarray], seed: int,
+                  seconds: Counter[str] | None = None) -> list[dict]:
+    """Per method, variant and algorithm: the clustering metrics of one article; `seconds` (where
+    given) adds the time of each clustering algorithm and of the metrics (`PROFILE_STEPS`).
 
     k is the number of sections that have sentences in the variant; a variant with fewer than
     two such sections is skipped (openers only can lose whole sections) and reported as such.
@@ -99,15 +109,17 @@ def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.
                       "skipped": f"{n_clusters} section(s) with {variant} sentences"}
                      for method in embeddings_by_method]
             continue
+        spent: Counter[str] = Counter() if seconds is None else seconds
         predictions = cluster_embeddings({method: embeddings[subset] for method, embeddings
-                                          in embeddings_by_method.items()}, n_clusters, seed=seed)
-        for method, by_algorithm in predictions.items():
-            for algorithm, predicted in by_algorithm.items():
-                rows.append({
-                    "article_id": record.article_id, "title": record.title, "method": method,
-                    "variant": variant, "algorithm": algorithm, "sentences": int(len(subset)),
-                    "k": int(n_clusters), **clustering_metrics(labels[subset], predicted),
-                })
+                                          in embeddings_by_method.items()}, n_clusters, seed, spent)
+        with timed(spent, "metrics"):
+            for method, by_algorithm in predictions.items():
+                for algorithm, predicted in by_algorithm.items():
+                    rows.append({
+                        "article_id": record.article_id, "title": record.title, "method": method,
+                        "variant": variant, "algorithm": algorithm, "sentences": int(len(subset)),
+                        "k": int(n_clusters), **clustering_metrics(labels[subset], predicted),
+                    })
     return rows
 
 
@@ -142,6 +154,8 @@ class ScoreArticleFn(beam.DoFn):
         self.skipped = beam.metrics.Metrics.counter(NAMESPACE, "scb_eval_variants_skipped")
         self.scored = beam.metrics.Metrics.counter(NAMESPACE, METHODS_SCORED)
         self.kept = beam.metrics.Metrics.counter(NAMESPACE, METHODS_KEPT)
+        self.milliseconds = {step: beam.metrics.Metrics.distribution(NAMESPACE, profile_metric(step))
+                             for step in PROFILE_STEPS}
 
     def setup(self):
         self.progress = progress_bar(desc="scb articles clustered", unit="article", total=self.articles)
@@ -152,7 +166,10 @@ class ScoreArticleFn(beam.DoFn):
         self.kept.inc(self.methods - len(embeddings_by_method))
         if embeddings_by_method:
             self.sentences.inc(len(record.sentences))
-            rows = score_article(record, embeddings_by_method, self.seed)
+            seconds: Counter[str] = Counter()
+            rows = score_article(record, embeddings_by_method, self.seed, seconds)
+            for step, distribution in self.milliseconds.items():
+                distribution.update(round(1e3 * seconds[step]))
             self.skipped.inc(sum("skipped" in row for row in rows))
             yield rows
         self.progress.update()
@@ -223,8 +240,15 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
      | "WriteSampleIds" >> beam.io.WriteToText(FileSystems.join(config.output, SAMPLE), file_name_suffix=".jsonl"))
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
     specs = config.methods.specs()
+    composed = concatenated_parts(specs)
     for spec, method in zip(specs, method_names(specs)):
-        embedded = embed_unless_kept(embedded, spec, method, kept[method])
+        if method not in composed:   # a part also embeds what a concatenation of it needs
+            needed_by = [concat for concat, parts in composed.items() if method in parts]
+            embedded = embed_unless_kept(embedded, spec, method,
+                                         kept[method].intersection(*(kept[concat] for concat in needed_by)))
+    for concat, parts in composed.items():
+        embedded = embedded | f"Concatenate[{concat}]" >> beam.Map(
+            concatenate_parts, concat, parts, kept[concat], {part: kept[part] for part in parts})
     listed = Run.open(config.data).output(records.SCB).records
     scored = min(listed, config.max_articles) if config.max_articles else listed
     (embedded
@@ -251,6 +275,31 @@ def embed_unless_kept(embedded: beam.PCollection, spec, method: str, kept_ids: f
                 keyed, () if keyed[0].article_id in ids else tuple(keyed[0].sentences)))
             | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
             | f"Add[{method}]" >> beam.Map(add_embeddings, method))
+
+
+def concatenated_parts(specs: list) -> dict[str, tuple[str, ...]]:
+    """concatenation method -> the job's methods whose embeddings it joins, for each `concat:`
+    spec every part of which the job embeds as a `saved:` method of the same export: its
+    encoder is theirs side by side (`ConcatEncoder`), so the job joins their embeddings instead
+    of encoding each article twice more."""
+    from model.encoding.encoders import SpecKind
+
+    saved = {spec.paths[0]: spec.name for spec in specs if spec.kind is SpecKind.SAVED}
+    return {spec.name: tuple(saved[path] for path in spec.paths) for spec in specs
+            if spec.kind is SpecKind.CONCAT and all(path in saved for path in spec.paths)}
+
+
+def concatenate_parts(element: tuple[records.ScbRecord, dict[str, Any]], concat: str, parts: tuple[str, ...],
+                      kept_ids: frozenset[int], kept_by_part: dict[str, frozenset[int]]):
+    """(article, embeddings by method) with the concatenation's embeddings joined from its parts'
+    (unless it keeps the article's rows), and without a part's that keeps its own rows (it was
+    embedded for the concatenation only, and is not scored again)."""
+    record, embeddings_by_method = element
+    if record.article_id not in kept_ids:
+        embeddings_by_method = {**embeddings_by_method,
+                                concat: np.concatenate([embeddings_by_method[part] for part in parts], axis=1)}
+    return record, {method: embeddings for method, embeddings in embeddings_by_method.items()
+                    if record.article_id not in kept_by_part.get(method, ())}
 
 
 def add_embeddings(keyed, method: str) -> tuple[records.ScbRecord, dict[str, Any]]:
@@ -307,6 +356,38 @@ def leftover_sink_temps(output: str) -> list[str]:
                 if own.match(name) and os.path.isdir(os.path.join(folder, name))]
     found = FileSystems.match([FileSystems.join(folder, "beam-temp-*/**")])[0].metadata_list
     return [metadata.path for metadata in found if own.match(metadata.path[len(folder) + 1:].split("/")[0])]
+
+
+def job_profile(pipeline_result, methods: list[str]) -> dict:
+    """Where the SCB job's time went, summed over its workers (seconds): each encoding method's
+    (RunInference's own batch latencies and model loads, step `Embed[method]`) and each clustering
+    step over all methods (`PROFILE_STEPS`), with the articles each covers. Distributions a runner
+    does not report count as absent, not as zero time."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    def distribution(metric) -> tuple[int, int]:   # (sum, count), committed where the runner commits
+        value = metric.committed if metric.committed is not None else metric.attempted
+        return (value.sum, value.count) if value is not None else (0, 0)
+
+    queried = pipeline_result.metrics().query(MetricsFilter())["distributions"]
+    encoding = {}
+    for method in methods:
+        steps = [metric for metric in queried if metric.key.step.startswith(f"Embed[{method}]")]
+        if not steps:   # joined from its parts' embeddings (`concatenated_parts`)
+            continue
+        batches = [distribution(metric) for metric in steps
+                   if metric.key.metric.name == "inference_batch_latency_micro_secs"]
+        loads = [distribution(metric) for metric in steps if metric.key.metric.name == "load_model_latency_milli_secs"]
+        encoding[method] = {"seconds": sum(total for total, _ in batches) / 1e6,
+                            "batches": sum(count for _, count in batches),
+                            "load_seconds": sum(total for total, _ in loads) / 1e3}
+    clustering = {}
+    for step in PROFILE_STEPS:
+        found = [distribution(metric) for metric in queried
+                 if metric.key.metric.namespace == NAMESPACE and metric.key.metric.name == profile_metric(step)]
+        clustering[step] = {"seconds": sum(total for total, _ in found) / 1e3,
+                            "articles": sum(count for _, count in found)}
+    return {"encoding": encoding, "clustering": clustering}
 
 
 def summarise(rows: list[dict], seed: int = 0) -> list[dict]:
@@ -368,6 +449,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     result = {
         "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
         "counters": counters,
+        "profile": job_profile(pipeline_result, method_names(specs)),
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],

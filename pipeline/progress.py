@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from pipeline.files import write_complete
@@ -56,6 +56,16 @@ class _LogLines:
 
     def flush(self) -> None:
         self.stream.flush()
+
+
+@contextlib.contextmanager
+def timed(seconds: MutableMapping[str, float], step: str) -> Iterator[None]:
+    """Adds the wall time of the `with` block to `seconds[step]` (a report's or a profile's time per step)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[step] = seconds.get(step, 0.0) + time.perf_counter() - start
 
 
 def progress_bar(iterable: Iterable[T] | None = None, **options: Any) -> tqdm[Any]:

@@ -249,3 +249,29 @@ def test_a_misspelt_flag_is_exit_2_before_any_work(tmp_path):
                         "option)",
             "eval.all": "error: unknown flag --max-triplet (did you mean --max-triplets?)"}[job]
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow   # a trained encoder and three Beam jobs: the full tier
+def test_a_concatenation_of_the_jobs_methods_is_joined_from_their_embeddings(tmp_path, tiny_model):
+    """A `concat:` whose parts the job embeds anyway is their embeddings side by side, as its own
+    encoder would give: the same rows as a job that encodes it, without encoding the articles again;
+    and a part whose rows an earlier run kept is embedded for the concatenation only, not rescored."""
+    articles = write_scb(tmp_path / "data")
+    data, concat = str(tmp_path / "data"), f"concat:twice={tiny_model}+{tiny_model}"
+    alone = scb.main(["--data", data, "--output", str(tmp_path / "alone"), "--encoder", concat])
+    part_first = scb.main(["--data", data, "--output", str(tmp_path / "joined"), "--encoder", f"saved:once={tiny_model}"])
+    joined = scb.main(["--data", data, "--output", str(tmp_path / "joined"), "--encoder", f"saved:once={tiny_model}",
+                       "--encoder", concat])
+
+    def rows_of(result, method):
+        return sorted((row["article_id"], row["variant"], row["algorithm"], row["ARI"], row["AMI"])
+                      for row in result["rows"] if row["method"] == method)
+
+    assert rows_of(joined, "twice") == rows_of(alone, "twice") and len(rows_of(alone, "twice")) > 0
+    assert rows_of(joined, "once") == rows_of(part_first, "once")
+    # The second run scored the concatenation only: the part's rows were kept, its embeddings joined.
+    assert joined["counters"][scb.METHODS_SCORED] == len(articles)
+    assert joined["counters"][scb.METHODS_KEPT] == len(articles)
+    assert set(joined["profile"]["encoding"]) == {"once"} and joined["profile"]["encoding"]["once"]["batches"] > 0
+    assert set(alone["profile"]["encoding"]) == {"twice"}
+    assert joined["profile"]["clustering"]["iclust"]["articles"] == len(articles)
