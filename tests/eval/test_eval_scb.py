@@ -259,9 +259,9 @@ def test_a_concatenation_of_the_jobs_methods_is_joined_from_their_embeddings(tmp
     articles = write_scb(tmp_path / "data")
     data, concat = str(tmp_path / "data"), f"concat:twice={tiny_model}+{tiny_model}"
     alone = scb.main(["--data", data, "--output", str(tmp_path / "alone"), "--encoder", concat])
-    part_first = scb.main(["--data", data, "--output", str(tmp_path / "joined"), "--encoder", f"saved:once={tiny_model}"])
-    joined = scb.main(["--data", data, "--output", str(tmp_path / "joined"), "--encoder", f"saved:once={tiny_model}",
-                       "--encoder", concat])
+    part = f"saved:once={tiny_model}"
+    part_first = scb.main(["--data", data, "--output", str(tmp_path / "joined"), "--encoder", part])
+    joined = scb.main(["--data", data, "--output", str(tmp_path / "joined"), "--encoder", part, "--encoder", concat])
 
     def rows_of(result, method):
         return sorted((row["article_id"], row["variant"], row["algorithm"], row["ARI"], row["AMI"])
