@@ -1,9 +1,11 @@
 """wikitext -> lead, top-level sections and prose paragraphs, on hand-written wikitext."""
+import gc
+
 import mwparserfromhell
 import pytest
 
 from pipeline.sentences import SentenceSplitter
-from pipeline.wikitext import parse_wikitext
+from pipeline.wikitext import collector_paused, parse_wikitext
 
 PAGE = """{{Infobox country|name=Freedonia|capital=Fredville|population=12,000}}
 {{Use British English|date=May 2016}}
@@ -96,6 +98,22 @@ def test_paragraphs_with_wikitext_the_parser_left_as_text_are_dropped_and_counte
 def test_deeply_nested_templates_raise_so_the_pipeline_can_dead_letter_the_page():
     with pytest.raises(RecursionError):
         parse_wikitext("{{" * 5000 + "x" + "}}" * 5000)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_inside_and_left_as_it_was_even_after_an_error(enabled):
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+        with pytest.raises(RecursionError):
+            parse_wikitext("{{" * 5000 + "x" + "}}" * 5000)
+        assert gc.isenabled() == enabled
+        parse_wikitext(PAGE)
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable()
 
 
 def test_sentence_splitter_counts_non_space_tokens():
