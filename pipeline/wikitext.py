@@ -32,10 +32,7 @@ only over the already-rendered plain text.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import gc
 import re
-from collections.abc import Iterator
 from typing import NamedTuple
 
 from mwparserfromhell.definitions import is_visible
@@ -44,6 +41,7 @@ from mwparserfromhell.parser import ParserError
 from mwparserfromhell.parser import tokens as T
 from mwparserfromhell.parser.builder import Builder
 
+from pipeline.collector import collector_paused
 from pipeline.mwtokens import tokenize
 
 # Link namespaces whose target is media or metadata, not prose.
@@ -102,31 +100,14 @@ class ParsedPage(NamedTuple):
 
 def parse_wikitext(text: str) -> ParsedPage:
     """Parses one page's wikitext into its lead and top-level sections of prose paragraphs,
-    with Python's cyclic garbage collector paused (`collector_paused`).
+    with Python's cyclic garbage collector paused (`collector.collector_paused`: the tokens of a
+    page are up to hundreds of thousands of objects).
 
     Raises what mwparserfromhell raises on wikitext it cannot tokenize, and RecursionError on
     constructs nested deeper than `MAX_NESTING`; the caller dead-letters the page.
     """
     with collector_paused():
         return _paragraphs_of(_TokenRenderer(tokenize(text)))
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off inside the block, as it was after it.
-
-    The tokenizer makes a tracked object per token, up to hundreds of thousands per page, all
-    alive until the page is rendered, and each collection their allocation triggers walks them
-    again: on the 16x excerpt that took 1.3x the parse itself (docs/results.md, issue 64). Tokens
-    and the renderer make no reference cycles, so reference counting frees them all the same.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _paragraphs_of(page: _TokenRenderer) -> ParsedPage:

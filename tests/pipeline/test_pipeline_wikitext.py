@@ -4,8 +4,9 @@ import gc
 import mwparserfromhell
 import pytest
 
+from pipeline.collector import collector_paused
 from pipeline.sentences import SentenceSplitter
-from pipeline.wikitext import collector_paused, parse_wikitext
+from pipeline.wikitext import parse_wikitext
 
 PAGE = """{{Infobox country|name=Freedonia|capital=Fredville|population=12,000}}
 {{Use British English|date=May 2016}}
@@ -101,7 +102,7 @@ def test_deeply_nested_templates_raise_so_the_pipeline_can_dead_letter_the_page(
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_the_collector_is_paused_inside_and_left_as_it_was_even_after_an_error(enabled):
+def test_the_collector_is_paused_inside_and_left_as_it_was_by_the_parse_and_the_splitter(enabled):
     (gc.enable if enabled else gc.disable)()
     try:
         with collector_paused():
@@ -111,6 +112,8 @@ def test_the_collector_is_paused_inside_and_left_as_it_was_even_after_an_error(e
             parse_wikitext("{{" * 5000 + "x" + "}}" * 5000)
         assert gc.isenabled() == enabled
         parse_wikitext(PAGE)
+        assert gc.isenabled() == enabled
+        assert SentenceSplitter().split(["One sentence here. And a second one."])[0][1].n_tokens == 5
         assert gc.isenabled() == enabled
     finally:
         gc.enable()
