@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pipeline.collector import collector_paused
+
 DEFAULT_SPACY_MODEL = "blank:en"
 # spaCy's vocabulary keeps every word type it has tokenised (about 400 bytes each, measured), so
 # over a whole dump a worker's would grow by millions. Sentences and token counts do not depend
@@ -45,7 +47,8 @@ class SentenceSplitter:
         if longest > self.nlp.max_length:
             raise ParagraphTooLong(f"a paragraph of {longest:,} characters (the sentence splitter takes at most "
                                    f"{self.nlp.max_length:,})")
-        return [sentences_of(text, doc) for text, doc in zip(paragraphs, self.nlp.pipe(paragraphs))]
+        with collector_paused():   # spaCy's objects of one page, freed by reference counting
+            return [sentences_of(text, doc) for text, doc in zip(paragraphs, self.nlp.pipe(paragraphs))]
 
 
 def sentences_of(text: str, doc) -> list[Sentence]:

@@ -41,6 +41,7 @@ from mwparserfromhell.parser import ParserError
 from mwparserfromhell.parser import tokens as T
 from mwparserfromhell.parser.builder import Builder
 
+from pipeline.collector import collector_paused
 from pipeline.mwtokens import tokenize
 
 # Link namespaces whose target is media or metadata, not prose.
@@ -98,12 +99,19 @@ class ParsedPage(NamedTuple):
 
 
 def parse_wikitext(text: str) -> ParsedPage:
-    """Parses one page's wikitext into its lead and top-level sections of prose paragraphs.
+    """Parses one page's wikitext into its lead and top-level sections of prose paragraphs,
+    with Python's cyclic garbage collector paused (`collector.collector_paused`: the tokens of a
+    page are up to hundreds of thousands of objects).
 
     Raises what mwparserfromhell raises on wikitext it cannot tokenize, and RecursionError on
     constructs nested deeper than `MAX_NESTING`; the caller dead-letters the page.
     """
-    page = _TokenRenderer(tokenize(text))
+    with collector_paused():
+        return _paragraphs_of(_TokenRenderer(tokenize(text)))
+
+
+def _paragraphs_of(page: _TokenRenderer) -> ParsedPage:
+    """The lead and top-level sections of the rendered page."""
     lead: list[Paragraph] = []
     sections: list[tuple[str, list[Paragraph]]] = []
     path: tuple[str, ...] = ()

@@ -1,7 +1,10 @@
 """wikitext -> lead, top-level sections and prose paragraphs, on hand-written wikitext."""
+import gc
+
 import mwparserfromhell
 import pytest
 
+from pipeline.collector import collector_paused
 from pipeline.sentences import SentenceSplitter
 from pipeline.wikitext import parse_wikitext
 
@@ -96,6 +99,24 @@ def test_paragraphs_with_wikitext_the_parser_left_as_text_are_dropped_and_counte
 def test_deeply_nested_templates_raise_so_the_pipeline_can_dead_letter_the_page():
     with pytest.raises(RecursionError):
         parse_wikitext("{{" * 5000 + "x" + "}}" * 5000)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_paused_inside_and_left_as_it_was_by_the_parse_and_the_splitter(enabled):
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled
+        with pytest.raises(RecursionError):
+            parse_wikitext("{{" * 5000 + "x" + "}}" * 5000)
+        assert gc.isenabled() == enabled
+        parse_wikitext(PAGE)
+        assert gc.isenabled() == enabled
+        assert SentenceSplitter().split(["One sentence here. And a second one."])[0][1].n_tokens == 5
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable()
 
 
 def test_sentence_splitter_counts_non_space_tokens():
