@@ -6,8 +6,6 @@ matrix, and average-link agglomerative clustering on the cosine distance 1 - cos
 dense rows even from TF-IDF: one article's vocabulary is small, and scikit-learn's sparse k-means
 takes another arithmetic path (its labels could differ from the dense ones by rounding).
 """
-from collections import Counter
-
 import numpy as np
 from scipy import sparse
 from sklearn.cluster import AgglomerativeClustering, KMeans
@@ -48,14 +46,14 @@ def average_link_labels(similarity: np.ndarray, n_clusters: int) -> np.ndarray:
 
 
 def cluster_embeddings(embeddings_by_method: dict[str, np.ndarray], n_clusters: int, seed: int = 0,
-                       seconds: Counter[str] | None = None) -> dict[str, dict[str, np.ndarray]]:
+                       seconds: dict[str, float] | None = None) -> dict[str, dict[str, np.ndarray]]:
     """method -> algorithm -> labels, for several methods' embeddings of the same sentences;
     `seconds` (where given) adds each algorithm's time over all the methods (the SCB job's profile).
 
     Iclust (the slow one: 10 annealing runs) clusters every method's similarity matrix in one
     batched call (`iclust_many`, the same labels as one call each); k-means (10 restarts) and
     average-link run per method."""
-    spent: Counter[str] = Counter() if seconds is None else seconds
+    spent: dict[str, float] = {} if seconds is None else seconds
     with timed(spent, "geometry"):
         geometry = {method: cosine_geometry(embeddings) for method, embeddings in embeddings_by_method.items()}
     with timed(spent, "iclust"):

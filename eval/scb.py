@@ -24,7 +24,6 @@ from __future__ import annotations
 import heapq
 import json
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +89,7 @@ def variant_subset(record: records.ScbRecord, variant: str) -> np.ndarray:
 
 
 def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.ndarray], seed: int,
-                  seconds: Counter[str] | None = None) -> list[dict]:
+                  seconds: dict[str, float] | None = None) -> list[dict]:
     """Per method, variant and algorithm: the clustering metrics of one article; `seconds` (where
     given) adds the time of each clustering algorithm and of the metrics (`PROFILE_STEPS`).
 
@@ -109,7 +108,7 @@ def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.
                       "skipped": f"{n_clusters} section(s) with {variant} sentences"}
                      for method in embeddings_by_method]
             continue
-        spent: Counter[str] = Counter() if seconds is None else seconds
+        spent: dict[str, float] = {} if seconds is None else seconds
         predictions = cluster_embeddings({method: embeddings[subset] for method, embeddings
                                           in embeddings_by_method.items()}, n_clusters, seed, spent)
         with timed(spent, "metrics"):
@@ -166,10 +165,10 @@ class ScoreArticleFn(beam.DoFn):
         self.kept.inc(self.methods - len(embeddings_by_method))
         if embeddings_by_method:
             self.sentences.inc(len(record.sentences))
-            seconds: Counter[str] = Counter()
+            seconds: dict[str, float] = {}
             rows = score_article(record, embeddings_by_method, self.seed, seconds)
             for step, distribution in self.milliseconds.items():
-                distribution.update(round(1e3 * seconds[step]))
+                distribution.update(round(1e3 * seconds.get(step, 0.0)))
             self.skipped.inc(sum("skipped" in row for row in rows))
             yield rows
         self.progress.update()

@@ -357,7 +357,6 @@ def load_encoder(path: str, batch_size: int | None = None) -> ExportedEncoder:
     (`OnnxEncoder`), local or `gs://`, encoding in batches of `batch_size` (none: the encoder's
     own default). Loading runs the export's graph: load only exports you trust (see the module
     docstring)."""
-    sized = {"batch_size": batch_size} if batch_size else {}
     if is_onnx_export(str(path)):
-        return OnnxEncoder(str(path), **sized)
-    return SavedModelEncoder(path, **sized)
+        return OnnxEncoder(str(path), batch_size=batch_size) if batch_size else OnnxEncoder(str(path))
+    return SavedModelEncoder(path, batch_size=batch_size) if batch_size else SavedModelEncoder(path)
