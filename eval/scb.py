@@ -99,6 +99,7 @@ def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.
     from eval.clustering import cluster_embeddings, clustering_metrics  # scikit-learn: after the flags parse
 
     rows = []
+    spent: dict[str, float] = {} if seconds is None else seconds
     labels = np.asarray(record.labels)
     for variant in VARIANTS:
         subset = variant_subset(record, variant)
@@ -108,7 +109,6 @@ def score_article(record: records.ScbRecord, embeddings_by_method: dict[str, np.
                       "skipped": f"{n_clusters} section(s) with {variant} sentences"}
                      for method in embeddings_by_method]
             continue
-        spent: dict[str, float] = {} if seconds is None else seconds
         predictions = cluster_embeddings({method: embeddings[subset] for method, embeddings
                                           in embeddings_by_method.items()}, n_clusters, seed, spent)
         with timed(spent, "metrics"):
@@ -360,12 +360,14 @@ def leftover_sink_temps(output: str) -> list[str]:
 def job_profile(pipeline_result, methods: list[str]) -> dict:
     """Where the SCB job's time went, summed over its workers (seconds): each encoding method's
     (RunInference's own batch latencies and model loads, step `Embed[method]`) and each clustering
-    step over all methods (`PROFILE_STEPS`), with the articles each covers. Distributions a runner
-    does not report count as absent, not as zero time."""
+    step over all methods (`PROFILE_STEPS`), with the articles each covers. A distribution a runner
+    reports without a value adds nothing (the profile is a measurement, not a reconciled count)."""
     from apache_beam.metrics.metric import MetricsFilter
 
-    def distribution(metric) -> tuple[int, int]:   # (sum, count), committed where the runner commits
-        value = metric.committed if metric.committed is not None else metric.attempted
+    from pipeline.counters import reported_value
+
+    def distribution(metric) -> tuple[int, int]:   # (sum, count)
+        value = reported_value(metric)
         return (value.sum, value.count) if value is not None else (0, 0)
 
     queried = pipeline_result.metrics().query(MetricsFilter())["distributions"]

@@ -56,16 +56,22 @@ class CountersMissingError(DataLossError):
     """The runner did not report the job's counters: nothing can be reconciled or published."""
 
 
+def reported_value(metric):
+    """A Beam metric's committed value, or its attempted one where the runner commits none (the
+    DirectRunner and Prism commit, a portable runner may report attempted values only); None
+    where it reports neither."""
+    return metric.committed if metric.committed is not None else metric.attempted
+
+
 def job_totals(result) -> dict[str, int]:
     """Every counter of this namespace in a finished Beam job, by name, summed over the steps that
-    increment it (committed values; attempted where a runner commits none: the DirectRunner and
-    Prism commit, a portable runner may report attempted values only). A counter reported with
-    neither value is a CountersMissingError naming it, never a zero."""
+    increment it (`reported_value`). A counter reported with neither value is a
+    CountersMissingError naming it, never a zero."""
     from apache_beam.metrics.metric import MetricsFilter
 
     totals: dict[str, int] = {}
     for metric in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
-        value = metric.committed if metric.committed is not None else metric.attempted
+        value = reported_value(metric)
         if value is None:
             raise CountersMissingError(f"the runner reported counter {metric.key.metric.name} of step "
                                        f"{metric.key.step} without a value (neither committed nor attempted)")
