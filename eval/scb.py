@@ -74,7 +74,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 from eval.intervals import comparisons, mean_interval  # noqa: E402
 from pipeline import records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
-from pipeline.progress import progress_bar, timed  # noqa: E402
+from pipeline.progress import progress_bar, timed, workers_end_on_interrupt  # noqa: E402
 from pipeline.published import ManifestError, Run, check_record_count  # noqa: E402
 from pipeline.splits import stable_hash  # noqa: E402
 
@@ -219,6 +219,7 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
     The sample keeps the `max_articles` articles of smallest `sample_rank`: the same articles in
     every run and on every runner, chosen here and nowhere else; their ids go to `SAMPLE`."""
     from eval.kept import KeepRowsFn
+    from model.encoding.inference import threads_per_worker
 
     parsed = (
         pipeline
@@ -233,18 +234,20 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
         articles = (articles
                     | "Sample" >> beam.combiners.Top.Of(config.max_articles,
                                                         key=lambda record: -sample_rank(record, seed))
-                    | "Unlist" >> beam.FlatMap(lambda sample: sample))
+                    | "Unlist" >> beam.FlatMap(lambda sample: sample)
+                    | "Spread" >> beam.Reshuffle())   # Top.Of's one list would keep the sample on one worker
     (articles
      | "SampleIds" >> beam.Map(lambda record: json.dumps({"article_id": record.article_id}))
      | "WriteSampleIds" >> beam.io.WriteToText(FileSystems.join(config.output, SAMPLE), file_name_suffix=".jsonl"))
     embedded = articles | "CountArticles" >> beam.Map(lambda record: (count_articles_scored(record), {}))
     specs = config.methods.specs()
     composed = concatenated_parts(specs)
+    threads = threads_per_worker(pipeline.options)
     for spec, method in zip(specs, method_names(specs)):
         if method not in composed:   # a part also embeds what a concatenation of it needs
             needed_by = [concat for concat, parts in composed.items() if method in parts]
             embedded = embed_unless_kept(embedded, spec, method,
-                                         kept[method].intersection(*(kept[concat] for concat in needed_by)))
+                                         kept[method].intersection(*(kept[concat] for concat in needed_by)), threads)
     for concat, parts in composed.items():
         embedded = embedded | f"Concatenate[{concat}]" >> beam.Map(
             concatenate_parts, concat, parts, kept[concat], {part: kept[part] for part in parts})
@@ -259,10 +262,12 @@ def build_pipeline(pipeline: beam.Pipeline, config: ScbConfig, kept: dict[str, f
                                                  file_name_suffix=".jsonl"))
 
 
-def embed_unless_kept(embedded: beam.PCollection, spec, method: str, kept_ids: frozenset[int]) -> beam.PCollection:
+def embed_unless_kept(embedded: beam.PCollection, spec, method: str, kept_ids: frozenset[int],
+                      threads: int | None = None) -> beam.PCollection:
     """Adds `method`'s embeddings to each (article, embeddings by method) whose rows it does not
     keep, through RunInference (one element = one article's sentences, encoded together; a kept
-    article's element is empty, and is not encoded). One chain of maps, no Partition and Flatten:
+    article's element is empty, and is not encoded), the encoder on `threads` threads in each
+    worker (`threads_per_worker`). One chain of maps, no Partition and Flatten:
     the runner fuses every method's step with the scoring and the writing of the rows, so an
     article's rows are kept as soon as it is scored, not after every article is embedded."""
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference  # PyTorch too, where installed
@@ -272,7 +277,7 @@ def embed_unless_kept(embedded: beam.PCollection, spec, method: str, kept_ids: f
     return (embedded
             | f"Sentences[{method}]" >> beam.Map(lambda keyed, ids=kept_ids: (
                 keyed, () if keyed[0].article_id in ids else tuple(keyed[0].sentences)))
-            | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8)))
+            | f"Embed[{method}]" >> RunInference(KeyedModelHandler(EncoderModelHandler(spec, 1, 8, threads)))
             | f"Add[{method}]" >> beam.Map(add_embeddings, method))
 
 
@@ -440,8 +445,9 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     remove_previous_rows(config.output)
     pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
     build_pipeline(pipeline, config, kept)
-    pipeline_result = pipeline.run()
-    pipeline_result.wait_until_finish()
+    with workers_end_on_interrupt(pipeline.options):
+        pipeline_result = pipeline.run()
+        pipeline_result.wait_until_finish()
     counters = job_totals(pipeline_result)
     check_scb_read(config.data, counters)
     sample = {row["article_id"] for row in read_jsonl(FileSystems.join(config.output, f"{SAMPLE}-*.jsonl"))}

@@ -239,10 +239,20 @@ BEAM_OPTIONS_EPILOG = (
 )
 
 
+def _runner_kind(runner: str | None) -> str:
+    """`--runner`'s class name, lower case, without `Runner` (`DataflowRunner`, `dataflow` and a
+    dotted path to it are all `dataflow`); "" when none is given."""
+    return str(runner or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
+
+
+def is_direct(runner: str | None) -> bool:
+    """Whether `--runner` is the DirectRunner (none given, `DirectRunner`, `direct`, its dotted path)."""
+    return _runner_kind(runner) in ("", "direct")
+
+
 def is_dataflow(runner: str | None) -> bool:
     """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
-    return bool(runner) and str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner") in ("dataflow",
-                                                                                              "testdataflow")
+    return _runner_kind(runner) in ("dataflow", "testdataflow")
 
 
 def dataflow_option_errors(beam_args: list[str]) -> list[str]:

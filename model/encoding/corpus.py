@@ -19,6 +19,7 @@ from model.training.storage import claim_folder
 from pipeline import records
 from pipeline.cli import UsageError, refuse_file_as_folder
 from pipeline.counters import NAMESPACE, job_totals
+from pipeline.progress import workers_end_on_interrupt
 from pipeline.published import Run
 from pipeline.records import DEAD_LETTERS, SCB
 from pipeline.splits import stable_hash
@@ -148,12 +149,12 @@ def build(pipeline: beam.Pipeline, args: Any, dim: int) -> None:
 
     from model.encoding.encoder import is_onnx_export
     from model.encoding.encoders import EncoderSpec, SpecKind
-    from model.encoding.inference import EncoderModelHandler
+    from model.encoding.inference import EncoderModelHandler, threads_per_worker
 
     spec = (EncoderSpec(SpecKind.ONNX, "embed", (args.model_dir,)) if is_onnx_export(args.model_dir)
             else EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,)))
     handler: KeyedModelHandler[str, Any, PredictionResult, Any] = KeyedModelHandler(
-        EncoderModelHandler(spec, args.min_batch, args.max_batch))
+        EncoderModelHandler(spec, args.min_batch, args.max_batch, threads_per_worker(pipeline.options)))
     sentences, dead_letters = read_inputs(pipeline, args)
     (sentences
      | "Embed" >> RunInference(handler)
@@ -180,8 +181,9 @@ def embed_corpus(args: Any, beam_args: list[str]) -> dict:
         claim_folder(args.output, "model.embed", WRITES, "--output", args.overwrite)
         pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
         build(pipeline, args, dim)
-        result = pipeline.run()
-        result.wait_until_finish()
+        with workers_end_on_interrupt(pipeline.options):
+            result = pipeline.run()
+            result.wait_until_finish()
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)
     totals = job_totals(result)

@@ -22,6 +22,7 @@ when an encoder is loaded, not with this module: its `SentenceEncoder` protocol 
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable
@@ -184,13 +185,33 @@ class ExportedEncoder:
         return self.similarity_function.pairwise(left, right)
 
 
+def tensorflow_threads(threads: int) -> None:
+    """TensorFlow's threads per operator and operators at once in this process, which it fixes
+    when its runtime starts: set before the process's first TensorFlow work (a Beam worker's first
+    encoder). Where it has started already, it keeps the threads it has (logged, not an error: the
+    embeddings are the same, only their speed differs)."""
+    import tensorflow as tf
+
+    if (tf.config.threading.get_intra_op_parallelism_threads() == threads
+            and tf.config.threading.get_inter_op_parallelism_threads() == threads):
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError as error:   # "... cannot be modified after initialization"
+        logging.getLogger(__name__).info("TensorFlow keeps its threads: %s", error)
+
+
 class SavedModelEncoder(ExportedEncoder):
     """Encodes with an exported encoder SavedModel, in batches of `batch_size` sentences."""
 
-    def __init__(self, path: str, name: str | None = None, batch_size: int = 512):
+    def __init__(self, path: str, name: str | None = None, batch_size: int = 512, threads: int | None = None):
+        """`threads`: TensorFlow's threads in this process (`tensorflow_threads`); none = its default."""
         import tensorflow as tf
         import tensorflow_text  # noqa: F401  registers the tokenizer ops the exported graph uses
 
+        if threads:
+            tensorflow_threads(threads)
         self.path = _encoder_dir(path)
         self.name = name or os.path.basename(os.path.dirname(self.path.rstrip("/"))) or "saved"
         self.batch_size = batch_size

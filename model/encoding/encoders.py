@@ -282,9 +282,11 @@ def as_encoder_spec(spec_or_path: EncoderSpec | str) -> EncoderSpec:
         raise
 
 
-def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | None = None) -> SentenceEncoder:
+def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | None = None,
+                 threads: int | None = None) -> SentenceEncoder:
     """One encoder from its spec. A concatenation takes its parts from `exports` (model dir ->
-    encoder) where they are already loaded."""
+    encoder) where they are already loaded. `threads`: a trained encoder's threads (ONNX Runtime's
+    per session, TensorFlow's in this process); none = every CPU this process may run on."""
     exports = exports or {}
     match spec.kind:
         case SpecKind.MEAN_VECTORS:
@@ -294,13 +296,14 @@ def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | Non
         case SpecKind.MINILM:
             return MiniLMEncoder(spec.name)
         case SpecKind.SAVED:
-            return SavedModelEncoder(spec.paths[0], name=spec.name)
+            return SavedModelEncoder(spec.paths[0], name=spec.name, threads=threads)
         case SpecKind.CACHED:
             return CachedEncoder(spec.paths[0], spec.name)
         case SpecKind.CONCAT:
-            return ConcatEncoder(spec.name, [exports.get(path) or SavedModelEncoder(path) for path in spec.paths])
+            return ConcatEncoder(spec.name, [exports.get(path) or SavedModelEncoder(path, threads=threads)
+                                             for path in spec.paths])
         case SpecKind.ONNX:
-            return OnnxEncoder(spec.paths[0], name=spec.name)
+            return OnnxEncoder(spec.paths[0], name=spec.name, threads=threads)
 
 
 def method_names(specs: list[EncoderSpec]) -> list[str]:

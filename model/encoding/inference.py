@@ -11,10 +11,14 @@ imports PyTorch when it is installed (seconds, and PyTorch must not load after T
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from pipeline.cli import is_direct
 
 if TYPE_CHECKING:
     from model.encoding.encoders import EncoderSpec
@@ -42,19 +46,23 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
     method fitted on the set it compares, like TF-IDF, then sees exactly that set). An empty
     tuple is not encoded: its inference is None (an article the SCB job does not embed again)."""
 
-    def __init__(self, spec: EncoderSpec | str, min_batch_size: int = 32, max_batch_size: int = 512):
-        """`spec`: an encoder spec, its text, or a trained encoder's path (checked here, not at run time)."""
+    def __init__(self, spec: EncoderSpec | str, min_batch_size: int = 32, max_batch_size: int = 512,
+                 threads: int | None = None):
+        """`spec`: an encoder spec, its text, or a trained encoder's path (checked here, not at run
+        time). `threads`: the encoder's threads in each worker process (`threads_per_worker`);
+        none = every CPU the worker may run on."""
         from model.encoding.encoders import as_encoder_spec
 
         super().__init__()
         self.spec = as_encoder_spec(spec)
         self.min_batch_size = min_batch_size
         self.max_batch_size = max_batch_size
+        self.threads = threads
 
     def load_model(self):
         from model.encoding.encoders import load_encoder
 
-        return load_encoder(self.spec)
+        return load_encoder(self.spec, threads=self.threads)
 
     def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable[PredictionResult]:
         if batch and isinstance(batch[0], str):
@@ -71,3 +79,17 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
 
     def get_metrics_namespace(self) -> str:
         return "wikisim_embed"
+
+
+def threads_per_worker(options: PipelineOptions) -> int:
+    """An encoder's threads in each worker process of a job run with `options`: the CPUs shared
+    out among the DirectRunner's workers (`--direct_num_workers`, 0 = one per CPU), and one on any
+    other runner, which runs an SDK process per core (Dataflow's Python workers). Encoders that
+    each take every CPU in several workers on the same cores wait on each other: on 2 cores, 60
+    SCB articles took 252 CPU-seconds with 2 threads per worker and 240 with one
+    (docs/results.md, issue 64); the more cores per worker, the more it matters."""
+    if not is_direct(options.view_as(StandardOptions).runner):
+        return 1
+    cpus = len(os.sched_getaffinity(0))
+    workers = options.view_as(DirectOptions).direct_num_workers
+    return max(1, cpus // (workers or cpus))

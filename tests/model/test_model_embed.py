@@ -267,3 +267,35 @@ def test_binary_precision_packs_each_row_for_a_width_not_a_multiple_of_8():
     binary = quantize(embeddings, "binary")
     assert binary.dtype == np.int8 and binary.shape == (5, 2)
     np.testing.assert_array_equal(binary.astype(int), per_row.astype(int) - 128)
+
+
+def test_a_jobs_encoders_share_the_cpus_out_among_its_worker_processes(monkeypatch):
+    """Two DirectRunner workers on two CPUs encode on one thread each (each taking both made them
+    wait on each other); one in-memory worker takes every CPU; a runner that starts an SDK process
+    per core (Dataflow) gets one thread per process."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from model.encoding.inference import threads_per_worker
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert threads_per_worker(PipelineOptions([])) == 4
+    assert threads_per_worker(PipelineOptions(["--direct_running_mode=multi_processing",
+                                               "--direct_num_workers=2"])) == 2
+    assert threads_per_worker(PipelineOptions(["--direct_num_workers=0"])) == 1   # 0: a worker per CPU
+    assert threads_per_worker(PipelineOptions(["--direct_num_workers=8"])) == 1
+    assert threads_per_worker(PipelineOptions(["--runner=DataflowRunner"])) == 1
+
+
+def test_the_handlers_threads_reach_the_encoder():
+    """The committed int8 encoder loaded by RunInference's handler with one thread: its ONNX
+    Runtime session runs each operator on one thread, and encodes as one on every CPU does."""
+    import os
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "2019-gpu-eval",
+                          "minilm-gpu-soup-int8")
+    one_thread = EncoderModelHandler(folder, threads=1).load_model()
+    every_cpu = EncoderModelHandler(folder).load_model()
+    assert one_thread._session.get_session_options().intra_op_num_threads == 1
+    assert every_cpu._session.get_session_options().intra_op_num_threads == len(os.sched_getaffinity(0))
+    sentences = ["The river rises in the mountains.", "The army surrendered after the siege."]
+    np.testing.assert_allclose(one_thread.encode(sentences), every_cpu.encode(sentences), atol=1e-6)

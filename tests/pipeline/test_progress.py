@@ -45,3 +45,54 @@ def test_a_bar_on_a_terminal_is_redrawn_in_place(tmp_path):
     assert process.wait(timeout=120) == 0
     text = shown.decode()
     assert text.count("\r") > 3 and "205k triplets" in text
+
+
+# A DirectRunner job's worker, as Beam starts them (a shell), interrupted by Ctrl-C in the block;
+# prints the worker's exit status and SIGINT's handler after, or what went otherwise.
+INTERRUPTED_JOB = """
+import os, signal, subprocess, threading, time
+from apache_beam.options.pipeline_options import PipelineOptions
+from pipeline.progress import workers_end_on_interrupt
+DIRECT, DATAFLOW = PipelineOptions([]), PipelineOptions(["--runner=DataflowRunner"])
+worker = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+try:
+    with workers_end_on_interrupt(DIRECT):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("worker", worker.wait(timeout=30))
+    echo = threading.Thread(target=lambda: 1 / 0)   # a thread failing because its worker ended
+    echo.start()
+    echo.join()
+finally:
+    worker.kill()
+print("restored", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+try:
+    with workers_end_on_interrupt(DIRECT):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
+        except KeyboardInterrupt as error:   # as Beam re-raises it from a DoFn of the in-memory runner
+            raise RuntimeError("KeyboardInterrupt [while running 'Step']") from error
+except KeyboardInterrupt:
+    print("unwrapped")
+with workers_end_on_interrupt(DATAFLOW):
+    print("other runners untouched", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def test_ctrl_c_during_a_direct_job_ends_the_processes_it_started_at_once():
+    """The worker ends (SIGTERM) and KeyboardInterrupt is raised as usual, with no traceback from
+    the threads that fail because of it (Beam, left to itself, ended its workers through broken
+    gRPC streams, with their tracebacks).
+    An interrupt Beam wrapped in a RuntimeError leaves the block as the KeyboardInterrupt it was.
+    SIGINT's handler is restored after the block, and left alone for other runners. Ctrl-C's
+    disposition as in a terminal (a background test run starts its children with SIGINT ignored)."""
+    import signal
+
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_JOB], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.stdout.split("\n")[:4] == [f"worker {-signal.SIGTERM}", "restored True", "unwrapped",
+                                           "other runners untouched True"], done.stdout + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr   # the interrupt's echo in other threads is not shown
