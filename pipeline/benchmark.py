@@ -4,12 +4,14 @@
 
 Builds, from the real excerpt, a 16x dump (every page repeated with new ids and titles) as one
 ordinary bz2 stream and as a multistream file with its index, then measures each command as a
-subprocess (wall time and peak RSS from `os.wait4`):
+subprocess (wall time, CPU time and peak RSS from `os.wait4`):
 
 1. `python -m pipeline.run` vs `python -m gensim.scripts.segment_wiki` on the same file (goal <= 1.0x),
    with the pipeline's defaults (one in-memory worker) and, as `..._2_workers`, with two
    multi_processing workers sharing the file (`--page-shards 2`; segment_wiki uses its default
-   pool, `cpu_count - 1` workers beside its reading process);
+   pool, `cpu_count - 1` workers beside its reading process), each by wall time and, as `..._cpu`,
+   by CPU time (user + system, of the command and its reaped worker processes): segment_wiki's
+   wall time has a second process behind it, the pipeline's one worker mostly one core;
 2. `python -m pipeline.run` vs `bzcat` of the same file, the decode limit (goal <= 10x);
 3. the pipeline's peak RSS (its largest process) at 16x vs 1x (goal <= 1.2x), with the default
    datasets, as `..._2_workers` with two multi_processing workers, and, as `..._all_negatives`,
@@ -63,6 +65,7 @@ class Measurement:
     command: list[str]
     wall_s: float
     peak_rss_mib: float
+    cpu_s: float   # user + system seconds of the command and the processes it reaped
     returncode: int
 
 
@@ -77,20 +80,22 @@ _, status, usage = os.wait4(child.pid, 0)
 child.returncode = os.waitstatus_to_exitcode(status)
 sys.stderr.write(stderr.decode("utf-8", "replace")[-4000:] if child.returncode else "")
 print(json.dumps({"wall_s": time.perf_counter() - started, "peak_rss_mib": usage.ru_maxrss / 1024,
-                  "returncode": child.returncode}))
+                  "cpu_s": usage.ru_utime + usage.ru_stime, "returncode": child.returncode}))
 """
 
 
 def measure(name: str, command: list[str]) -> Measurement:
-    """Runs a command; its wall time and the peak RSS of its largest process (`os.wait4`
-    reports the maximum over the child and its reaped children, e.g. Beam's workers)."""
+    """Runs a command; its wall time, its CPU time and the peak RSS of its largest process
+    (`os.wait4` reports the CPU time summed, and the RSS maximum, over the child and its reaped
+    children, e.g. Beam's or segment_wiki's workers)."""
     print(f"[benchmark] {name}: {' '.join(command)}", flush=True)
     launched = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *command],
                               stdout=subprocess.PIPE, text=True, check=True)
     result = Measurement(name=name, command=command, **json.loads(launched.stdout))
     if result.returncode != 0:
         raise SystemExit(f"[benchmark] {name} failed with exit code {result.returncode}")
-    print(f"[benchmark] {name}: {result.wall_s:.1f} s, peak RSS {result.peak_rss_mib:.0f} MiB", flush=True)
+    print(f"[benchmark] {name}: {result.wall_s:.1f} s, CPU {result.cpu_s:.1f} s, "
+          f"peak RSS {result.peak_rss_mib:.0f} MiB", flush=True)
     return result
 
 
@@ -236,6 +241,7 @@ def ratios(results: dict[str, Measurement]) -> dict[str, float]:
         for run in (f"pipeline_{size}", f"pipeline_{size}_2_workers"):
             suffix = run.removeprefix("pipeline_")
             r[f"pipeline_vs_segment_wiki_{suffix}"] = results[run].wall_s / results[f"segment_wiki_{size}"].wall_s
+            r[f"pipeline_vs_segment_wiki_{suffix}_cpu"] = results[run].cpu_s / results[f"segment_wiki_{size}"].cpu_s
             r[f"pipeline_vs_bzcat_{suffix}"] = results[run].wall_s / results[f"bzcat_{size}"].wall_s
         r[f"reader_vs_bzcat_{size}"] = results[f"reader_{size}"].wall_s / results[f"bzcat_{size}"].wall_s
     r["rss_16x_vs_1x"] = results["pipeline_scaled"].peak_rss_mib / results["pipeline_1x"].peak_rss_mib
@@ -257,8 +263,9 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lines = ["| measurement | wall s | peak RSS MiB |", "|---|---:|---:|"]
-    lines += [f"| {m.name} | {m.wall_s:.2f} | {m.peak_rss_mib:.0f} |" for m in results.values()]
+    lines = ["| measurement | wall s | CPU s | cores busy | peak RSS MiB |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {m.name} | {m.wall_s:.2f} | {m.cpu_s:.2f} | {m.cpu_s / m.wall_s:.2f} | {m.peak_rss_mib:.0f} |"
+              for m in results.values()]
     lines += ["", "| ratio | measured | goal |", "|---|---:|---|"]
     for name, value in measured_ratios.items():
         goal = next((f"{op} {bound}" for key, (op, bound) in GOALS.items() if name.startswith(key)), "")

@@ -89,7 +89,7 @@ def test_no_shuffle_of_the_job_carries_pages_or_triplets(tmp_path):
                                                     for step in ("AllRuns", "Spread", "AllShards") for split in SPLITS)}
 
 
-def test_the_benchmark_reports_peak_rss_as_a_ratio_between_two_dump_sizes():
+def test_the_benchmark_reports_peak_rss_between_two_dump_sizes_and_cpu_time_beside_wall_time():
     from pipeline import benchmark
 
     names = [f"{tool}_{size}" for tool in ("bzcat", "segment_wiki", "reader") for size in ("1x", "scaled")]
@@ -98,6 +98,11 @@ def test_the_benchmark_reports_peak_rss_as_a_ratio_between_two_dump_sizes():
     names += [f"{tool}_multistream_{workers}" for tool in ("reader", "pipeline")
               for workers in ("1_worker", "2_workers")]
     rss = {"pipeline_1x": 400, "pipeline_scaled": 440, "pipeline_1x_2_workers": 500, "pipeline_scaled_2_workers": 650}
-    results = {name: benchmark.Measurement(name, [], 10.0, rss.get(name, 100), 0) for name in names}
+    cpu = {"segment_wiki_scaled": 20.0, "pipeline_scaled": 25.0}
+    results = {name: benchmark.Measurement(name, [], 10.0, rss.get(name, 100), cpu.get(name, 10.0), 0)
+               for name in names}
     ratios = benchmark.ratios(results)
     assert ratios["rss_16x_vs_1x"] == pytest.approx(1.1) and ratios["rss_16x_vs_1x_2_workers"] == pytest.approx(1.3)
+    # the same wall time, by CPU time: segment_wiki's reader and worker against the pipeline's one worker
+    assert ratios["pipeline_vs_segment_wiki_scaled"] == 1.0
+    assert ratios["pipeline_vs_segment_wiki_scaled_cpu"] == pytest.approx(1.25)
