@@ -250,6 +250,12 @@ def is_direct(runner: str | None) -> bool:
     return _runner_kind(runner) in ("", "direct")
 
 
+def is_local(runner: str | None) -> bool:
+    """Whether `--runner` runs the job's workers on this machine: the DirectRunner in any of its
+    forms, or Prism (its workers are local processes; Flink, Spark and Dataflow run theirs elsewhere)."""
+    return _runner_kind(runner) in ("", "direct", "bundlebaseddirect", "switchingdirect", "prism")
+
+
 def is_dataflow(runner: str | None) -> bool:
     """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
     return _runner_kind(runner) in ("dataflow", "testdataflow")

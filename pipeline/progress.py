@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterable, Iterator, MutableMapping
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from pipeline.cli import is_direct
 from pipeline.files import write_complete
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner", "PrismRunner")
 REPORT_EVERY_S = 1.0
 LOG_LINE_EVERY_S = 30.0   # how often a progress bar writes to a stderr that is a file (a log), not a terminal
 
@@ -120,10 +120,6 @@ def total_counts(folder: str) -> tuple[int, int]:
             pages += counts["pages"]
             dead += counts["dead_letters"]
     return pages, dead
-
-
-def is_local(runner: str | None) -> bool:
-    return runner is None or runner.split(".")[-1] in LOCAL_RUNNERS
 
 
 @contextlib.contextmanager
@@ -307,8 +303,6 @@ def workers_end_on_interrupt(options: PipelineOptions) -> Iterator[None]:
     import signal
 
     from apache_beam.options.pipeline_options import StandardOptions
-
-    from pipeline.cli import is_direct
 
     if (not is_direct(options.view_as(StandardOptions).runner)
             or threading.current_thread() is not threading.main_thread()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import counters as counter_names
 from pipeline import progress, records
-from pipeline.cli import DataLossError, UsageError, flag, is_dataflow, parse_config, run_cli
+from pipeline.cli import DataLossError, UsageError, flag, is_dataflow, is_local, parse_config, run_cli
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict:
     check_spacy_model(config.spacy_model)
     jobserver.wait_for_long_jobs(options)
     with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
-        folder = progress.progress_folder() if progress.is_local(runner) else None
+        folder = progress.progress_folder() if is_local(runner) else None
         pipeline = beam.Pipeline(options=options)
         indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
         return _run(pipeline, config, input_pattern, runner, folder, indexes)

@@ -28,6 +28,11 @@ def test_wait_false_parses_beside_dataflow_flags_and_its_help_names_the_follow_u
     assert [run.is_dataflow(name) for name in ("DataflowRunner", "dataflow",
                                                "apache_beam.runners.dataflow.dataflow_runner.DataflowRunner",
                                                "DirectRunner", "PrismRunner", None)] == [True] * 3 + [False] * 3
+    # the runners whose workers run here (and so report progress through a local folder)
+    assert [run.is_local(name) for name in (None, "DirectRunner", "direct", "SwitchingDirectRunner",
+                                            "apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner",
+                                            "PrismRunner", "prism", "DataflowRunner", "FlinkRunner",
+                                            "SparkRunner")] == [True] * 7 + [False] * 3
     text = " ".join(config_parser(run.PipelineConfig, "p", "").format_help().split())
     assert "python -m pipeline.publish --output OUTPUT" in text
 
