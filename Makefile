@@ -62,7 +62,7 @@ else
 TITLES_FLAGS = --steps none
 endif
 
-.PHONY: demo demo-build scale qs3m-build test test-fast lint setup prism clean mpnet-checkpoint
+.PHONY: demo demo-build scale qs3m-build test test-fast lint setup prism flink clean mpnet-checkpoint
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,19 @@ PRISM = .cache/prism/v$(BEAM_VERSION)/prism
 prism: $(VENV)/.installed
 	@test -x $(PRISM) || GOBIN=$(abspath $(dir $(PRISM))) go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 	@echo $(PRISM)
+
+# Beam's Flink job server (`--runner FlinkRunner`, [local] or a session cluster: infra/flink_cluster.sh):
+# Maven resolves the Beam 2.50 Flink runner and job service that Maven Central serves (infra/flink/pom.xml
+# pins them and says why) into .cache/flink/lib/, beside a jar of one class that starts it.
+FLINK_JAR = .cache/flink/beam-flink-job-server.jar
+FLINK_SOURCES = infra/flink/pom.xml infra/flink/settings.xml $(wildcard infra/flink/src/main/java/wikisim/flink/*.java)
+
+flink: $(FLINK_JAR)
+	@echo $(FLINK_JAR)
+
+$(FLINK_JAR): $(FLINK_SOURCES)
+	rm -rf .cache/flink
+	mvn -B -q -Dstyle.color=never -s infra/flink/settings.xml -f infra/flink/pom.xml package -Dflink.out=$(abspath .cache/flink)
 
 demo: $(VENV)/.installed
 	$(if $(FRESH),rm -rf $(OUT))
@@ -155,7 +168,8 @@ $(REPORT)/qs3m-%/qs3m.md: $(DATA)/manifest.json
 	$(PY) -m eval.qs3m --passages $(DATA) --model-dir $(MODELS)/qs3m-$* --output $(REPORT)/qs3m-$* \
 	  --max-queries $(QS3M_TEST_QUERIES)
 
-test: $(VENV)/.installed prism
+# Flink's job server where Java and Maven are here (its tests say why they skip where not).
+test: $(VENV)/.installed prism $(if $(shell command -v mvn && command -v java),flink)
 	$(PY) -m pytest -q tests
 
 # The unit tier: tests that need no session-wide pipeline run, training or worker processes

@@ -231,10 +231,11 @@ def refuse_file_as_folder(flag_name: str, path: str) -> None:
 BEAM_OPTIONS_EPILOG = (
     "Every other flag is one of Beam's pipeline options, passed to the job unchanged: --runner "
     "DirectRunner (the default; --direct_num_workers, --direct_running_mode), PrismRunner (--prism_location "
-    "PATH, which make prism builds; --job_endpoint HOST:PORT for a Prism job server of your own) or "
-    "DataflowRunner (--project, --region, --temp_location); Beam's FlinkRunner and SparkRunner take the same "
-    "job but are untested here (their job server jars are not served to this project's machines). This "
-    "project's runners are described in docs/pipeline.md; all of Beam's options in "
+    "PATH, which make prism builds; --job_endpoint HOST:PORT for a Prism job server of your own), FlinkRunner "
+    "(--flink_master=[local] or HOST:PORT of a Flink 1.16 session cluster, --parallelism N; Beam's Flink job "
+    "server, which make flink builds, is started per run) or DataflowRunner (--project, --region, "
+    "--temp_location). The tests run the job on the first three and compare its bytes; SparkRunner is "
+    "untested. This project's runners are described in docs/pipeline.md; all of Beam's options in "
     "https://beam.apache.org/documentation/programming-guide/#configuring-pipeline-options"
 )
 

@@ -14,7 +14,7 @@ And Beam's launcher waits on the job through a stream of its states opened with 
 `--job_server_timeout` (300 s by default; `JobServiceHandle.run`, which reopens it without a deadline
 only when the job server refuses that first request, by the job's preparation id): Prism accepts it,
 so a Prism job longer than five minutes failed in the launcher with `DEADLINE_EXCEEDED` (seen on the
-2019 dump), its outputs unpublished. `wait_for_long_jobs` gives a portable run a deadline of days,
+2019 dump), its outputs unpublished. `prepare_portable_run` gives a portable run a deadline of days,
 unless the user set one. And when the launcher stops waiting (Ctrl-C, an error), a job on a job server
 that outlives it would write on into a folder whose lock it releases: `cancel_unfinished` ends it first.
 
@@ -23,21 +23,45 @@ its arguments, a free port); the launcher starts that process with `PR_SET_PDEAT
 kernel kills it when the launcher dies, SIGKILL included), hands the job to it through Beam's
 `--job_endpoint` option, and stops it when the run ends. A `--job_endpoint` the user gives (a job
 server of their own) is left alone.
+
+Flink's job server is a Java process (`make flink` builds it from the Beam 2.50 artifacts Maven
+Central serves, infra/flink/): the same start, stop and parent-death tie as Prism's, its
+`--flink_master` `[local]` (a Flink mini-cluster inside the job server's JVM) or a session cluster's
+REST address (infra/flink_cluster.sh). Its jar binds its job and artifact services to the loopback
+address (Beam 2.50's own driver binds every interface; infra/flink/src says why).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`wait_for_long_jobs`)
+JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`prepare_portable_run`)
 PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_name`s of Beam's job-service runners
+# Where `make flink` puts Beam's Flink job server (infra/flink/pom.xml: its version, and why that one).
+FLINK_JOB_SERVER_JAR = Path(__file__).resolve().parents[1] / ".cache" / "flink" / "beam-flink-job-server.jar"
+# `--flink_master`s whose Flink runs on this machine: Beam's two words for a mini-cluster in the job
+# server, and a session cluster on loopback (infra/flink_cluster.sh).
+LOCAL_FLINK_MASTERS = ("[local]", "[auto]")
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+# How long a TaskManager keeps an SDK worker it no longer uses (`--environment_cache_millis`, Beam's 0:
+# released after each task). Beam's worker pool (LOOPBACK, EXTERNAL) knows its workers by an id that
+# every TaskManager counts from 1, so a TaskManager releasing its worker "1-1" stopped the other
+# TaskManager's "1-1" mid-task ("SDK harness closed connection", the job FAILED, seen on a
+# two-TaskManager cluster); kept for the job, none is released while the job runs.
+FLINK_ENVIRONMENT_CACHE_MS = 24 * 3600 * 1000
+FLINK_JVM_PROPERTIES = ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                        # a warning per operator whose name is too long for a metric: hundreds a job
+                        "-Dorg.slf4j.simpleLogger.log.org.apache.flink.metrics.MetricGroup=error")
 
 
 def runner_name(runner: str | None) -> str:
@@ -52,24 +76,87 @@ def _beam_job_server(options: Any) -> Any:
 
     if options.view_as(PortableOptions).job_endpoint:
         return None
-    if runner_name(options.view_as(StandardOptions).runner) == "prism":
+    runner = runner_name(options.view_as(StandardOptions).runner)
+    if runner == "prism":
         from apache_beam.runners.portability.prism_runner import PrismJobServer
 
         return PrismJobServer(options)
+    if runner == "flink":
+        from apache_beam.options.pipeline_options import FlinkRunnerOptions
+        from apache_beam.runners.portability.flink_runner import FlinkJarJobServer, FlinkRunner
+
+        flink = options.view_as(FlinkRunnerOptions)
+        flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)   # as Beam's FlinkRunner does
+        flink.flink_job_server_jar = flink.flink_job_server_jar or str(FLINK_JOB_SERVER_JAR)
+        return FlinkJarJobServer(options)
     return None
 
 
-def wait_for_long_jobs(options: Any) -> None:
+def flink_master_is_local(master: str) -> bool:
+    """Whether `--flink_master` is a Flink on this machine: a mini-cluster in the job server
+    (`[local]`, `[auto]`) or a session cluster on loopback (`localhost:8081`, `http://127.0.0.1:8081`)."""
+    master = master.strip()
+    if master in LOCAL_FLINK_MASTERS:
+        return True
+    host = master.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host in LOOPBACK_HOSTS
+
+
+def sdk_workers_in_launcher(options: Any) -> bool:
+    """Whether the job's SDK workers run inside this process (`--environment_type LOOPBACK`), so
+    that its DoFns share this machine's disk (the progress counts) and its stderr (the log)."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    return (options.view_as(PortableOptions).environment_type or "").upper() == "LOOPBACK"
+
+
+def _check_flink(options: Any) -> None:
+    """Flink's job server that the launcher will start, there before any work (a UsageError that
+    says `make flink` otherwise: Beam would try to download a shaded jar that is not served); on a
+    Flink on this machine without `--environment_type`, the SDK workers in the launcher (LOOPBACK,
+    as Beam's FlinkRunner does for `[local]`; its default for any other master is Docker), kept for
+    the whole job (FLINK_ENVIRONMENT_CACHE_MS). Unless
+    `--job_server_jvm_properties` says otherwise, the job server logs warnings and errors only (at
+    INFO a mini-cluster writes ~18,000 lines for the excerpt) and keeps its temporary files (Flink's
+    spill folders) in the run's private TMPDIR, so they go with the run."""
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, JobServerOptions, PortableOptions
+
+    from pipeline.cli import UsageError
+
+    portable = options.view_as(PortableOptions)
+    flink = options.view_as(FlinkRunnerOptions)
+    if not portable.environment_type and flink_master_is_local(flink.flink_master):
+        portable.environment_type = "LOOPBACK"
+    if "environment_cache_millis" not in options.get_all_options(drop_default=True):
+        portable.environment_cache_millis = FLINK_ENVIRONMENT_CACHE_MS
+    if portable.job_endpoint:
+        return
+    server = options.view_as(JobServerOptions)
+    if not server.job_server_jvm_properties:
+        server.job_server_jvm_properties = list(FLINK_JVM_PROPERTIES) + [f"-Djava.io.tmpdir={tempfile.gettempdir()}"]
+    jar = flink.flink_job_server_jar
+    if jar and "://" in jar:
+        return   # a jar Beam downloads
+    if not os.path.isfile(jar or FLINK_JOB_SERVER_JAR):
+        named = f"--flink_job_server_jar {jar}: no such file" if jar else f"no job server at {FLINK_JOB_SERVER_JAR}"
+        raise UsageError(f"--runner FlinkRunner: {named} (`make flink` builds Beam's Flink job server)")
+
+
+def prepare_portable_run(options: Any) -> None:
     """Under a portable runner (PORTABLE_RUNNERS), Beam's `--job_server_timeout` (the deadline of the
     launcher's stream of job states, so, on Prism, of the job) becomes JOB_WAIT_S unless the
     command line sets it; a `--job_endpoint` that nothing answers is then a UsageError naming it,
-    before any work (Beam would wait out that deadline to connect)."""
+    before any work (Beam would wait out that deadline to connect), and so is a Flink job server
+    that is not built (`_check_flink`)."""
     from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
     from pipeline.cli import UsageError
 
-    if runner_name(options.view_as(StandardOptions).runner) not in PORTABLE_RUNNERS:
+    runner = runner_name(options.view_as(StandardOptions).runner)
+    if runner not in PORTABLE_RUNNERS:
         return
+    if runner == "flink":
+        _check_flink(options)
     portable = options.view_as(PortableOptions)
     if "job_server_timeout" not in options.get_all_options(drop_default=True):
         portable.job_server_timeout = JOB_WAIT_S

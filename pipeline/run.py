@@ -365,9 +365,10 @@ def main(argv: list[str] | None = None) -> dict:
                           f"{runner or 'DirectRunner'} the job runs in this process, so the command waits for it")
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
-    jobserver.wait_for_long_jobs(options)
+    jobserver.prepare_portable_run(options)
     with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
-        folder = progress.progress_folder() if is_local(runner) else None
+        workers_here = is_local(runner) or jobserver.sdk_workers_in_launcher(options)   # Flink [local]: LOOPBACK
+        folder = progress.progress_folder() if workers_here else None
         pipeline = beam.Pipeline(options=options)
         indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
         return _run(pipeline, config, input_pattern, runner, folder, indexes)
@@ -390,7 +391,7 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
             print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
             shown = progress.show_progress(folder, indexes, log_path)
-        # A job server Beam would start here (Prism's) runs for this run only: it ends with it, a
+        # A job server Beam would start here (Prism's, Flink's) runs for this run only: it ends with it, a
         # SIGKILL of this process included, and answers for the job's counters until finish() read them.
         with jobserver.local_job_server(pipeline.options, log_path):
             with writes_of(out), shown, progress.workers_end_on_interrupt(pipeline.options):

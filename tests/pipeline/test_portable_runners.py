@@ -67,7 +67,7 @@ def test_under_a_portable_runner_the_launcher_waits_on_a_job_for_days_unless_tol
     under Prism, the deadline of the whole job (the slow test below shows it)."""
     def deadline(*flags: str) -> int:
         options = PipelineOptions(list(flags))
-        jobserver.wait_for_long_jobs(options)
+        jobserver.prepare_portable_run(options)
         return options.view_as(PortableOptions).job_server_timeout
 
     assert deadline("--runner", "PrismRunner") == jobserver.JOB_WAIT_S >= 7 * 24 * 3600
@@ -181,7 +181,7 @@ def test_a_sigkilled_launcher_takes_its_prism_job_server_along_and_overwrite_rec
 
 @pytest.mark.slow
 def test_beams_job_server_timeout_is_the_deadline_of_a_prism_job(prism, tmp_path):
-    """Why `jobserver.wait_for_long_jobs` raises it: with Beam's 300 s a longer job failed."""
+    """Why `jobserver.prepare_portable_run` raises it: with Beam's 300 s a longer job failed."""
     done = _cli("--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--prism_location", prism,
                 "--job_server_timeout", "2", *FAST)
     assert done.returncode != 0 and "DEADLINE_EXCEEDED" in done.stderr

@@ -1,0 +1,243 @@
+"""The job on Apache Flink: Beam 2.50's Flink job server (`make flink`, infra/flink/) that the
+launcher starts per run, on a Flink mini-cluster inside it (`--flink_master=[local]`) and on a
+standalone session cluster of separate JVMs (infra/flink_cluster.sh). SDK 2.77 on a 2.50 job server
+is a pairing Beam does not promise, so every real run here compares bytes and counters with the
+DirectRunner's."""
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from apache_beam.options.pipeline_options import FlinkRunnerOptions, JobServerOptions, PipelineOptions, PortableOptions
+from dump_support import ALL_NEGATIVES
+
+from pipeline import jobserver, published, run
+from pipeline.cli import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+JAR = jobserver.FLINK_JOB_SERVER_JAR
+FAST = ["--spacy-model", "blank:en"]
+NOT_COMPARED = {"stats.json", "pipeline.log"}   # the runner's name and wall time; the runners' logs
+
+
+def test_flink_without_its_job_server_is_one_error_that_says_make_flink_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    missing = tmp_path / "no-such.jar"
+    with pytest.raises(UsageError, match=f"--flink_job_server_jar {missing}: no such file .*make flink"):
+        run.main(["--output", str(out), "--runner", "FlinkRunner", "--flink_job_server_jar", str(missing)])
+    assert not out.exists()   # nothing claimed: no _UNPUBLISHED for the next try to trip on
+    done = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(out), "--runner", "FlinkRunner",
+                           "--flink_job_server_jar", str(missing)], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "make flink" in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("master, local", [
+    ("[local]", True), ("[auto]", True), ("localhost:8081", True), ("http://127.0.0.1:8081", True),
+    ("flink-jm.example.com:8081", False), ("http://10.0.0.7:8081", False)])
+def test_a_flink_master_on_this_machine_is_told_from_a_remote_one(master, local):
+    assert jobserver.flink_master_is_local(master) is local
+
+
+def _prepared(*flags: str) -> PipelineOptions:
+    options = PipelineOptions(["--runner", "FlinkRunner", "--flink_job_server_jar", sys.executable, *flags])
+    jobserver.prepare_portable_run(options)
+    return options
+
+
+def test_on_a_local_flink_the_sdk_workers_run_in_the_launcher_and_stay_for_the_job():
+    """LOOPBACK for a mini-cluster or a loopback cluster (Beam's own default for a cluster is Docker);
+    the environment cache that keeps two TaskManagers from stopping each other's workers; the job
+    server's quiet logging. What the user sets is kept."""
+    options = _prepared("--flink_master=localhost:8081")
+    portable = options.view_as(PortableOptions)
+    assert portable.environment_type == "LOOPBACK" and jobserver.sdk_workers_in_launcher(options)
+    assert portable.environment_cache_millis == jobserver.FLINK_ENVIRONMENT_CACHE_MS
+    jvm = options.view_as(JobServerOptions).job_server_jvm_properties
+    assert set(jobserver.FLINK_JVM_PROPERTIES) <= set(jvm)
+    assert f"-Djava.io.tmpdir={tempfile.gettempdir()}" in jvm
+
+    kept = _prepared("--flink_master=flink-jm.example.com:8081", "--environment_type", "EXTERNAL",
+                     "--environment_config", "localhost:50000", "--environment_cache_millis", "5",
+                     "--job_server_jvm_properties=-Xmx2g")
+    assert kept.view_as(PortableOptions).environment_type == "EXTERNAL"
+    assert int(kept.view_as(PortableOptions).environment_cache_millis) == 5
+    assert kept.view_as(JobServerOptions).job_server_jvm_properties == ["-Xmx2g"]
+    remote = _prepared("--flink_master=flink-jm.example.com:8081")
+    assert remote.view_as(PortableOptions).environment_type is None   # Beam's default: the user decides
+    assert remote.view_as(FlinkRunnerOptions).flink_master == "flink-jm.example.com:8081"
+
+
+# ---------------------------------------------------------------- real runs on Flink
+
+@pytest.fixture(scope="module")
+def flink_jar() -> Path:
+    if not JAR.is_file():
+        if shutil.which("mvn") and shutil.which("java"):
+            pytest.fail(f"no Flink job server at {JAR}: `make flink` builds it (make test does, with Java and Maven)")
+        pytest.skip("Flink's job server needs Java and Maven (`make flink`), and neither is here")
+    return JAR
+
+
+@pytest.mark.slow
+def test_make_flink_prints_the_jar_the_launcher_starts(flink_jar):
+    done = subprocess.run(["make", "-s", "flink"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert REPO / done.stdout.strip().splitlines()[-1] == flink_jar
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.run", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=900)
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(out)): path.read_bytes() for path in sorted(out.rglob("*"))
+            if path.is_file() and path.name not in NOT_COMPARED}
+
+
+def _assert_the_directrunners_run(out: Path, direct: Path, runner: str) -> None:
+    """Every shard, Parquet twin, JSON-lines file and the manifest the DirectRunner's bytes; the same
+    counters and reconciliation; a published run that Run.verify accepts."""
+    theirs, ours = _files(direct), _files(out)
+    assert sorted(ours) == sorted(theirs)
+    assert sum(name.endswith(".tfrecord.gz") for name in theirs) >= 12
+    assert [name for name, data in ours.items() if data != theirs[name]] == []
+    stats = json.loads((out / "stats.json").read_text())
+    direct_stats = json.loads((direct / "stats.json").read_text())
+    assert stats["runner"] == runner
+    assert stats["counters"] == direct_stats["counters"]
+    assert stats["reconciliation"] == direct_stats["reconciliation"] and stats["reconciliation"]["balanced"]
+    opened = published.Run.open(str(out))
+    assert all(opened.verify(folder) == 0 for folder in opened.manifest.outputs)
+
+
+def _job_servers() -> list[psutil.Process]:
+    """Live JVMs of Beam's Flink job server (this checkout's jar)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["status"] != psutil.STATUS_ZOMBIE and str(JAR) in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+@pytest.mark.slow
+def test_flink_local_writes_the_directrunners_outputs_byte_for_byte(flink_jar, embedded_pipeline_output, tmp_path):
+    """The excerpt at parallelism 2 on a mini-cluster in the job server, every negative strategy;
+    while it runs the job server listens on loopback only, and no JVM outlives the command."""
+    out = tmp_path / "flink"
+    launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--runner", "FlinkRunner",
+                                 "--flink_master=[local]", "--parallelism=2", *ALL_NEGATIVES],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    addresses: set[str] = set()
+    deadline = time.monotonic() + 600
+    while launcher.poll() is None and time.monotonic() < deadline:
+        for server in _job_servers():
+            try:
+                addresses |= {conn.laddr.ip for conn in server.net_connections("tcp")
+                              if conn.status == psutil.CONN_LISTEN}
+            except psutil.NoSuchProcess:   # the JVM ended between the listing and the look
+                pass
+        time.sleep(0.5)
+    _, stderr = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, addresses
+    assert _job_servers() == []
+    _assert_the_directrunners_run(out, embedded_pipeline_output, "FlinkRunner")
+
+
+@pytest.mark.slow
+def test_a_sigkilled_launcher_takes_its_flink_job_server_along_and_overwrite_reclaims_the_folder(flink_jar, tmp_path):
+    out = tmp_path / "out"
+    flags = ["--runner", "FlinkRunner", "--flink_master=[local]", *FAST]
+    launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), *flags],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Reading has begun once the reading DoFn's page counts appear in the launcher's progress folder.
+    pattern = f"wikisim-run-{launcher.pid}-*/wikisim-progress-{launcher.pid}-*/*.json"
+    deadline = time.monotonic() + 300
+    while not list(Path(tempfile.gettempdir()).glob(pattern)):
+        assert launcher.poll() is None and time.monotonic() < deadline, "the job never started reading"
+        time.sleep(0.1)
+    servers = _job_servers()
+    assert launcher.poll() is None and len(servers) == 1
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert alive == [], "Flink's job server outlived its launcher"
+
+    refused = _cli("--output", str(out), *flags)
+    assert refused.returncode == 2 and "stale lock" in refused.stderr.strip().splitlines()[-1]
+    reclaimed = _cli("--output", str(out), "--overwrite", *flags)
+    assert reclaimed.returncode == 0, reclaimed.stderr[-3000:]
+    opened = published.Run.open(str(out))
+    assert all(opened.verify(folder) == 0 for folder in opened.manifest.outputs)
+    assert _job_servers() == []
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rest(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+        return json.load(response)
+
+
+@pytest.mark.slow
+def test_a_two_taskmanager_session_cluster_runs_the_job_byte_for_byte(flink_jar, embedded_pipeline_output, tmp_path):
+    """infra/flink_cluster.sh: a JobManager and two TaskManagers, each its own JVM, on loopback; the
+    launcher's job runs there at parallelism 2 (Flink's REST API shows both TaskManagers and the job
+    FINISHED) and writes the DirectRunner's bytes; Ctrl-C stops every part of the cluster."""
+    rest_port = _free_port()
+    cluster = subprocess.Popen(["infra/flink_cluster.sh", str(rest_port), "2"], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if len(_rest(rest_port, "/taskmanagers")["taskmanagers"]) == 2:
+                    break
+            except OSError:
+                pass
+            assert cluster.poll() is None and time.monotonic() < deadline, "the cluster never listed 2 TaskManagers"
+            time.sleep(0.5)
+        parts = psutil.Process(cluster.pid).children()
+        assert len(parts) == 3
+        out = tmp_path / "cluster"
+        done = _cli("--output", str(out), "--runner", "FlinkRunner", f"--flink_master=localhost:{rest_port}",
+                    "--parallelism=2", *ALL_NEGATIVES)
+        assert done.returncode == 0, done.stderr[-3000:]
+        jobs = _rest(rest_port, "/jobs/overview")["jobs"]
+        assert [job["state"] for job in jobs] == ["FINISHED"]
+        _assert_the_directrunners_run(out, embedded_pipeline_output, "FlinkRunner")
+        cluster.send_signal(signal.SIGINT)
+        cluster.wait(timeout=60)
+        _, alive = psutil.wait_procs(parts, timeout=30)
+        assert alive == []
+    finally:
+        if cluster.poll() is None:
+            cluster.terminate()
+            cluster.wait(timeout=60)
+
+
+def test_the_cluster_script_refuses_a_busy_port_in_one_line():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(["infra/flink_cluster.sh", str(port), "2"], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: REST_PORT {port}: something already listens on "
+                                                f"127.0.0.1:{port}"]
