@@ -62,7 +62,7 @@ else
 TITLES_FLAGS = --steps none
 endif
 
-.PHONY: demo demo-build scale qs3m-build test test-fast lint setup prism flink clean mpnet-checkpoint
+.PHONY: demo demo-build scale qs3m-build test test-fast lint setup prism flink spark clean mpnet-checkpoint
 
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -94,18 +94,27 @@ prism: $(VENV)/.installed
 	@test -x $(PRISM) || GOBIN=$(abspath $(dir $(PRISM))) go install github.com/apache/beam/sdks/v2/go/cmd/prism@v$(BEAM_VERSION)
 	@echo $(PRISM)
 
-# Beam's Flink job server (`--runner FlinkRunner`, [local] or a session cluster: infra/flink_cluster.sh):
-# Maven resolves the Beam 2.50 Flink runner and job service that Maven Central serves (infra/flink/pom.xml
-# pins them and says why) into .cache/flink/lib/, beside a jar of one class that starts it.
+# Beam's Flink and Spark job servers (`--runner FlinkRunner` / `SparkRunner`; a Flink session cluster:
+# infra/flink_cluster.sh): Maven resolves the Beam 2.50 runner and job service that Maven Central serves
+# (infra/flink/pom.xml and infra/spark/pom.xml pin them and say why) into .cache/RUNNER/lib/, beside a
+# jar of one class that starts the job server on loopback.
 FLINK_JAR = .cache/flink/beam-flink-job-server.jar
-FLINK_SOURCES = infra/flink/pom.xml infra/flink/settings.xml $(wildcard infra/flink/src/main/java/wikisim/flink/*.java)
+SPARK_JAR = .cache/spark/beam-spark-job-server.jar
+JOB_SERVER_SOURCES = infra/maven-settings.xml infra/$(1)/pom.xml $(wildcard infra/$(1)/src/main/java/wikisim/$(1)/*.java)
+BUILD_JOB_SERVER = rm -rf .cache/$(1) && mvn -B -q -Dstyle.color=never -s infra/maven-settings.xml \
+  -f infra/$(1)/pom.xml package -Djob.server.out=$(abspath .cache/$(1))
 
 flink: $(FLINK_JAR)
 	@echo $(FLINK_JAR)
 
-$(FLINK_JAR): $(FLINK_SOURCES)
-	rm -rf .cache/flink
-	mvn -B -q -Dstyle.color=never -s infra/flink/settings.xml -f infra/flink/pom.xml package -Dflink.out=$(abspath .cache/flink)
+spark: $(SPARK_JAR)
+	@echo $(SPARK_JAR)
+
+$(FLINK_JAR): $(call JOB_SERVER_SOURCES,flink)
+	$(call BUILD_JOB_SERVER,flink)
+
+$(SPARK_JAR): $(call JOB_SERVER_SOURCES,spark)
+	$(call BUILD_JOB_SERVER,spark)
 
 demo: $(VENV)/.installed
 	$(if $(FRESH),rm -rf $(OUT))
@@ -168,8 +177,8 @@ $(REPORT)/qs3m-%/qs3m.md: $(DATA)/manifest.json
 	$(PY) -m eval.qs3m --passages $(DATA) --model-dir $(MODELS)/qs3m-$* --output $(REPORT)/qs3m-$* \
 	  --max-queries $(QS3M_TEST_QUERIES)
 
-# Flink's job server where Java and Maven are here (its tests say why they skip where not).
-test: $(VENV)/.installed prism $(if $(shell command -v mvn && command -v java),flink)
+# Flink's and Spark's job servers where Java and Maven are here (their tests skip where not).
+test: $(VENV)/.installed prism $(if $(shell command -v mvn && command -v java),flink spark)
 	$(PY) -m pytest -q tests
 
 # The unit tier: tests that need no session-wide pipeline run, training or worker processes

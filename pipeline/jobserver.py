@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -47,21 +48,30 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`prepare_portable_run`)
 PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_name`s of Beam's job-service runners
-# Where `make flink` puts Beam's Flink job server (infra/flink/pom.xml: its version, and why that one).
-FLINK_JOB_SERVER_JAR = Path(__file__).resolve().parents[1] / ".cache" / "flink" / "beam-flink-job-server.jar"
+# Where `make flink` and `make spark` put Beam's Java job servers (infra/flink/pom.xml and
+# infra/spark/pom.xml: their versions, and why those).
+JOB_SERVER_JARS = {runner: Path(__file__).resolve().parents[1] / ".cache" / runner / f"beam-{runner}-job-server.jar"
+                   for runner in ("flink", "spark")}
 # `--flink_master`s whose Flink runs on this machine: Beam's two words for a mini-cluster in the job
 # server, and a session cluster on loopback (infra/flink_cluster.sh).
 LOCAL_FLINK_MASTERS = ("[local]", "[auto]")
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+SPARK_LOCAL_MASTER = r"^local(\[.+\])?$"   # `--spark_master_url`s of a Spark inside the job server (Beam's pattern)
 # How long a TaskManager keeps an SDK worker it no longer uses (`--environment_cache_millis`, Beam's 0:
 # released after each task). Beam's worker pool (LOOPBACK, EXTERNAL) knows its workers by an id that
 # every TaskManager counts from 1, so a TaskManager releasing its worker "1-1" stopped the other
 # TaskManager's "1-1" mid-task ("SDK harness closed connection", the job FAILED, seen on a
 # two-TaskManager cluster); kept for the job, none is released while the job runs.
 FLINK_ENVIRONMENT_CACHE_MS = 24 * 3600 * 1000
-FLINK_JVM_PROPERTIES = ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                        # a warning per operator whose name is too long for a metric: hundreds a job
-                        "-Dorg.slf4j.simpleLogger.log.org.apache.flink.metrics.MetricGroup=error")
+# The job servers log warnings and errors only (at INFO a Flink mini-cluster writes ~18,000 lines for
+# the excerpt); Spark's local driver binds loopback and opens no web UI (its default: every interface).
+JOB_SERVER_JVM_PROPERTIES = {
+    "flink": ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+              # a warning per operator whose name is too long for a metric: hundreds a job
+              "-Dorg.slf4j.simpleLogger.log.org.apache.flink.metrics.MetricGroup=error"),
+    "spark": ("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-Dspark.ui.enabled=false",
+              "-Dspark.driver.bindAddress=127.0.0.1", "-Dspark.driver.host=127.0.0.1"),
+}
 
 
 def runner_name(runner: str | None) -> str:
@@ -87,8 +97,15 @@ def _beam_job_server(options: Any) -> Any:
 
         flink = options.view_as(FlinkRunnerOptions)
         flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)   # as Beam's FlinkRunner does
-        flink.flink_job_server_jar = flink.flink_job_server_jar or str(FLINK_JOB_SERVER_JAR)
+        flink.flink_job_server_jar = flink.flink_job_server_jar or str(JOB_SERVER_JARS["flink"])
         return FlinkJarJobServer(options)
+    if runner == "spark":
+        from apache_beam.options.pipeline_options import SparkRunnerOptions
+        from apache_beam.runners.portability.spark_runner import SparkJarJobServer
+
+        spark = options.view_as(SparkRunnerOptions)
+        spark.spark_job_server_jar = spark.spark_job_server_jar or str(JOB_SERVER_JARS["spark"])
+        return SparkJarJobServer(options)
     return None
 
 
@@ -110,36 +127,48 @@ def sdk_workers_in_launcher(options: Any) -> bool:
     return (options.view_as(PortableOptions).environment_type or "").upper() == "LOOPBACK"
 
 
-def _check_flink(options: Any) -> None:
-    """Flink's job server that the launcher will start, there before any work (a UsageError that
-    says `make flink` otherwise: Beam would try to download a shaded jar that is not served); on a
-    Flink on this machine without `--environment_type`, the SDK workers in the launcher (LOOPBACK,
-    as Beam's FlinkRunner does for `[local]`; its default for any other master is Docker), kept for
-    the whole job (FLINK_ENVIRONMENT_CACHE_MS). Unless
-    `--job_server_jvm_properties` says otherwise, the job server logs warnings and errors only (at
-    INFO a mini-cluster writes ~18,000 lines for the excerpt) and keeps its temporary files (Flink's
-    spill folders) in the run's private TMPDIR, so they go with the run."""
-    from apache_beam.options.pipeline_options import FlinkRunnerOptions, JobServerOptions, PortableOptions
+def _check_java_job_server(runner: str, options: Any) -> None:
+    """Beam's Java job server for `runner` (flink, spark) that the launcher will start, there
+    before any work (a UsageError that says `make RUNNER` otherwise: Beam would try to download a
+    shaded jar that is not served); on a Flink or Spark on this machine without `--environment_type`,
+    the SDK workers in the launcher (LOOPBACK, as Beam's runners do for `[local]` and `local[N]`;
+    their default for any other master is Docker); on Flink, workers kept for the whole job
+    (FLINK_ENVIRONMENT_CACHE_MS). Unless `--job_server_jvm_properties` says otherwise, the job
+    server's JOB_SERVER_JVM_PROPERTIES, and its temporary files (Flink's spill folders, Spark's
+    blocks) in the run's private TMPDIR, so they go with the run."""
+    from apache_beam.options.pipeline_options import (
+        FlinkRunnerOptions,
+        JobServerOptions,
+        PortableOptions,
+        SparkRunnerOptions,
+    )
 
     from pipeline.cli import UsageError
 
     portable = options.view_as(PortableOptions)
-    flink = options.view_as(FlinkRunnerOptions)
-    if not portable.environment_type and flink_master_is_local(flink.flink_master):
+    if runner == "flink":
+        local = flink_master_is_local(options.view_as(FlinkRunnerOptions).flink_master)
+        jar_flag = "flink_job_server_jar"
+        if "environment_cache_millis" not in options.get_all_options(drop_default=True):
+            portable.environment_cache_millis = FLINK_ENVIRONMENT_CACHE_MS
+    else:
+        local = re.match(SPARK_LOCAL_MASTER, options.view_as(SparkRunnerOptions).spark_master_url) is not None
+        jar_flag = "spark_job_server_jar"
+    if not portable.environment_type and local:
         portable.environment_type = "LOOPBACK"
-    if "environment_cache_millis" not in options.get_all_options(drop_default=True):
-        portable.environment_cache_millis = FLINK_ENVIRONMENT_CACHE_MS
     if portable.job_endpoint:
         return
     server = options.view_as(JobServerOptions)
     if not server.job_server_jvm_properties:
-        server.job_server_jvm_properties = list(FLINK_JVM_PROPERTIES) + [f"-Djava.io.tmpdir={tempfile.gettempdir()}"]
-    jar = flink.flink_job_server_jar
+        server.job_server_jvm_properties = [*JOB_SERVER_JVM_PROPERTIES[runner],
+                                            f"-Djava.io.tmpdir={tempfile.gettempdir()}"]
+    jar = getattr(options.view_as(FlinkRunnerOptions if runner == "flink" else SparkRunnerOptions), jar_flag)
     if jar and "://" in jar:
         return   # a jar Beam downloads
-    if not os.path.isfile(jar or FLINK_JOB_SERVER_JAR):
-        named = f"--flink_job_server_jar {jar}: no such file" if jar else f"no job server at {FLINK_JOB_SERVER_JAR}"
-        raise UsageError(f"--runner FlinkRunner: {named} (`make flink` builds Beam's Flink job server)")
+    if not os.path.isfile(jar or JOB_SERVER_JARS[runner]):
+        named = f"--{jar_flag} {jar}: no such file" if jar else f"no job server at {JOB_SERVER_JARS[runner]}"
+        raise UsageError(f"--runner {runner.capitalize()}Runner: {named} (`make {runner}` builds Beam's "
+                         f"{runner.capitalize()} job server)")
 
 
 def prepare_portable_run(options: Any) -> None:
@@ -147,7 +176,7 @@ def prepare_portable_run(options: Any) -> None:
     launcher's stream of job states, so, on Prism, of the job) becomes JOB_WAIT_S unless the
     command line sets it; a `--job_endpoint` that nothing answers is then a UsageError naming it,
     before any work (Beam would wait out that deadline to connect), and so is a Flink job server
-    that is not built (`_check_flink`)."""
+    that is not built (`_check_java_job_server`)."""
     from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
     from pipeline.cli import UsageError
@@ -155,8 +184,8 @@ def prepare_portable_run(options: Any) -> None:
     runner = runner_name(options.view_as(StandardOptions).runner)
     if runner not in PORTABLE_RUNNERS:
         return
-    if runner == "flink":
-        _check_flink(options)
+    if runner in JOB_SERVER_JARS:
+        _check_java_job_server(runner, options)
     portable = options.view_as(PortableOptions)
     if "job_server_timeout" not in options.get_all_options(drop_default=True):
         portable.job_server_timeout = JOB_WAIT_S

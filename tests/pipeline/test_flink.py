@@ -23,7 +23,7 @@ from pipeline import jobserver, published, run
 from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-JAR = jobserver.FLINK_JOB_SERVER_JAR
+JAR = jobserver.JOB_SERVER_JARS["flink"]
 FAST = ["--spacy-model", "blank:en"]
 NOT_COMPARED = {"stats.json", "pipeline.log"}   # the runner's name and wall time; the runners' logs
 
@@ -62,7 +62,7 @@ def test_on_a_local_flink_the_sdk_workers_run_in_the_launcher_and_stay_for_the_j
     assert portable.environment_type == "LOOPBACK" and jobserver.sdk_workers_in_launcher(options)
     assert portable.environment_cache_millis == jobserver.FLINK_ENVIRONMENT_CACHE_MS
     jvm = options.view_as(JobServerOptions).job_server_jvm_properties
-    assert set(jobserver.FLINK_JVM_PROPERTIES) <= set(jvm)
+    assert set(jobserver.JOB_SERVER_JVM_PROPERTIES["flink"]) <= set(jvm)
     assert f"-Djava.io.tmpdir={tempfile.gettempdir()}" in jvm
 
     kept = _prepared("--flink_master=flink-jm.example.com:8081", "--environment_type", "EXTERNAL",

@@ -30,3 +30,17 @@ def test_its_tokens_build_the_tree_the_library_parses_on_real_pages():
         assert str(ours) == str(library) == text
         assert [type(node) for node in ours.nodes] == [type(node) for node in library.nodes]
         assert len(ours.filter_templates()) == len(library.filter_templates()) > 0
+
+
+@pytest.mark.slow   # seconds
+def test_threads_of_one_process_tokenize_at_once_as_one_thread_does():
+    """A portable runner's SDK harness (Flink, Prism, Dataflow) runs bundles in the threads of one
+    process: one shared tokenizer gave wrong tokens, "C tokenizer exited with non-empty token stack",
+    and on the 2019 file a segfault."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = _real_pages(60)
+    alone = [repr(tokenize(text)) for text in texts]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            assert list(pool.map(lambda text: repr(tokenize(text)), texts)) == alone
