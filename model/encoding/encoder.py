@@ -288,6 +288,23 @@ def session_options(threads: int):
     return options
 
 
+def onnx_session(graph: str, threads: int, shown: str | None = None):
+    """ONNX Runtime's session of the graph file `graph` on the CPU; a graph it cannot read (cut
+    short, not ONNX, absent) is a UsageError naming the file (`shown`: its remote path, where
+    `graph` is the downloaded copy), not ONNX Runtime's own exception."""
+    import onnxruntime
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
+
+    from pipeline.cli import UsageError
+
+    try:
+        return onnxruntime.InferenceSession(graph, session_options(threads), providers=["CPUExecutionProvider"])
+    except (InvalidProtobuf, InvalidGraph, NoSuchFile, Fail) as error:
+        raise UsageError(f"{shown or graph}: ONNX Runtime cannot load it ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][-200:]}); export the encoder again "
+                         "(python -m model.export --format onnx)") from None
+
+
 class OnnxEncoder(ExportedEncoder):
     """Encodes with an ONNX export folder (`model.export --format onnx`, `model.formats.onnx_export`)
     without TensorFlow: `model.net.wordpieces` tokenizes (the SavedModel's ids), ONNX Runtime runs
@@ -301,8 +318,6 @@ class OnnxEncoder(ExportedEncoder):
     docs/results.md, issue 64)."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int = 16, threads: int | None = None):
-        import onnxruntime
-
         self.path = str(path).rstrip("/")
         self.name = name or os.path.basename(self.path) or "onnx"
         self.batch_size = batch_size
@@ -320,9 +335,8 @@ class OnnxEncoder(ExportedEncoder):
         self.quantization = (settings.get("quantization") or {}).get("type")
         self.threads = threads or len(os.sched_getaffinity(0))
         self.pieces = WordPieces(os.path.join(local, settings["vocabulary"]), self.max_seq_length)
-        self._session = onnxruntime.InferenceSession(os.path.join(local, settings["graph"]),
-                                                     session_options(self.threads),
-                                                     providers=["CPUExecutionProvider"])
+        self._session = onnx_session(os.path.join(local, settings["graph"]), self.threads,
+                                     f"{self.path}/{settings['graph']}")
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
         """float32 [n, d] of wordpiece ids [n, t] (0 = padding), as the tokenizer gives them."""

@@ -16,7 +16,7 @@ import os
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from model.checkpoints import CHECKPOINTS, Checkpoint, padding_first
+from model.checkpoints import CHECKPOINTS, Checkpoint, read_vocabulary
 from model.net.text import pad_ids
 
 
@@ -42,8 +42,7 @@ class BertIds(tf.Module):
 
     def __init__(self, vocabulary_path: str, max_tokens: int = 64, checkpoint: Checkpoint = CHECKPOINTS["minilm"]):
         super().__init__()
-        with open(vocabulary_path, encoding="utf-8") as handle:
-            vocabulary = padding_first(handle.read().splitlines(), checkpoint)
+        vocabulary = read_vocabulary(vocabulary_path, checkpoint)
         self.max_tokens = max_tokens
         self.cls, self.sep = vocabulary.index(checkpoint.cls), vocabulary.index(checkpoint.sep)
         self.table = tf.lookup.StaticHashTable(

@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from model.checkpoints import CHECKPOINTS, Checkpoint, padding_first
+from model.checkpoints import CHECKPOINTS, Checkpoint, read_vocabulary
 
 MAX_WORD_BYTES = 100   # tensorflow-text's `max_bytes_per_word`
 # tensorflow-text's BasicTokenizer delimiters kept as words: ASCII punctuation, Unicode P*, CJK ideographs.
@@ -64,8 +64,7 @@ class WordPieces:
     (`model.checkpoints`); its vocabulary is numbered padding first."""
 
     def __init__(self, vocabulary_path: str, max_tokens: int = 64, checkpoint: Checkpoint = CHECKPOINTS["minilm"]):
-        with open(vocabulary_path, encoding="utf-8") as handle:
-            self.vocabulary = padding_first(handle.read().splitlines(), checkpoint)
+        self.vocabulary = read_vocabulary(vocabulary_path, checkpoint)
         if max_tokens < 3:
             raise ValueError(f"max_tokens must be >= 3 ([CLS], a wordpiece, [SEP]), got {max_tokens}")
         self.max_tokens = max_tokens

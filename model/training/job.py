@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from model.checkpoints import CHECKPOINTS as PRETRAINED
 from model.config import TrainConfig
 from model.similarity import Similarity
 from model.training.claim import check_lost_records, claim_model_dir
@@ -258,6 +259,8 @@ def _claim(job: Job, resume_from: str | None) -> Teacher | None:
         raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
     # a bad path is refused before the claim; a teacher is a SavedModel (it embeds inside tf.data's input)
     teacher = job.load_teacher(optimizer.teacher) if optimizer.teacher else None
+    if config.network.kind.pretrained:   # an absent, truncated or other checkpoint too: no INPUTS left behind
+        PRETRAINED[config.network.encoder].folder(config.network.checkpoint)
     claim_model_dir(config, job.model_dir, run)
     for entry in RESUME_ENTRIES if resume_from else ():
         if resume_from and os.path.isdir(os.path.join(resume_from, entry)):

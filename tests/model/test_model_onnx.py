@@ -112,6 +112,29 @@ def test_the_committed_int8_encoder_loads_and_groups_a_sections_sentences():
     assert _cosines(rivers[None], rivers_too[None])[0] > _cosines(rivers[None], war[None])[0]
 
 
+
+@pytest.mark.parametrize("damage", ["model.onnx cut short", "vocab.txt emptied"])
+def test_a_cut_short_graph_or_an_empty_vocabulary_is_a_usage_error_naming_the_file(tmp_path, damage):
+    """A copy of the committed int8 export, one file damaged: loading names that file in one line
+    (a UsageError: run_cli's `error:` line), not ONNX Runtime's InvalidProtobuf or an IndexError."""
+    from pipeline.cli import UsageError
+
+    committed = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "2019-gpu-eval",
+                             "minilm-gpu-soup-int8")
+    folder = tmp_path / "int8"
+    folder.mkdir()
+    for name in ("onnx.json", "vocab.txt", "tokenizer.json"):
+        (folder / name).write_bytes(open(os.path.join(committed, name), "rb").read())
+    with open(os.path.join(committed, "model.onnx"), "rb") as graph:
+        (folder / "model.onnx").write_bytes(graph.read(100_000))   # the first 0.4 %: a download cut short
+    damaged = folder / damage.split()[0]
+    if damage == "vocab.txt emptied":
+        damaged.write_text("")
+    with pytest.raises(UsageError) as refused:
+        load_encoder(str(folder))
+    assert str(refused.value).startswith(f"{damaged}: ") and "\n" not in str(refused.value)
+
+
 @pytest.fixture(scope="module")
 def onnx_exports(fine_tuned, tmp_path_factory):
     """The fine-tuned model dir's ONNX exports, float32 and int8."""

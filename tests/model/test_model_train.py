@@ -590,6 +590,23 @@ def test_a_run_refused_for_a_missing_dataset_leaves_nothing_behind(embedded_pipe
     assert not model_dir.exists() or list(model_dir.iterdir()) == []   # no inputs.json, no vocabulary
 
 
+
+def test_a_run_refused_for_an_absent_checkpoint_leaves_no_inputs_so_the_corrected_rerun_trains(
+        shards, tmp_path, monkeypatch):
+    """`--encoder mpnet` where all-mpnet-base-v2 is not installed is refused before the model dir
+    is claimed: no INPUTS stays to refuse the rerun with other flags as a resume of another run."""
+    from model.train import train
+
+    monkeypatch.setattr("model.checkpoints.MPNET_FOLDER", str(tmp_path / "no-mpnet"))
+    model_dir = tmp_path / "m"
+    with pytest.raises(UsageError, match="all-mpnet-base-v2 is not installed"):
+        train(TrainConfig.from_flags(data=shards, model_dir=str(model_dir), encoder="mpnet", epochs=1, steps=1,
+                                     progress=False))
+    assert not model_dir.exists() or list(model_dir.iterdir()) == []   # no inputs.json
+    train(TrainConfig.from_flags(data=shards, model_dir=str(model_dir), **{**TINY, "epochs": 1}))
+    assert json.loads((model_dir / INPUTS).read_text())["flags"]["encoder"] == "bilstm"
+
+
 def test_a_student_learns_the_teachers_embeddings_and_exports_them(shards, tmp_path):
     """`--teacher`: the student (a BiLSTM ending in a projection to the teacher's size) moves
     towards the teacher's embeddings of the validation sentences (the validation loss is the
