@@ -1,8 +1,8 @@
-"""The job on Apache Flink: Beam 2.50's Flink job server (`make flink`, infra/flink/) that the
-launcher starts per run, on a Flink mini-cluster inside it (`--flink_master=[local]`) and on a
-standalone session cluster of separate JVMs (infra/flink_cluster.sh). SDK 2.77 on a 2.50 job server
-is a pairing Beam does not promise, so every real run here compares bytes and counters with the
-DirectRunner's."""
+"""The job on Apache Flink and Apache Spark: Beam 2.50's Java job servers (`make flink`, `make spark`,
+infra/flink/ and infra/spark/) that the launcher starts per run, on a Flink mini-cluster inside it
+(`--flink_master=[local]`), on a standalone Flink session cluster of separate JVMs
+(infra/flink_cluster.sh) and on Spark's `local[2]`. SDK 2.77 on a 2.50 job server is a pairing Beam
+does not promise, so every real run here compares bytes and counters with the DirectRunner's."""
 import json
 import shutil
 import signal
@@ -25,18 +25,21 @@ from pipeline.cli import UsageError
 REPO = Path(__file__).resolve().parents[2]
 JAR = jobserver.JOB_SERVER_JARS["flink"]
 FAST = ["--spacy-model", "blank:en"]
+LOOPBACK_ADDRESSES = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 NOT_COMPARED = {"stats.json", "pipeline.log"}   # the runner's name and wall time; the runners' logs
 
 
-def test_flink_without_its_job_server_is_one_error_that_says_make_flink_before_any_work(tmp_path):
+@pytest.mark.parametrize("runner", ["flink", "spark"])
+def test_a_java_runner_without_its_job_server_is_one_error_that_says_make_before_any_work(tmp_path, runner):
     out = tmp_path / "out"
     missing = tmp_path / "no-such.jar"
-    with pytest.raises(UsageError, match=f"--flink_job_server_jar {missing}: no such file .*make flink"):
-        run.main(["--output", str(out), "--runner", "FlinkRunner", "--flink_job_server_jar", str(missing)])
+    flags = ["--runner", f"{runner.capitalize()}Runner", f"--{runner}_job_server_jar", str(missing)]
+    with pytest.raises(UsageError, match=f"--{runner}_job_server_jar {missing}: no such file .*make {runner}"):
+        run.main(["--output", str(out), *flags])
     assert not out.exists()   # nothing claimed: no _UNPUBLISHED for the next try to trip on
-    done = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(out), "--runner", "FlinkRunner",
-                           "--flink_job_server_jar", str(missing)], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "make flink" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(out), *flags],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"make {runner}" in done.stderr
     assert not out.exists()
 
 
@@ -78,20 +81,31 @@ def test_on_a_local_flink_the_sdk_workers_run_in_the_launcher_and_stay_for_the_j
 
 # ---------------------------------------------------------------- real runs on Flink
 
+def _built(runner: str) -> Path:
+    jar = jobserver.JOB_SERVER_JARS[runner]
+    if not jar.is_file():
+        if shutil.which("mvn") and shutil.which("java"):
+            pytest.fail(f"no {runner} job server at {jar}: `make {runner}` builds it (as make test does)")
+        pytest.skip(f"the {runner} job server needs Java and Maven (`make {runner}`), and neither is here")
+    return jar
+
+
 @pytest.fixture(scope="module")
 def flink_jar() -> Path:
-    if not JAR.is_file():
-        if shutil.which("mvn") and shutil.which("java"):
-            pytest.fail(f"no Flink job server at {JAR}: `make flink` builds it (make test does, with Java and Maven)")
-        pytest.skip("Flink's job server needs Java and Maven (`make flink`), and neither is here")
-    return JAR
+    return _built("flink")
+
+
+@pytest.fixture(scope="module")
+def spark_jar() -> Path:
+    return _built("spark")
 
 
 @pytest.mark.slow
-def test_make_flink_prints_the_jar_the_launcher_starts(flink_jar):
-    done = subprocess.run(["make", "-s", "flink"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert REPO / done.stdout.strip().splitlines()[-1] == flink_jar
+def test_make_flink_and_make_spark_print_the_jars_the_launcher_starts(flink_jar, spark_jar):
+    for target, jar in (("flink", flink_jar), ("spark", spark_jar)):
+        done = subprocess.run(["make", "-s", target], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert REPO / done.stdout.strip().splitlines()[-1] == jar
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -120,13 +134,29 @@ def _assert_the_directrunners_run(out: Path, direct: Path, runner: str) -> None:
     assert all(opened.verify(folder) == 0 for folder in opened.manifest.outputs)
 
 
-def _job_servers() -> list[psutil.Process]:
-    """Live JVMs of Beam's Flink job server (this checkout's jar)."""
+def _job_servers(jar: Path = JAR) -> list[psutil.Process]:
+    """Live JVMs of one of Beam's Java job servers (this checkout's jar; Flink's by default)."""
     found = []
     for process in psutil.process_iter(["cmdline", "status"]):
-        if process.info["status"] != psutil.STATUS_ZOMBIE and str(JAR) in " ".join(process.info["cmdline"] or []):
+        if process.info["status"] != psutil.STATUS_ZOMBIE and str(jar) in " ".join(process.info["cmdline"] or []):
             found.append(process)
     return found
+
+
+def _listening_addresses_while(launcher: subprocess.Popen, jar: Path) -> set[str]:
+    """The addresses the job server of `jar` listens on, looked at every half second until the
+    launcher exits."""
+    addresses: set[str] = set()
+    deadline = time.monotonic() + 600
+    while launcher.poll() is None and time.monotonic() < deadline:
+        for server in _job_servers(jar):
+            try:
+                addresses |= {conn.laddr.ip for conn in server.net_connections("tcp")
+                              if conn.status == psutil.CONN_LISTEN}
+            except psutil.NoSuchProcess:   # the JVM ended between the listing and the look
+                pass
+        time.sleep(0.5)
+    return addresses
 
 
 @pytest.mark.slow
@@ -137,20 +167,11 @@ def test_flink_local_writes_the_directrunners_outputs_byte_for_byte(flink_jar, e
     launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--runner", "FlinkRunner",
                                  "--flink_master=[local]", "--parallelism=2", *ALL_NEGATIVES],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    addresses: set[str] = set()
-    deadline = time.monotonic() + 600
-    while launcher.poll() is None and time.monotonic() < deadline:
-        for server in _job_servers():
-            try:
-                addresses |= {conn.laddr.ip for conn in server.net_connections("tcp")
-                              if conn.status == psutil.CONN_LISTEN}
-            except psutil.NoSuchProcess:   # the JVM ended between the listing and the look
-                pass
-        time.sleep(0.5)
+    addresses = _listening_addresses_while(launcher, flink_jar)
     _, stderr = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr
-    assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, addresses
+    assert addresses and addresses <= LOOPBACK_ADDRESSES, addresses
     assert _job_servers() == []
     _assert_the_directrunners_run(out, embedded_pipeline_output, "FlinkRunner")
 
@@ -181,6 +202,23 @@ def test_a_sigkilled_launcher_takes_its_flink_job_server_along_and_overwrite_rec
     opened = published.Run.open(str(out))
     assert all(opened.verify(folder) == 0 for folder in opened.manifest.outputs)
     assert _job_servers() == []
+
+
+@pytest.mark.slow
+def test_spark_local_writes_the_directrunners_outputs_byte_for_byte(spark_jar, embedded_pipeline_output, tmp_path):
+    """The excerpt on Spark's `local[2]` inside Beam's Spark job server, every negative strategy; its
+    job server listens on loopback only (Spark's driver and no web UI) and is gone afterwards."""
+    out = tmp_path / "spark"
+    launcher = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--runner", "SparkRunner",
+                                 "--spark_master_url=local[2]", *ALL_NEGATIVES],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    addresses = _listening_addresses_while(launcher, spark_jar)
+    _, stderr = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert addresses and addresses <= LOOPBACK_ADDRESSES, addresses
+    assert _job_servers(spark_jar) == []
+    _assert_the_directrunners_run(out, embedded_pipeline_output, "SparkRunner")
 
 
 def _free_port() -> int:
