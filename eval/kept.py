@@ -10,7 +10,11 @@ kept as they complete, under a key of what they depend on:
 - a method's SCB rows, in `<output>/scb/rows/<method>/`: the same encoder key, the run's
   manifest SHA-256 (`Run.sha256`) and the clustering seed (`key.json`, written before the job).
   The job writes the rows of the articles it has scored in files written whole (`KeepRowsFn`),
-  every `--keep-seconds` and at the end of each bundle, so a kill loses at most that much.
+  every `--keep-seconds` and at the end of each bundle, so a kill loses at most that much. Before
+  each, `<file>.whole.json` gives its row count and SHA-256 (a kill between the two leaves a proof
+  of nothing, which nothing reads): a rerun reuses only a file that matches its own
+  (`whole_rows`), so a file cut at a line boundary, which parses, is never mistaken for the
+  whole one.
 
 A rerun with the same key does only the rest: each method embeds and clusters only the articles
 whose rows it does not keep. A method whose kept files have another key (another model in the
@@ -19,7 +23,11 @@ same folder, another run's data or seed) is refused with one line before any wor
 be read (a rows file cut short, an embeddings file without its Parquet footer: both are written
 whole, so only a damaged disk or a hand makes one): one line names it and says to delete it and
 rerun, which scores its articles or sentences again. It is not deleted here: a file nobody can
-read is evidence of a damage the user should see, and a rerun costs only that file's share. A row is one (article,
+read is evidence of a damage the user should see, and a rerun costs only that file's share. A
+rows file that reads but does not match its `.whole.json` (cut at a line boundary, or kept
+without one: written before there were any) is set aside as `<file>.incomplete` with one stderr
+line naming it, and its articles are scored again: a report never mixes articles with all their
+rows and articles missing some. A row is one (article,
 method, variant, algorithm); a bundle retried by the runner writes its rows again, and
 `read_kept_rows` keeps one of each (they are equal: the clustering is seeded).
 """
@@ -27,7 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
+import sys
 import threading
 import time
 import uuid
@@ -37,13 +47,14 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from eval.clustering import ALGORITHMS
-from eval.report import read_jsonl
 from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, encoder_fingerprint
 from model.encoding.encoders import EncoderSpec, method_names
 from pipeline.cli import UsageError
-from pipeline.files import read_json_object, write_bytes
+from pipeline.files import read_bytes, read_json_object, write_bytes
 
 ROWS_FOLDER = "scb/rows"
+WHOLE_SUFFIX = ".whole.json"   # beside each rows file, written before it: its row count and SHA-256
+SET_ASIDE_SUFFIX = ".incomplete"   # a rows file that does not match its WHOLE_SUFFIX, out of the rows' pattern
 KEY_FILE = "key.json"
 RUNS_FILE = "report.runs.json"   # the wall time of each run that went into the report (`runs_ledger`)
 HEARTBEAT_SECONDS = 30
@@ -135,8 +146,6 @@ def _refuse_unreadable_embeddings(path: str, output: str) -> None:
 
 
 def _refuse_unreadable_rows(path: str, output: str) -> None:
-    from pipeline.files import read_bytes
-
     for number, line in enumerate(read_bytes(path).decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
@@ -150,14 +159,50 @@ def _refuse_unreadable_rows(path: str, output: str) -> None:
 
 def kept_articles(output: str, keys: dict[str, dict]) -> dict[str, frozenset[int]]:
     """method -> the ids of the articles whose SCB rows it keeps (after `check_kept`); writes
-    each method's key first, so every rows file has one."""
+    each method's key first, so every rows file has one, and sets aside each rows file that does
+    not prove itself whole (`whole_rows`), so its articles are scored again."""
     kept = {}
     for method, key in keys.items():
         folder = rows_folder(output, method)
         if _read_key(FileSystems.join(folder, KEY_FILE)) != key:   # only where no rows are kept (`check_kept`)
             write_bytes(FileSystems.join(folder, KEY_FILE), (json.dumps(key, indent=2, sort_keys=True) + "\n").encode())
-        kept[method] = frozenset(row["article_id"] for row in read_jsonl(_rows_pattern(output, method)))
+        article_ids: set[int] = set()
+        for path in _rows_files(output, method):
+            rows, why = whole_rows(path)
+            if rows is None:
+                FileSystems.rename([path], [path + SET_ASIDE_SUFFIX])
+                print(f"eval.scb: the kept file {path} is not whole ({why}); set aside as {path}{SET_ASIDE_SUFFIX}: "
+                      "its articles are scored again", file=sys.stderr)
+                continue
+            article_ids.update(row["article_id"] for row in rows)
+        kept[method] = frozenset(article_ids)
     return kept
+
+
+def whole_proof(data: bytes) -> dict:
+    """What a rows file's `WHOLE_SUFFIX` holds: a copy cut at a line boundary parses, so only its
+    count and digest tell it from the whole file."""
+    return {"rows": sum(1 for line in data.splitlines() if line.strip()), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def whole_rows(path: str) -> tuple[list[dict] | None, str]:
+    """(the rows of the kept file `path`, "") where it matches its `WHOLE_SUFFIX`, else (None, why)."""
+    proof_path = path + WHOLE_SUFFIX
+    if not FileSystems.exists(proof_path):
+        return None, f"no {proof_path}"
+    try:
+        proof = json.loads(read_bytes(proof_path))
+    except ValueError:
+        proof = None
+    data = read_bytes(path)
+    actual = whole_proof(data)
+    if not isinstance(proof, dict) or "rows" not in proof:
+        return None, f"{proof_path} is not a row count and SHA-256"
+    if proof["rows"] != actual["rows"]:
+        return None, f"{actual['rows']} rows where {proof_path} counts {proof['rows']}"
+    if proof.get("sha256") != actual["sha256"]:
+        return None, f"its SHA-256 is not the one in {proof_path}"
+    return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()], ""
 
 
 def _rows_pattern(output: str, method: str) -> str:
@@ -174,8 +219,10 @@ def read_kept_rows(output: str, methods: list[str], article_ids: set[int]) -> li
     wrote them were cut."""
     rows: dict[tuple, dict] = {}
     for position, method in enumerate(methods):
-        for row in read_jsonl(_rows_pattern(output, method)):
-            if row["article_id"] in article_ids:
+        for path in sorted(_rows_files(output, method)):
+            for row in whole_rows(path)[0] or []:   # `kept_articles` set aside any other
+                if row["article_id"] not in article_ids:
+                    continue
                 algorithm = ALGORITHMS.index(row["algorithm"]) if "algorithm" in row else -1   # skipped: none
                 rows.setdefault((position, row["article_id"], row["variant"], algorithm), row)
     return [rows[key] for key in sorted(rows)]
@@ -204,9 +251,11 @@ class KeepRowsFn(beam.DoFn):
 
     def _write(self):
         for method, rows in self.pending.items():
-            lines = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows)
-            write_bytes(FileSystems.join(rows_folder(self.output, method), f"part-{uuid.uuid4().hex}.jsonl"),
-                        lines.encode("utf-8"))
+            data = "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows).encode("utf-8")
+            path = FileSystems.join(rows_folder(self.output, method), f"part-{uuid.uuid4().hex}.jsonl")
+            # The proof first: no rows file is ever without it, even when a kill falls between the two.
+            write_bytes(path + WHOLE_SUFFIX, (json.dumps(whole_proof(data)) + "\n").encode())
+            write_bytes(path, data)
         self.pending = {}
         self.last_write = time.monotonic()
 

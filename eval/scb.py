@@ -376,9 +376,10 @@ def job_profile(pipeline_result, methods: list[str]) -> dict:
         return (value.sum, value.count) if value is not None else (0, 0)
 
     queried = pipeline_result.metrics().query(MetricsFilter())["distributions"]
+    of_method = {id(metric): embedding_method(metric.key.step, methods) for metric in queried}
     encoding = {}
     for method in methods:
-        steps = [metric for metric in queried if metric.key.step.startswith(f"Embed[{method}]")]
+        steps = [metric for metric in queried if of_method[id(metric)] == method]
         if not steps:   # joined from its parts' embeddings (`concatenated_parts`)
             continue
         batches = [distribution(metric) for metric in steps
@@ -394,6 +395,23 @@ def job_profile(pipeline_result, methods: list[str]) -> dict:
         clustering[step] = {"seconds": sum(total for total, _ in found) / 1e3,
                             "articles": sum(count for _, count in found)}
     return {"encoding": encoding, "clustering": clustering}
+
+
+def embedding_method(step: str | None, methods: list[str]) -> str | None:
+    """The method whose `Embed[method]` step reported a metric, or None. The DirectRunner names the
+    step by its label (`Embed[m]/BeamML_RunInference`), a portable runner (Prism) by the id the
+    SDK gave the transform, the label's other characters as `-` (`ref_AppliedPTransform_Embed-m-
+    BeamML_RunInference_42`), and reports some of its own metrics with no step: those are none
+    of a method's. The longest match wins, so method `m` never takes `m-2`'s metrics."""
+    import re
+
+    if not step:
+        return None
+    portable = step.removeprefix("ref_AppliedPTransform_")
+    matching = [method for method in methods
+                if step.startswith(f"Embed[{method}]/") or step == f"Embed[{method}]"
+                or (portable != step and portable.startswith(re.sub(r"[^a-zA-Z0-9_-]+", "-", f"Embed[{method}]/")))]
+    return max(matching, key=len, default=None)
 
 
 def summarise(rows: list[dict], seed: int = 0) -> list[dict]:

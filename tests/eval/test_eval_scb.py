@@ -275,3 +275,120 @@ def test_a_concatenation_of_the_jobs_methods_is_joined_from_their_embeddings(tmp
     assert set(joined["profile"]["encoding"]) == {"once"} and joined["profile"]["encoding"]["once"]["batches"] > 0
     assert set(alone["profile"]["encoding"]) == {"twice"}
     assert joined["profile"]["clustering"]["iclust"]["articles"] == len(articles)
+
+
+def _distribution(name: str, total: int, count: int, step: str | None, namespace: str = "wikisim_embed"):
+    from apache_beam.metrics import monitoring_infos
+    from apache_beam.metrics.cells import DistributionData
+
+    return monitoring_infos.int64_user_distribution(namespace, name, DistributionData(total, count, 0, total),
+                                                    ptransform=step)
+
+
+def _job_metrics(infos):
+    """What a finished job's PipelineResult.metrics() reads, through Beam's own PortableMetrics."""
+    from apache_beam.portability.api import beam_job_api_pb2
+    from apache_beam.runners.portability.portable_runner import PortableMetrics
+
+    class Result:
+        def metrics(self):
+            return PortableMetrics(beam_job_api_pb2.GetJobMetricsResponse(
+                metrics=beam_job_api_pb2.MetricResults(committed=infos, attempted=infos)))
+
+    return Result()
+
+
+def test_job_profile_is_the_same_whether_a_runner_names_steps_by_label_or_transform_id_or_not_at_all():
+    """The DirectRunner names a RunInference metric's step `Embed[m]/BeamML_RunInference`, Prism
+    `ref_AppliedPTransform_Embed-m-BeamML_RunInference_<n>` and some of its own metrics with no
+    step (None): the profile is the same, and `m` never takes `m-2`'s time."""
+    from apache_beam.metrics import monitoring_infos
+    from apache_beam.metrics.cells import DistributionData
+
+    def infos(step_of):
+        return [_distribution("inference_batch_latency_micro_secs", 3_000_000, 3, step_of("m")),
+                _distribution("load_model_latency_milli_secs", 250, 1, step_of("m")),
+                _distribution("inference_batch_latency_micro_secs", 1_000_000, 2, step_of("m-2")),
+                _distribution(scb.profile_metric("kmeans"), 40, 3, "Score", namespace=scb.NAMESPACE)]
+
+    direct = infos(lambda method: f"Embed[{method}]/BeamML_RunInference")
+    prism = infos(lambda method: f"ref_AppliedPTransform_Embed-{method}-BeamML_RunInference_{len(method)}")
+    prism += [_distribution("inference_batch_latency_micro_secs", 9_000_000, 9, None),
+              monitoring_infos.int64_distribution(monitoring_infos.SAMPLED_BYTE_SIZE_URN, DistributionData(
+                  9921, 3, 2322, 4242), pcollection="ref_PCollection_1")]
+    expected = scb.job_profile(_job_metrics(direct), ["m", "m-2", "kept"])
+    assert expected["encoding"] == {"m": {"seconds": 3.0, "batches": 3, "load_seconds": 0.25},
+                                    "m-2": {"seconds": 1.0, "batches": 2, "load_seconds": 0.0}}
+    assert expected["clustering"]["kmeans"] == {"seconds": 0.04, "articles": 3}
+    assert scb.job_profile(_job_metrics(prism), ["m", "m-2", "kept"]) == expected
+
+
+@pytest.mark.slow   # two real Beam jobs, one on Prism (about 30 s): the full tier
+def test_scb_on_prism_reports_what_the_direct_runner_reports(tmp_path):
+    import apache_beam
+
+    prism_binary = Path(__file__).resolve().parents[2] / ".cache" / "prism" / f"v{apache_beam.__version__}" / "prism"
+    if not prism_binary.exists():
+        pytest.skip(f"no Prism binary at {prism_binary} (make prism)")
+    write_scb(tmp_path / "data")
+    flags = ["--data", str(tmp_path / "data"), "--encoder", "tfidf", "--encoder", "mean-vectors"]
+    direct = scb.main([*flags, "--output", str(tmp_path / "direct"), "--runner", "DirectRunner"])
+    prism = scb.main([*flags, "--output", str(tmp_path / "prism"), "--runner", "PrismRunner",
+                      "--prism_location", str(prism_binary)])
+    for key in ("methods", "counters", "articles", "dead_letters", "skipped", "summary", "differences", "rows"):
+        assert prism[key] == direct[key], key
+
+    def measured(profile):   # what the profile counts; its seconds are each run's own
+        return ({method: entry["batches"] for method, entry in profile["encoding"].items()},
+                {step: entry["articles"] for step, entry in profile["clustering"].items()})
+
+    assert measured(prism["profile"]) == measured(direct["profile"])
+    assert set(direct["profile"]["encoding"]) == {"tfidf", "mean-vectors"}
+
+
+def test_a_kept_rows_file_cut_at_a_line_boundary_is_set_aside_and_its_articles_scored_again(tmp_path, capsys):
+    """Kept rows files prove themselves whole: one cut at a line boundary (`head -n -1`, which
+    still parses) is set aside with one stderr line naming it, so its articles are scored again
+    rather than reported with rows missing; an intact file is reused."""
+    from eval.kept import KeepRowsFn, kept_articles, read_kept_rows, rows_folder
+
+    def article_rows(article_id):
+        return [{"article_id": article_id, "method": "m", "variant": variant, "algorithm": algorithm, "ARI": 0.5}
+                for variant in scb.VARIANTS for algorithm in ALGORITHMS]
+
+    keep = KeepRowsFn(str(tmp_path), keep_seconds=0)   # a file per article
+    keep.start_bundle()
+    for article_id in (1, 2):
+        keep.process(article_rows(article_id))
+    keep.finish_bundle()
+    key = {"spec": "m"}
+    assert kept_articles(str(tmp_path), {"m": key}) == {"m": frozenset({1, 2})}
+    assert capsys.readouterr().err == ""
+    [cut] = [path for path in Path(rows_folder(str(tmp_path), "m")).glob("part-*.jsonl")
+             if json.loads(path.read_text().splitlines()[0])["article_id"] == 2]
+    cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:-1]))   # head -n -1
+    assert kept_articles(str(tmp_path), {"m": key}) == {"m": frozenset({1})}
+    assert capsys.readouterr().err.splitlines() == [
+        f"eval.scb: the kept file {cut} is not whole ({len(article_rows(2)) - 1} rows where {cut}.whole.json counts "
+        f"{len(article_rows(2))}); set aside as {cut}.incomplete: its articles are scored again"]
+    assert not cut.exists() and Path(f"{cut}.incomplete").exists()
+    assert read_kept_rows(str(tmp_path), ["m"], {1, 2}) == article_rows(1)
+
+
+@pytest.mark.slow   # two real Beam jobs: the full tier
+def test_a_rerun_rescores_the_articles_of_a_kept_rows_file_cut_at_a_line_boundary(tmp_path, capsys):
+    """The job end to end: a kept rows file cut by one line is scored again, never reported with n
+    one short for its article; the intact files are reused; the report is the first run's."""
+    articles = write_scb(tmp_path / "data")
+    flags = ["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf",
+             "--keep-seconds", "0"]
+    first = scb.main(flags)
+    [cut, *intact] = sorted((tmp_path / "out" / "scb" / "rows" / "tfidf").glob("part-*.jsonl"))
+    assert len(intact) == len(articles) - 1   # a file per article
+    cut.write_text("".join(cut.read_text().splitlines(keepends=True)[:-1]))   # head -n -1
+    capsys.readouterr()
+    rerun = scb.main(flags)
+    assert {entry["articles"] for entry in rerun["summary"] if entry["variant"] == "all"} == {len(articles)}
+    assert rerun["summary"] == first["summary"] and rerun["rows"] == first["rows"]
+    assert rerun["counters"][scb.METHODS_SCORED] == 1 and rerun["counters"][scb.METHODS_KEPT] == len(articles) - 1
+    assert f"eval.scb: the kept file {cut} is not whole (" in capsys.readouterr().err
