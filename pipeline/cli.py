@@ -123,39 +123,121 @@ def flag_fields(config_type: type) -> list[dataclasses.Field[Any]]:
     return fields
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Flags' defaults in their help; a URL in the text is never broken across lines."""
+def _shown_default(default: Any) -> str | None:
+    """A flag's default as the user would type it (`T,D,P`, `false`); None where it says nothing
+    (none, an empty text or list) and the help text's own words tell what leaving the flag out does."""
+    if default is None or default == argparse.SUPPRESS or default in ("", ()):
+        return None
+    if isinstance(default, bool):
+        return str(default).lower()
+    if isinstance(default, tuple):
+        return ",".join(str(item) for item in default)
+    return str(default)
 
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """A flag's default in its help only where it tells something: not `None`, and not when the
+    help text already names it. A description's paragraphs are re-wrapped, a URL or a hyphenated
+    word never broken across lines; an indented line (a usage example) is kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        shown = _shown_default(action.default)
+        if shown is None or action.required or not action.option_strings or "default" in help_text.lower():
+            return action.help
+        return f"{help_text} (default: {shown.replace('%', '%%')})"   # argparse %-formats help texts
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """A flag's help, never broken inside a hyphenated value (`sentence-transformers`, `gs://`)."""
         import textwrap
 
-        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
-                             break_long_words=False, break_on_hyphens=False)
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import inspect
+        import textwrap
+
+        lines: list[str] = []
+        words: list[str] = []
+
+        def wrap_words() -> None:
+            if words:
+                lines.extend(textwrap.wrap(" ".join(words), width, initial_indent=indent, subsequent_indent=indent,
+                                           break_long_words=False, break_on_hyphens=False))
+                words.clear()
+
+        for line in inspect.cleandoc(text).splitlines():
+            if line and not line[0].isspace():
+                words.extend(line.split())
+                continue
+            wrap_words()
+            if line.strip():
+                lines.append(indent + line.rstrip())
+            elif lines and lines[-1]:   # one blank line between paragraphs
+                lines.append("")
+        wrap_words()
+        return "\n".join(lines).rstrip("\n")
+
+
+def _flag_groups(config_type: type) -> list[tuple[str | None, list[dataclasses.Field[Any]]]]:
+    """The flags in `flag_fields`' order, each with the field of `config_type` holding its nested
+    config (None: a field of `config_type` itself): `--help` lists a nested config's flags under
+    that field's name, so a long list (`model.train`'s) reads in the configs it is built from."""
+    nested = _nested_configs(config_type)
+    groups: list[tuple[str | None, list[dataclasses.Field[Any]]]] = []
+    for field in dataclasses.fields(config_type):
+        group = field.name if field.name in nested else None
+        fields = flag_fields(nested[field.name]) if group else [field]
+        if groups and groups[-1][0] == group:
+            groups[-1][1].extend(fields)
+        else:
+            groups.append((group, fields))
+    return groups
+
+
+# More flags than this and `--help`'s usage line names only the required ones (`model.train`'s 43).
+_FULL_USAGE_FLAGS = 30
 
 
 def config_parser(config_type: type, prog: str, description: str, epilog: str | None = None) -> ArgumentParser:
-    """One flag per field of `config_type` (and of its nested configs)."""
+    """One flag per field of `config_type` (and of its nested configs, each config's in a group of its own)."""
     parser = ArgumentParser(prog=prog, description=description, epilog=epilog, allow_abbrev=False,
                             formatter_class=_HelpFormatter)
-    for field in flag_fields(config_type):
-        name = "--" + (field.metadata.get("name") or field.name.replace("_", "-"))
-        help_text = field.metadata["help"]
-        if field.metadata.get("repeatable"):   # `--model-dir A --model-dir B` -> ("A", "B")
-            parser.add_argument(name, dest=field.name, action="append", help=help_text + " (repeatable)")
-        elif field.default is dataclasses.MISSING:
-            parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), required=True,
-                                default=argparse.SUPPRESS, help=help_text)
-        elif isinstance(field.default, tuple):   # a comma-separated list of its default's item type
-            item_type = type(field.default[0]) if field.default else str
-            parser.add_argument(name, dest=field.name, default=field.default, metavar="A,B,...", help=help_text,
-                                type=_list_type(item_type))
-        elif str(field.type) == "bool":   # `--overwrite` or `--overwrite true|false`
-            parser.add_argument(name, dest=field.name, type=_parse_bool, nargs="?", const=True,
-                                default=field.default, metavar="true|false", help=help_text)
-        else:
-            parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), default=field.default,
-                                help=help_text)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for group, fields in _flag_groups(config_type):
+        container: argparse._ActionsContainer = parser
+        if group:
+            container = groups.get(group) or groups.setdefault(group, parser.add_argument_group(
+                group.replace("_", " ")))
+        for field in fields:
+            _add_flag(container, field)
+    actions = [action for action in parser._actions if action.option_strings]
+    if len(actions) > _FULL_USAGE_FLAGS:   # its usage would be a page of its own: the required flags, the rest below
+        required = [f"{action.option_strings[0]} {action.metavar or action.dest.upper()}"
+                    for action in actions if action.required]
+        parser.usage = " ".join(["%(prog)s [-h]", *required, "[FLAG ...]"])
     return parser
+
+
+def _add_flag(parser: argparse._ActionsContainer, field: dataclasses.Field[Any]) -> None:
+    """`field` as a flag of `parser` (see the module docstring)."""
+    name = "--" + (field.metadata.get("name") or field.name.replace("_", "-"))
+    help_text = field.metadata["help"]
+    if field.metadata.get("repeatable"):   # `--model-dir A --model-dir B` -> ("A", "B")
+        parser.add_argument(name, dest=field.name, action="append", help=help_text + " (repeatable)")
+    elif field.default is dataclasses.MISSING:
+        parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), required=True,
+                            default=argparse.SUPPRESS, help=help_text)
+    elif isinstance(field.default, tuple):   # a comma-separated list of its default's item type
+        item_type = type(field.default[0]) if field.default else str
+        parser.add_argument(name, dest=field.name, default=field.default, metavar="A,B,...", help=help_text,
+                            type=_list_type(item_type))
+    elif str(field.type) == "bool":   # `--overwrite` or `--overwrite true|false`
+        parser.add_argument(name, dest=field.name, type=_parse_bool, nargs="?", const=True,
+                            default=field.default, metavar="true|false", help=help_text)
+    else:
+        parser.add_argument(name, dest=field.name, type=_value_type(str(field.type)), default=field.default,
+                            help=help_text)
 
 
 def _current_spelling(argv: list[str], old_names: dict[str, str]) -> list[str]:

@@ -46,6 +46,7 @@ from typing import Any
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+ANSWER_TIMEOUT_S = 10.0   # a job service's (or worker pool's) answer before any work
 JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`prepare_portable_run`)
 PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_name`s of Beam's job-service runners
 # Where `make flink` and `make spark` put Beam's Java job servers (infra/flink/pom.xml and
@@ -172,30 +173,162 @@ def _check_java_job_server(runner: str, options: Any) -> None:
 
 
 def prepare_portable_run(options: Any) -> None:
-    """Under a portable runner (PORTABLE_RUNNERS), Beam's `--job_server_timeout` (the deadline of the
-    launcher's stream of job states, so, on Prism, of the job) becomes JOB_WAIT_S unless the
-    command line sets it; a `--job_endpoint` that nothing answers is then a UsageError naming it,
-    before any work (Beam would wait out that deadline to connect), and so is a Flink job server
-    that is not built (`_check_java_job_server`)."""
+    """Under a portable runner (PORTABLE_RUNNERS), before any work: Beam's `--job_server_timeout`
+    (the deadline of the launcher's stream of job states, so, on Prism, of the job) becomes
+    JOB_WAIT_S unless the command line sets it; and a UsageError naming the flag for what would
+    fail later: a `--job_endpoint` where no Beam job service answers (Beam would wait out that
+    deadline to connect, or for ever on a port that accepts and never answers), a Prism binary or
+    Java job server that is not built (`_check_prism`, `_check_java_job_server`), and an
+    `--environment_config` its `--environment_type` cannot read (`_check_environment`)."""
     from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
-
-    from pipeline.cli import UsageError
 
     runner = runner_name(options.view_as(StandardOptions).runner)
     if runner not in PORTABLE_RUNNERS:
         return
+    if runner == "prism":
+        _check_prism(options)
     if runner in JOB_SERVER_JARS:
         _check_java_job_server(runner, options)
+    _check_environment(options)
     portable = options.view_as(PortableOptions)
     if "job_server_timeout" not in options.get_all_options(drop_default=True):
         portable.job_server_timeout = JOB_WAIT_S
     if portable.job_endpoint and portable.job_endpoint != "embed":
-        host, _, port = portable.job_endpoint.rpartition(":")
+        _check_job_service(portable.job_endpoint)
+
+
+def _check_job_service(endpoint: str) -> None:
+    """A UsageError unless a Beam job service answers a request (GetJobs) at `endpoint` within
+    ANSWER_TIMEOUT_S: a refused port, a server that is not gRPC, and one that accepts and never
+    answers (where Beam's launcher waited at "read: 0 pages" for its 30-day deadline)."""
+    import grpc
+    from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
+
+    from pipeline.cli import UsageError
+
+    channel = grpc.insecure_channel(endpoint)
+    try:
+        beam_job_api_pb2_grpc.JobServiceStub(channel).GetJobs(beam_job_api_pb2.GetJobsRequest(),
+                                                             timeout=ANSWER_TIMEOUT_S)
+    except grpc.RpcError as error:
+        code = error.code()
+        raise UsageError(f"--job_endpoint {endpoint}: no Beam job service answers there within "
+                         f"{ANSWER_TIMEOUT_S:.0f} s ({code.name if code else 'no answer'}: "
+                         f"{(error.details() or '').splitlines()[0][:160] if error.details() else ''})") from None
+    finally:
+        channel.close()
+
+
+def prism_binary() -> Path:
+    """Where `make prism` builds Beam's Prism at the SDK's own version."""
+    import apache_beam
+
+    return Path(__file__).resolve().parents[1] / ".cache" / "prism" / f"v{apache_beam.__version__}" / "prism"
+
+
+def _check_prism(options: Any) -> None:
+    """Prism's binary there before any work: `--prism_location` a file (or a URL Beam downloads), or
+    by default the one `make prism` built; a UsageError otherwise (Beam would try GitHub's
+    releases, which this project's machines cannot reach: a 31-frame traceback after the output
+    folder was claimed)."""
+    from apache_beam.options.pipeline_options import PortableOptions, PrismRunnerOptions
+
+    from pipeline.cli import UsageError
+
+    if options.view_as(PortableOptions).job_endpoint:
+        return
+    prism = options.view_as(PrismRunnerOptions)
+    location = prism.prism_location
+    if location and "://" in location:
+        return
+    if location and not os.path.isfile(location):
+        raise UsageError(f"--prism_location {location}: no such file (`make prism` builds Prism at "
+                         f"{prism_binary()})")
+    if not location:
+        if not prism_binary().is_file():
+            raise UsageError(f"--runner PrismRunner: no Prism binary at {prism_binary()} (`make prism` builds "
+                             "it; or --prism_location PATH)")
+        prism.prism_location = str(prism_binary())
+
+
+ENVIRONMENT_CONFIGS = {   # what each --environment_type reads from --environment_config
+    "EXTERNAL": "HOST:PORT of an SDK worker pool (python -m apache_beam.runners.worker.worker_pool_main)",
+    "PROCESS": 'a JSON object with the "command" that starts an SDK worker',
+}
+
+
+def _check_environment(options: Any) -> None:
+    """An `--environment_config` its `--environment_type` reads, there before any work: a malformed
+    one reached Prism's job server, whose Go code panicked (and took a shared set-up down); an
+    EXTERNAL pool where nothing listens failed the job after its start."""
+    import json
+
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    from pipeline.cli import UsageError
+
+    portable = options.view_as(PortableOptions)
+    kind = (portable.environment_type or "").upper()
+    config = portable.environment_config
+    if kind not in ENVIRONMENT_CONFIGS:
+        return
+    wrong = UsageError(f"--environment_config {config!r}: --environment_type {kind} takes {ENVIRONMENT_CONFIGS[kind]}")
+    if not config:
+        raise wrong
+    if kind == "PROCESS":
         try:
-            socket.create_connection((host or "localhost", int(port)), timeout=10).close()
-        except (OSError, ValueError) as error:
-            raise UsageError(f"--job_endpoint {portable.job_endpoint}: no job server answers there "
-                             f"({error.__class__.__name__}: {error})") from None
+            command = json.loads(config)
+        except ValueError:
+            raise wrong from None
+        if not isinstance(command, dict) or not command.get("command"):
+            raise wrong
+        return
+    host, _, port = config.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise wrong
+    try:
+        socket.create_connection((host, int(port)), timeout=ANSWER_TIMEOUT_S).close()
+    except OSError as error:
+        raise UsageError(f"--environment_config {config}: no SDK worker pool listens there ({error})") from None
+
+
+@contextlib.contextmanager
+def job_failures(options: Any, log_path: str | None) -> Iterator[None]:
+    """A job that failed on a portable runner, or whose job service went away (the job server, its
+    workers or the pool died; a deadline passed), as one `error:` line (a DataLossError: exit 1,
+    nothing published) naming the runner, the failure's first line and the runner's log, where
+    Beam raises a RuntimeError or a gRPC error with a multi-page traceback. Other errors pass."""
+    import grpc
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    from pipeline.cli import DataLossError, UsageError
+
+    runner = options.view_as(StandardOptions).runner
+    try:
+        yield
+    except (UsageError, DataLossError):
+        raise
+    except grpc.RpcError as error:
+        if runner_name(runner) not in PORTABLE_RUNNERS:
+            raise
+        code = error.code() if hasattr(error, "code") else None
+        details = error.details() if hasattr(error, "details") else str(error)
+        what = f"its job service stopped answering ({code.name if code else 'gRPC'}: {_first_line(details)})"
+        raise DataLossError(f"the job on {runner}: {what}; nothing was published{_log_hint(log_path)}") from error
+    except RuntimeError as error:
+        if runner_name(runner) not in PORTABLE_RUNNERS or "failed in state" not in str(error):
+            raise
+        state = str(error).split("failed in state", 1)[1]
+        raise DataLossError(f"the job on {runner} failed in state {_first_line(state)[:300]}; nothing was "
+                            f"published{_log_hint(log_path)}") from error
+
+
+def _first_line(text: str | None) -> str:
+    return (str(text or "").strip().splitlines() or [""])[0]
+
+
+def _log_hint(log_path: str | None) -> str:
+    return f" (the runner's log: {log_path})" if log_path else ""
 
 
 def _die_with_parent() -> None:   # runs in the child between fork and exec
@@ -207,18 +340,22 @@ def _die_with_parent() -> None:   # runs in the child between fork and exec
 
 
 def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str) -> None:
+    """Returns once the job server `process` listens on `endpoint`; a DataLossError (one line, exit 1,
+    nothing published) when it exits first or does not listen within START_TIMEOUT_S."""
+    from pipeline.cli import DataLossError
+
     host, port = endpoint.rsplit(":", 1)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"the job server {command} exited with status {process.returncode} before it "
-                               "listened; its log is the run's pipeline.log")
+            raise DataLossError(f"the job server {command} exited with status {process.returncode} before it "
+                                "listened; its log is the run's pipeline.log")
         try:
             socket.create_connection((host, int(port)), timeout=1).close()
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the job server {command} did not listen on {endpoint} within "
+                raise DataLossError(f"the job server {command} did not listen on {endpoint} within "
                                    f"{START_TIMEOUT_S:.0f} s") from None
             time.sleep(0.1)
 

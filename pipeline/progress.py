@@ -41,9 +41,18 @@ REPORT_EVERY_S = 1.0
 LOG_LINE_EVERY_S = 30.0   # how often a progress bar writes to a stderr that is a file (a log), not a terminal
 
 
+def _counts(line: str) -> str:
+    """A bar's line without its times (`read: 40%|####  | 4/10 [00:02<00:03, 2.0 pages/s]` ->
+    `read: 40%|####  | 4/10`): what says whether it tells anything the line before did not."""
+    counts, bracket, times = line.rpartition(" [")
+    return counts if bracket and times.endswith("]") else line
+
+
 class _LogLines:
     """A log file as a progress bar's stream: each refresh a line of its own. tqdm redraws its bar
-    behind a carriage return, which a file keeps: every refresh on one ever longer line."""
+    behind a carriage return, which a file keeps: every refresh on one ever longer line. A refresh
+    whose counts are the last line's is dropped (tqdm's closing redraw of a bar whose last update
+    already wrote its end: the same counts, only a later time and rate)."""
 
     def __init__(self, stream: IO[str]):
         self.stream = stream
@@ -51,9 +60,9 @@ class _LogLines:
 
     def write(self, text: str) -> None:
         line = text.replace("\r", "").strip()
-        if line and line != self.last:   # not tqdm's clearing writes, nor its closing redraw of the last line
+        if line and _counts(line) != self.last:   # not tqdm's clearing writes, nor a repeat of the last counts
             self.stream.write(line + "\n")
-            self.last = line
+            self.last = _counts(line)
 
     def flush(self) -> None:
         self.stream.flush()

@@ -393,7 +393,7 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             shown = progress.show_progress(folder, indexes, log_path)
         # A job server Beam would start here (Prism's, Flink's) runs for this run only: it ends with it, a
         # SIGKILL of this process included, and answers for the job's counters until finish() read them.
-        with jobserver.local_job_server(pipeline.options, log_path):
+        with jobserver.local_job_server(pipeline.options, log_path), jobserver.job_failures(pipeline.options, log_path):
             with writes_of(out), shown, progress.workers_end_on_interrupt(pipeline.options):
                 result = pipeline.run()
                 if not config.wait:

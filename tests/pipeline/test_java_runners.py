@@ -68,9 +68,12 @@ def test_on_a_local_flink_the_sdk_workers_run_in_the_launcher_and_stay_for_the_j
     assert set(jobserver.JOB_SERVER_JVM_PROPERTIES["flink"]) <= set(jvm)
     assert f"-Djava.io.tmpdir={tempfile.gettempdir()}" in jvm
 
-    kept = _prepared("--flink_master=flink-jm.example.com:8081", "--environment_type", "EXTERNAL",
-                     "--environment_config", "localhost:50000", "--environment_cache_millis", "5",
-                     "--job_server_jvm_properties=-Xmx2g")
+    with socket.socket() as pool:   # an SDK worker pool's port, listening (prepare_portable_run checks)
+        pool.bind(("127.0.0.1", 0))
+        pool.listen()
+        kept = _prepared("--flink_master=flink-jm.example.com:8081", "--environment_type", "EXTERNAL",
+                         "--environment_config", f"localhost:{pool.getsockname()[1]}",
+                         "--environment_cache_millis", "5", "--job_server_jvm_properties=-Xmx2g")
     assert kept.view_as(PortableOptions).environment_type == "EXTERNAL"
     assert int(kept.view_as(PortableOptions).environment_cache_millis) == 5
     assert kept.view_as(JobServerOptions).job_server_jvm_properties == ["-Xmx2g"]

@@ -82,9 +82,95 @@ def test_a_job_endpoint_nothing_answers_is_one_error_naming_it_before_any_work(t
     with socket.socket() as sock:   # a port nothing listens on: bound, never listening
         sock.bind(("127.0.0.1", 0))
         endpoint = f"localhost:{sock.getsockname()[1]}"
-        with pytest.raises(UsageError, match=f"--job_endpoint {endpoint}: no job server answers"):
+        with pytest.raises(UsageError, match=f"--job_endpoint {endpoint}: no Beam job service answers"):
             run.main(["--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--job_endpoint", endpoint])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_job_endpoint_that_accepts_and_never_answers_is_one_error_within_seconds(tmp_path, monkeypatch):
+    """A port that completes TCP's handshake but is no job server: the launcher waited at "read: 0
+    pages" for its 30-day deadline, holding the folder."""
+    import socket
+
+    monkeypatch.setattr(jobserver, "ANSWER_TIMEOUT_S", 1.0)
+    with socket.socket() as sock:   # listening: the kernel accepts connections nobody ever serves
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        endpoint = f"localhost:{sock.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(UsageError, match=f"--job_endpoint {endpoint}: no Beam job service answers there "
+                                             r"within 1 s \(DEADLINE_EXCEEDED"):
+            run.main(["--output", str(tmp_path / "out"), "--runner", "PortableRunner", "--job_endpoint", endpoint])
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out").exists()
+
+
+def test_prism_without_its_binary_is_one_error_before_any_work(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    missing = tmp_path / "prism"
+    with pytest.raises(UsageError, match=f"--prism_location {missing}: no such file .*make prism"):
+        run.main(["--output", str(out), "--runner", "PrismRunner", "--prism_location", str(missing)])
+    monkeypatch.setattr(jobserver, "prism_binary", lambda: missing)
+    with pytest.raises(UsageError, match=f"--runner PrismRunner: no Prism binary at {missing} .*make prism"):
+        run.main(["--output", str(out), "--runner", "PrismRunner"])
+    assert not out.exists()   # nothing claimed: no _UNPUBLISHED for the next try to trip on
+
+
+def test_prism_finds_the_binary_make_prism_built(monkeypatch, tmp_path):
+    from apache_beam.options.pipeline_options import PrismRunnerOptions
+
+    built = tmp_path / "prism"
+    built.write_bytes(b"")
+    monkeypatch.setattr(jobserver, "prism_binary", lambda: built)
+    options = PipelineOptions(["--runner", "PrismRunner"])
+    jobserver.prepare_portable_run(options)
+    assert options.view_as(PrismRunnerOptions).prism_location == str(built)
+
+
+@pytest.mark.parametrize("kind, config, complaint", [
+    ("EXTERNAL", None, "takes HOST:PORT of an SDK worker pool"),
+    ("EXTERNAL", "localhost", "takes HOST:PORT of an SDK worker pool"),
+    ("EXTERNAL", "localhost:notaport", "takes HOST:PORT of an SDK worker pool"),
+    ("PROCESS", "not json", 'takes a JSON object with the "command"'),
+    ("PROCESS", '{"cmd": "boot"}', 'takes a JSON object with the "command"'),
+])
+def test_an_environment_config_its_type_cannot_read_is_one_error_before_any_work(tmp_path, kind, config, complaint):
+    """A malformed one reached Prism's Go job server, which panicked (taking a shared set-up down)."""
+    flags = ["--environment_type", kind, *(["--environment_config", config] if config else [])]
+    with pytest.raises(UsageError, match=f"--environment_type {kind} {complaint}"):
+        run.main(["--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--job_endpoint", "embed", *flags])
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_external_worker_pool_nothing_listens_at_is_one_error_before_any_work(tmp_path):
+    import socket
+
+    with socket.socket() as sock:   # bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        pool = f"localhost:{sock.getsockname()[1]}"
+        with pytest.raises(UsageError, match=f"--environment_config {pool}: no SDK worker pool listens there"):
+            run.main(["--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--job_endpoint", "embed",
+                      "--environment_type", "EXTERNAL", "--environment_config", pool])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("failure, line", [
+    (RuntimeError("Pipeline BeamApp-1 failed in state FAILED: java.lang.IllegalStateException: SDK harness "
+                  "closed connection\n\tat org.apache.beam.Foo(Foo.java:1)"),
+     "the job on FlinkRunner failed in state FAILED: java.lang.IllegalStateException: SDK harness closed "
+     "connection; nothing was published (the runner's log: OUT/pipeline.log)"),
+])
+def test_a_failed_portable_job_is_one_line_naming_the_runner_and_its_log(failure, line):
+    from pipeline.cli import DataLossError
+
+    options = PipelineOptions(["--runner", "FlinkRunner"])
+    with pytest.raises(DataLossError) as raised, jobserver.job_failures(options, "OUT/pipeline.log"):
+        raise failure
+    assert str(raised.value) == line
+    with pytest.raises(ValueError), jobserver.job_failures(options, None):   # not a job's failure: as it is
+        raise ValueError("other")
+    with pytest.raises(RuntimeError), jobserver.job_failures(PipelineOptions([]), None):   # a local runner's
+        raise failure
 
 
 # ---------------------------------------------------------------- real runs on Prism
@@ -184,7 +270,9 @@ def test_beams_job_server_timeout_is_the_deadline_of_a_prism_job(prism, tmp_path
     """Why `jobserver.prepare_portable_run` raises it: with Beam's 300 s a longer job failed."""
     done = _cli("--output", str(tmp_path / "out"), "--runner", "PrismRunner", "--prism_location", prism,
                 "--job_server_timeout", "2", *FAST)
-    assert done.returncode != 0 and "DEADLINE_EXCEEDED" in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the job on PrismRunner: its job service stopped answering (DEADLINE_EXCEEDED")
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -273,3 +361,35 @@ def test_ctrl_c_on_a_standalone_set_up_cancels_the_job_before_the_lock_goes(pris
     finally:
         cluster.terminate()
         cluster.wait(timeout=30)
+
+
+def test_the_prism_set_up_refuses_a_busy_port_in_one_line():
+    """It printed its ready line, then Prism panicked on the port, and its own error line never came."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(["infra/prism_cluster.sh", str(port), str(_free_port())], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PY": sys.executable})
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: port {port}: something already listens on 127.0.0.1:{port}"]
+
+
+@pytest.mark.slow
+def test_a_part_of_the_prism_set_up_that_dies_ends_it_in_one_error_line(prism):
+    """`set -e` ended the script at `wait -n` before its error line (and so silently)."""
+    job_port, pool_port = _free_port(), _free_port()
+    cluster = subprocess.Popen(["infra/prism_cluster.sh", str(job_port), str(pool_port)], cwd=REPO,
+                               env={**os.environ, "PY": sys.executable}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    assert cluster.stderr is not None
+    ready = cluster.stderr.readline()   # its ready line, once both parts listen
+    assert ready.startswith(f"prism job server: localhost:{job_port}"), ready
+    [server] = [pid for pid in _processes_under(cluster.pid) if _cmdline(pid).split(b"\0")[0].endswith(b"/prism")]
+    os.kill(server, signal.SIGKILL)
+    _, stderr = cluster.communicate(timeout=60)
+    assert cluster.returncode == 1
+    assert stderr.strip().splitlines()[-1] == "error: a part of the set-up exited; stopping the other"
+    assert not [pid for pid in _processes_under(cluster.pid)]

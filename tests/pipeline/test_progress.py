@@ -96,3 +96,27 @@ def test_ctrl_c_during_a_direct_job_ends_the_processes_it_started_at_once():
     assert done.stdout.split("\n")[:4] == [f"worker {-signal.SIGTERM}", "restored True", "unwrapped",
                                            "other runners untouched True"], done.stdout + done.stderr[-2000:]
     assert "Traceback" not in done.stderr   # the interrupt's echo in other threads is not shown
+
+
+def test_a_bar_in_a_log_writes_each_count_once_and_its_last_line_once(monkeypatch):
+    """tqdm's closing redraw repeats the counts its last refresh wrote (only the time and rate
+    differ): a log keeps one line of them."""
+    import io
+    import time
+
+    from pipeline import progress
+
+    monkeypatch.setattr(progress, "LOG_LINE_EVERY_S", 0.0)
+    log = io.StringIO()
+    bar = progress.progress_bar(desc="read", unit=" pages", total=10, file=log)
+    for _ in range(10):
+        bar.update(1)
+        bar.refresh()   # the refresh a 30 s interval would make
+        time.sleep(0.01)
+    bar.refresh()   # nothing new since the last line
+    time.sleep(0.02)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    counts = [line.split(" [")[0] for line in lines]
+    assert [a for a, b in zip(counts, counts[1:]) if a == b] == []
+    assert [line for line in lines if "10/10" in line] == [lines[-1]]
