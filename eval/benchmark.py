@@ -365,7 +365,8 @@ class ScbBenchmarkConfig:
                                                    "and threads (needs sentence-transformers installed)")
     onnx: bool = flag(False, help="also export each transformer --model-dir as ONNX (float32, int8) and time them "
                                   "beside its SavedModel (and sentence-transformers' ONNX int8 where installed)")
-    batch_size: int = flag(512, help="--onnx: sentences per batch, every encoder alike (the SavedModel's default)")
+    batch_size: int = flag(512, help="--onnx: sentences per batch, every encoder alike (the SavedModel's own "
+                                     "batch size)")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -1,27 +1,29 @@
-"""Writes a model dir's fine-tuned transformer as a sentence-transformers / Hugging Face folder
-(`model.formats.hf`), as `model.train` does at the end of a run, or as an ONNX folder for CPU
-workers (`model.formats.onnx_export`).
+"""Writes a trained model dir's transformer encoder as a sentence-transformers (Hugging Face)
+folder, as `model.train` does at the end of a run, or as an ONNX folder for CPU workers.
 
     python -m model.export --model-dir MODEL --output DIR [--format sentence-transformers]
         [--report EVAL_REPORT_DIR] [--overwrite true]
     python -m model.export --model-dir MODEL --format onnx [--quantize int8] --output DIR [--overwrite true]
 
-`--format onnx` takes any transformer model dir: trained, distilled, a soup (its recorded inputs and a
-best checkpoint), or off the shelf (`model.pretrained`'s, its checkpoint as it ships, at the
-wordpieces per sentence its export records); `onnx:DIR` then names the folder as an encoder.
+`--format onnx` takes any transformer model dir: trained, distilled, a soup, or off the shelf
+(`model.pretrained`'s, its checkpoint as it ships); `--encoder onnx:DIR` then scores the folder in
+the eval jobs.
 
-`--output` is claimed as every writing command claims its folder (COMMAND_CLAIM): a folder
-holding anything an export does not write (a `NOTES.md`, an `onnx/`) is refused, an earlier
-export is replaced only with `--overwrite true`, and only its own files are deleted. Once the
-folder is written its claim names only the command and when it ended (`end_claim`): a finished
-folder is what a user uploads as it is (to the Hugging Face Hub), and no file of it names this
-host or a pid; while the export runs the claim names them, so another writer is refused.
+`--output` must be a new or empty folder, or one an earlier `model.export` wrote: anything else in
+it (a `NOTES.md`, an `onnx/`) is refused, and an earlier export is replaced only with
+`--overwrite true`, deleting only its own files. While the export runs the folder names this host
+and process, so a second writer is refused; once done it names only the command and when it
+ended, so the finished folder can be uploaded as it is (to the Hugging Face Hub).
 
-The network is rebuilt from the flags the model dir records (its INPUTS) and its best
-checkpoint loaded; `--report` adds an `eval.all` report's scores, with their intervals, to the
-model card. `--check-data RUN` then loads the folder with sentence-transformers itself (where it
-is installed) and prints the cosines between its embeddings and the Keras export's on the run's
-SCB sentences.
+The network is rebuilt from the flags the model dir's training run recorded, with its best
+checkpoint. `--report` adds an `eval.all` report's scores, with their intervals, to the model
+card. `--check-data RUN` then loads the folder with sentence-transformers itself (where it is
+installed) and prints the cosines between its embeddings and the Keras export's on the run's SCB
+sentences.
+
+In the code: the formats are `model.formats.hf` and `model.formats.onnx_export`; `--output` is
+claimed as every writing command claims its folder (COMMAND_CLAIM, released by `end_claim`); the
+recorded flags are the model dir's INPUTS (`recorded_config`).
 """
 from __future__ import annotations
 
@@ -298,7 +300,8 @@ def main(argv: list[str] | None = None) -> str:
     from model import require_tensorflow_keras
 
     require_tensorflow_keras("model.export")
-    config = parse_config(ExportConfig, argv, prog="python -m model.export", description=__doc__)
+    config = parse_config(ExportConfig, argv, prog="python -m model.export",
+                          description=__doc__.split("\n\nIn the code:")[0])   # the rest is for developers
     sentence_transformer: Callable[..., Any] | None = None   # the SentenceTransformer class, with --check-data
     if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoding.encoders)
         try:

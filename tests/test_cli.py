@@ -125,3 +125,44 @@ def test_negatives_are_parsed_into_strategies_once_each_in_order():
 
     config = PipelineConfig(input="x", output="y", negatives=" other_article,adjacent,other_article ")
     assert config.negative_strategies() == (NegativeStrategy.OTHER_ARTICLE, NegativeStrategy.ADJACENT)
+
+
+def _flag_help(help_text: str) -> dict[str, str]:
+    """`--help`'s text per flag (its option line and the lines under it, joined)."""
+    blocks: dict[str, str] = {}
+    flag_name = None
+    for line in help_text.split("\n\n", 1)[-1].splitlines():
+        match = re.match(r"  (-\S+)", line)
+        if match:
+            flag_name = match.group(1).rstrip(",")
+            blocks[flag_name] = line
+        elif line.startswith("   ") and flag_name:
+            blocks[flag_name] += " " + line.strip()
+        else:
+            flag_name = None
+    return blocks
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_shows_a_default_only_where_it_tells_something(command, monkeypatch):
+    """No `(default: None)` (nor an empty one), and a help text that names its default gets no second."""
+    monkeypatch.setenv("COLUMNS", "100")
+    blocks = _flag_help(config_parser(_config(command), f"python -m {command}", "").format_help())
+    assert blocks
+    for flag_name, text in blocks.items():
+        assert not re.search(r"\(default: (None|\(\)|)\)", text), (flag_name, text)
+        assert text.lower().count("default") <= 1, (flag_name, text)
+
+
+def test_a_nested_configs_flags_are_a_group_of_its_own_and_each_flag_is_listed_once(monkeypatch):
+    from model.config import TrainConfig
+
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = config_parser(TrainConfig, "python -m model.train", "Trains.")
+    text = parser.format_help()
+    headings = [line for line in text.splitlines() if re.fullmatch(r"[a-z ]+:", line)]
+    assert headings == ["options:", "inputs:", "network:", "optimizer:", "runtime:"]
+    listed = re.findall(r"^  (--[a-z0-9-]+)", text, flags=re.MULTILINE)
+    flags = [option for action in parser._actions for option in action.option_strings if option not in ("-h", "--help")]
+    assert sorted(listed) == sorted(flags) and len(set(listed)) == len(listed) > 40
+    assert text.startswith("usage: python -m model.train [-h] --data DATA --model-dir MODEL_DIR [FLAG ...]\n")

@@ -193,3 +193,20 @@ def test_an_output_folder_that_is_a_file_is_one_line(tmp_path, command, flag_nam
             "model.export": ["--model-dir", str(tmp_path), "--output", str(a_file)]}[command]
     _one_error_line(_run(["-m", command, *argv]), f"{flag_name} {a_file} is a file, not a folder")
     assert a_file.read_text() == "mine"
+
+
+def test_helps_examples_are_lines_of_their_own_in_the_users_words():
+    """`model.export --help`: its two usage examples as written (not re-wrapped into one
+    paragraph), and none of the code's own names; `model.train --help`: its flags in groups."""
+    done = _run(["-m", "model.export", "--help"], COLUMNS="100")
+    assert (done.returncode, done.stderr) == (0, "")
+    lines = [line.strip() for line in done.stdout.splitlines()]
+    assert [line.split(" [")[0] for line in lines if line.startswith("python -m model.export")] == [
+        "python -m model.export --model-dir MODEL --output DIR",
+        "python -m model.export --model-dir MODEL --format onnx"]
+    assert not re.search(r"COMMAND_CLAIM|end_claim|INPUTS|model\.formats", done.stdout)
+    assert "(default: None)" not in done.stdout
+    train = _run(["-m", "model.train", "--help"], COLUMNS="100")
+    assert (train.returncode, train.stderr) == (0, "")
+    assert {"inputs:", "network:", "optimizer:", "runtime:"} <= set(train.stdout.splitlines())
+    assert "(default: None)" not in train.stdout
