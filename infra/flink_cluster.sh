@@ -51,7 +51,9 @@ io.tmp.dirs: $STATE/tmp
 # child-first loading of that copy beside the parent's fails ("loader constraint violation").
 classloader.resolve-order: parent-first
 # A TaskManager's memory, every part given (no start script computes it): 512m heap, 256m network
-# buffers (64m is too few for Beam's job: "Insufficient number of network buffers").
+# buffers (64m is too few for Beam's job: "Insufficient number of network buffers"), 512m of direct
+# memory for the task (Beam's gRPC data plane to the SDK workers: with none, the 2019 file failed
+# with "OutOfMemoryError: Direct buffer memory").
 taskmanager.cpu.cores: 1
 taskmanager.memory.framework.heap.size: 128m
 taskmanager.memory.task.heap.size: 384m
@@ -59,7 +61,7 @@ taskmanager.memory.managed.size: 128m
 taskmanager.memory.network.min: 256m
 taskmanager.memory.network.max: 256m
 taskmanager.memory.framework.off-heap.size: 128m
-taskmanager.memory.task.off-heap.size: 0m
+taskmanager.memory.task.off-heap.size: 512m
 taskmanager.memory.jvm-metaspace.size: 256m
 taskmanager.memory.jvm-overhead.min: 192m
 taskmanager.memory.jvm-overhead.max: 192m
@@ -85,7 +87,8 @@ stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null; wait; }
 trap stop INT TERM EXIT
 java_part jobmanager 512m 128m org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint
 for ((n = 1; n <= TASKMANAGERS; n++)); do
-  java_part "taskmanager-$n" 512m 384m org.apache.flink.runtime.taskexecutor.TaskManagerRunner
+  # direct memory: framework off-heap 128m + task off-heap 512m + network 256m
+  java_part "taskmanager-$n" 512m 896m org.apache.flink.runtime.taskexecutor.TaskManagerRunner
 done
 
 # Ready once the JobManager's REST API lists every TaskManager (a part that dies first ends it).
