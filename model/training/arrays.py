@@ -296,7 +296,8 @@ class TripletInput:
         first records), batched once and held for every pass; without one, the whole split,
         streamed again at every pass (each validation, the untrained and the test scores; held
         with a teacher, which embeds it once). As many steps as the records fill (a process's
-        share: as many as the largest share), or with length groups as `grouped` makes."""
+        share: as many as the largest share, an empty share, of fewer shards or triplets than
+        processes, all in batches weighing 0), or with length groups as `grouped` makes."""
         batch_size = self.config.optimizer.batch_size
         size, sample = batch_size * self.blocks, self.config.inputs.evaluation_triplets
         shards = self._paths(split)
@@ -304,19 +305,30 @@ class TripletInput:
             triplets = itertools.islice(split_triplets(self.run, self.dataset, split, self.config.runtime.seed), sample)
             held = list(self._batches(list(triplets)[self.process::self.processes], batch_size))
             total = min(sample, sum(count for _, count in shards))
-            return SplitBatches(lambda: iter(held), max(len(held), _ceil(_ceil(total, self.processes), size)))
+            return SplitBatches(lambda: iter(held), max(len(held), _ceil(_ceil(total, self.processes), size)),
+                                self._weightless)
 
         def stream() -> Iterator[Batch]:
             paths = [path for path, _ in shards[self.process::self.processes]]
             return self._batches(triplets_of(itertools.chain.from_iterable(map(shard_records, paths))), batch_size)
 
+        shares_steps = max(_ceil(sum(count for _, count in shards[p::self.processes]), size)
+                           for p in range(self.processes))
         if self.teacher is not None:
             held = list(stream())
-            return SplitBatches(lambda: iter(held), len(held))
+            return SplitBatches(lambda: iter(held), max(len(held), shares_steps if self.processes > 1 else 0),
+                                self._weightless)
         if in_order(self.config):
-            return SplitBatches(stream, max(_ceil(sum(count for _, count in shards[p::self.processes]), size)
-                                            for p in range(self.processes)))
+            return SplitBatches(stream, shares_steps, self._weightless)
         return SplitBatches(stream, sum(1 for _ in self._groups(split_triplets(self.run, self.dataset, split), size)))
+
+    def _weightless(self) -> Batch:
+        """A batch of this input's shape that weighs 0, for a share with no batch of its own to
+        copy: one made-up triplet whose sentences are a word (an all-padding sentence would make
+        a transformer's masked mean 0 / 0, a NaN that weight 0 does not cancel)."""
+        triplet = {name: "padding" if name in ROLES else 0 for name in FEATURES}
+        inputs, labels, weights = self._arrays([triplet], self.config.optimizer.batch_size)
+        return inputs, labels, np.zeros_like(weights)
 
     def training_batches(self, resume_at_step: int = 0) -> Iterator[Batch]:
         """The endless training stream, in the parts a step's batch is fed in
@@ -366,11 +378,13 @@ class SplitBatches(keras.utils.PyDataset):
     peeking at the shapes), or out of order, the stream starts again; Keras' worker thread and
     its peek are served one at a time. A stream shorter than `length` (a process's smaller share,
     a split that lost records: `count_records` names the loss before the export) ends in copies
-    of its last batch weighing 0."""
+    of its last batch weighing 0; one with no batch at all (a process's empty share) in
+    `weightless()` batches, which weigh 0 too."""
 
-    def __init__(self, batches: Callable[[], Iterator[Batch]], length: int):
+    def __init__(self, batches: Callable[[], Iterator[Batch]], length: int,
+                 weightless: Callable[[], Batch] | None = None):
         super().__init__(workers=1, max_queue_size=8)
-        self.open_stream, self.length = batches, length
+        self.open_stream, self.length, self.weightless = batches, length, weightless
         self.stream: Iterator[Batch] = iter(())
         self.next_index = 0
         self.last: Batch | None = None
@@ -390,7 +404,9 @@ class SplitBatches(keras.utils.PyDataset):
         batch = next(self.stream, None)
         if batch is None:
             if self.last is None:
-                raise IndexError(f"batch {index} of a split that holds none")
+                if self.weightless is None:
+                    raise IndexError(f"batch {index} of a split that holds none")
+                self.last = self.weightless()
             inputs, labels, weights = self.last
             return inputs, labels, np.zeros_like(weights)
         self.last = batch

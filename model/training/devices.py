@@ -4,9 +4,15 @@ JAX `KerasDevices` (`keras.distribution`). Nothing here loads TensorFlow under J
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
+import json
 import logging
 import os
+import shutil
+import sys
 import tempfile
+import threading
 import types
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -17,6 +23,13 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 LOG = logging.getLogger(__name__)
+
+# How long one of several processes waits at the coordinator for the others (seconds), beside
+# Keras' own KERAS_DISTRIBUTION_* variables: hosts of a job may start minutes apart.
+WAIT_VARIABLE = "WIKISIM_PROCESSES_WAIT_SECONDS"
+DEFAULT_WAIT_S = 600
+# Flags that only shape a process's own log: they may differ between the processes of a job.
+OWN_FLAGS = frozenset({"progress"})
 
 
 class KerasDevices:
@@ -34,7 +47,8 @@ class KerasDevices:
 
     cluster_resolver = None   # one process: the chief, as `is_chief` reads it
 
-    def __init__(self, name: str, tensorflow_input: bool = False, article_chunks: bool = True):
+    def __init__(self, name: str, tensorflow_input: bool = False, article_chunks: bool = True,
+                 flags: dict | None = None):
         import keras
 
         if tensorflow_input:   # TensorFlow tokenises or teaches on the CPU; the GPUs are JAX's
@@ -52,8 +66,9 @@ class KerasDevices:
             import jax
 
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            keras.distribution.initialize()
+            join_processes(self.processes)
             self.process_id = jax.process_index()
+            agree_on_flags(flags or {}, self.process_id, self.processes)
             self.cluster_resolver = types.SimpleNamespace(task_type="worker", task_id=self.process_id)
         else:
             self.process_id = 0
@@ -74,6 +89,73 @@ class KerasDevices:
 Strategy: TypeAlias = "tf.distribute.Strategy | KerasDevices"   # what `strategy_of` gives
 
 
+def join_processes(processes: int) -> None:
+    """`keras.distribution.initialize()` on the job `KERAS_DISTRIBUTION_*` describe, with its wait
+    said and bounded: JAX waits at the coordinator for every process without a word, and a wait
+    that times out ends in a C++ abort (SIGABRT and a stack), which Python cannot catch. So the
+    wait is logged at once, and a watchdog thread ends one that lasts `WAIT_VARIABLE` seconds in
+    one `error:` line, exit 1, before JAX would abort (nothing is claimed or written yet). Keras'
+    own initialize also agrees on a random seed, which `run_job` has set already (`--seed`)."""
+    import jax
+
+    addresses = os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES") or ""
+    coordinator = addresses.split(",")[0] or None
+    process_id = os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID")
+    try:
+        wait_s = int(os.environ.get(WAIT_VARIABLE) or DEFAULT_WAIT_S)
+    except ValueError:
+        wait_s = 0
+    if wait_s < 1:
+        from pipeline.cli import UsageError
+
+        raise UsageError(f"{WAIT_VARIABLE}={os.environ[WAIT_VARIABLE]}: the seconds to wait for the other processes, "
+                         "a whole number >= 1")
+    where = coordinator or "the coordinator the cluster names"
+    LOG.info("process %s of %d: waiting up to %d s for the other processes at %s (%s)", process_id or "?", processes,
+             wait_s, where, WAIT_VARIABLE)
+
+    def give_up() -> None:
+        print(f"error: process {process_id or '?'} of {processes}: the other processes did not join at {where} within "
+              f"{wait_s} s ({WAIT_VARIABLE}); start the same command in every process, with "
+              "KERAS_DISTRIBUTION_JOB_ADDRESSES naming process 0's address", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    watchdog = threading.Timer(wait_s, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes,
+                                   process_id=int(process_id) if process_id is not None else None,
+                                   initialization_timeout=wait_s + 60)   # the watchdog's, not JAX's abort
+    finally:
+        watchdog.cancel()
+
+
+def agree_on_flags(flags: dict, process_id: int, processes: int) -> None:
+    """Every process must run the same command: different flags (a batch size, a seed) would
+    train on other shapes or data and end in a collective's mismatch deep in gloo, an abort.
+    Each process posts its flags to JAX's key-value store and reads every other's; any that
+    differ are a UsageError here, in every process, naming them."""
+    from jax._src import distributed
+
+    from pipeline.cli import UsageError
+
+    client = distributed.global_state.client
+    assert client is not None, "agree_on_flags runs after join_processes"
+    posted = json.dumps({name: value for name, value in flags.items() if name not in OWN_FLAGS}, sort_keys=True,
+                        default=str)
+    client.key_value_set(f"wikisim/flags/{process_id}", posted)
+    mine, wait_ms = json.loads(posted), 1000 * int(os.environ.get(WAIT_VARIABLE) or DEFAULT_WAIT_S)
+    differing = []
+    for other in (index for index in range(processes) if index != process_id):
+        theirs = json.loads(client.blocking_key_value_get(f"wikisim/flags/{other}", wait_ms))
+        differing += [f"--{name.replace('_', '-')} {mine.get(name)} here, {theirs.get(name)} in process {other}"
+                      for name in sorted({*mine, *theirs}) if mine.get(name) != theirs.get(name)]
+    if differing:
+        raise UsageError(f"process {process_id} of {processes}: the processes run different flags ("
+                         f"{'; '.join(differing)}); start the same command in every process")
+
+
 def device_kind() -> str:
     """The first local device's kind under JAX ("NVIDIA H200", "cpu"): a run on an accelerator
     records it, and its learning curve is drawn against training minutes there."""
@@ -86,7 +168,7 @@ def strategy_of(config: TrainConfig) -> Strategy:
     """`--distribution-strategy` under `--backend`: a tf.distribute strategy, or `KerasDevices`."""
     if config.runtime.backend == "jax":
         return KerasDevices(config.runtime.distribution_strategy, tensorflow_input=needs_tensorflow(config) is not None,
-                            article_chunks=config.inputs.article_chunk > 0)
+                            article_chunks=config.inputs.article_chunk > 0, flags=config.flags())
     from model.training.strategies import make_strategy
 
     return make_strategy(config.runtime.distribution_strategy)
@@ -108,12 +190,65 @@ def is_chief(strategy: Strategy) -> bool:
         resolver.task_type == "worker" and resolver.task_id == 0)
 
 
+# Beside a worker's temporary folder `F`: `.F.alive`, a file the worker holds an exclusive lock on
+# while it lives (outside the folder, which is the worker's model dir and holds training files only).
+ALIVE = ".alive"
+
+
+def _alive_file(folder: str) -> str:
+    return os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}{ALIVE}")
+
+
 @contextlib.contextmanager
 def worker_temp_dir(strategy: tf.distribute.Strategy):
     """The folder a non-chief worker writes to, Keras' multi-worker saving rule (every worker runs
     the same callbacks and saves, but only the chief's files count: the others write to a
-    temporary folder of their own, deleted at the end): `workertemp_<task id>-*` in the system's
-    temporary folder (TMPDIR), outside the model dir, so nothing of the worker's lands there."""
+    temporary folder of their own): `workertemp_<task id>-*` in the system's temporary folder
+    (TMPDIR), outside the model dir, so nothing of the worker's lands there.
+
+    It is deleted at the end; a killed worker cannot delete its own (a transformer's backups: half
+    a GB), so the worker holds a lock on the folder's ALIVE file while it lives, which the kernel
+    releases however the process ends, and every worker starting in the same TMPDIR first deletes
+    the folders whose lock nobody holds (`remove_dead_worker_dirs`)."""
     task_id = strategy.cluster_resolver.task_id
-    with tempfile.TemporaryDirectory(prefix=f"workertemp_{task_id}-") as folder:
+    parent = tempfile.gettempdir()
+    remove_dead_worker_dirs(parent)
+    alive, starting = tempfile.mkstemp(prefix=f".workertemp_{task_id}-", suffix=".starting", dir=parent)
+    folder = os.path.join(parent, os.path.basename(starting)[1:-len(".starting")])
+    try:
+        fcntl.flock(alive, fcntl.LOCK_EX)   # locked before it takes its name: no sweep finds it unlocked
+        os.mkdir(folder, 0o700)
+        os.rename(starting, _alive_file(folder))
         yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        for path in (starting, _alive_file(folder)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        os.close(alive)
+
+
+def remove_dead_worker_dirs(parent: str) -> list[str]:
+    """Deletes the `workertemp_*` folders in `parent` whose worker is gone (nobody holds the lock
+    on their ALIVE file: `worker_temp_dir`); returns them. Folders without one (of an older
+    trainer) are left alone."""
+    removed = []
+    for path in glob.glob(os.path.join(parent, f".workertemp_*{ALIVE}")):
+        try:
+            alive = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # held: its worker lives
+            continue
+        finally:
+            os.close(alive)
+        folder = os.path.join(parent, os.path.basename(path)[1:-len(ALIVE)])
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        removed.append(folder)
+    if removed:
+        LOG.info("deleted %d temporary folder(s) of killed workers: %s", len(removed), ", ".join(removed))
+    return removed

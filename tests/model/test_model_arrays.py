@@ -173,6 +173,30 @@ def test_two_processes_read_disjoint_shares_in_equal_steps(shards):
     assert not np.array_equal(firsts[0][0]["sentences"], firsts[1][0]["sentences"])
 
 
+def one_shard_evaluation(out: str) -> str:
+    """A run whose train split has 2 shards and whose validation and test splits have 1 each:
+    fewer than the 2 processes of a job, so one process's evaluation share is empty."""
+    write_triplet_shards(out, sizes={"validation": 20, "test": 20}, shards=1)
+    return write_triplet_shards(out, sizes={"train": 64}, shards=2)
+
+
+@pytest.mark.parametrize("size", [None, 1])
+def test_an_empty_evaluation_share_runs_as_many_steps_weighing_0(tmp_path, size):
+    """Fewer shards (or sample triplets) than processes: a process with none of them ran no step
+    (IndexError), and the process with them waited for it in a collective. Its share is as many
+    batches of the same shapes, weighing 0, so the shares together weigh the split once."""
+    data = one_shard_evaluation(str(tmp_path / "data"))
+    shares = [_input(data, 1, process, 2, evaluation_triplets=size).evaluation("validation") for process in (0, 1)]
+    assert len(shares[0]) == len(shares[1]) == (1 if size else 3)
+    for _ in range(2):   # the stream starts again at every pass
+        batches = [[share[i] for i in range(len(share))] for share in shares]
+        for full, empty in zip(*batches):
+            assert {name: array.shape for name, array in full[0].items()} == {
+                name: array.shape for name, array in empty[0].items()}
+            assert not empty[2].any() and (empty[0]["sentences"] != 0).any(axis=-1).all()   # no all-padding row
+        assert sum(float(batch[2].sum()) for batch in batches[0]) == (size or 20)
+
+
 @pytest.mark.slow   # two Python processes that load Keras
 @pytest.mark.parametrize("backend, kept_out", [("jax", True), ("tensorflow", False)])
 def test_tensorflow_is_kept_out_of_a_jax_transformer_run_only(backend, kept_out):

@@ -102,3 +102,56 @@ def test_a_full_disk_writing_a_jax_backup_is_one_error_line_naming_the_folder(sh
     assert training.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith(f"error: writing {model_dir}/{BACKUP} failed: File too large; ")
     assert not (model_dir / BACKUP).exists() and not (model_dir / f"{BACKUP}.partial").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def _process_of_two(data, model_dir, index: int, port: int, *flags, wait_s: int = 60) -> subprocess.Popen:
+    """Process `index` of a job of 2 (`KERAS_DISTRIBUTION_*`, docs/distributed.md) on loopback."""
+    env = {**JAX_ENV, "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+           "KERAS_DISTRIBUTION_PROCESS_ID": str(index), "WIKISIM_PROCESSES_WAIT_SECONDS": str(wait_s)}
+    return subprocess.Popen([sys.executable, "-m", "model.train", "--data", str(data), "--model-dir", str(model_dir),
+                             "--backend", "jax", "--distribution-strategy", "data-parallel", *TINY_MINILM, "--steps",
+                             "1", *flags], cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow   # a MiniLM trainer process under JAX (its imports)
+def test_a_process_whose_peers_never_start_says_where_it_waits_and_ends_in_one_error_line(shards, tmp_path):
+    """JAX waited 5 minutes without a word, then aborted in C++ (SIGABRT, rc 134)."""
+    port = _free_port()
+    alone = _process_of_two(shards, tmp_path / "m", 0, port, wait_s=3)
+    try:
+        _, stderr = alone.communicate(timeout=120)
+    finally:
+        alone.kill()
+    assert alone.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert f"waiting up to 3 s for the other processes at localhost:{port}" in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: process 0 of 2: the other processes did not join at ") and "within 3 s" in last
+    assert not (tmp_path / "m").exists()   # nothing claimed
+
+
+@pytest.mark.slow   # two MiniLM trainer processes under JAX (their imports)
+def test_processes_given_different_flags_each_end_in_one_error_line_naming_them(shards, tmp_path):
+    """A batch of 8 in one process and 4 in the other aborted on a gloo collective's mismatch."""
+    port = _free_port()
+    processes = [_process_of_two(shards, tmp_path / "m", index, port, "--batch-size", size, "--seed", seed)
+                 for index, size, seed in ((0, "8", "1"), (1, "4", "1"))]
+    try:
+        stderrs = [process.communicate(timeout=180)[1] for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    for index, (process, stderr) in enumerate(zip(processes, stderrs)):
+        assert process.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: process {index} of 2: the processes run different flags (--batch-size ")
+        assert "--seed" not in last and "--max-tokens" not in last
+    assert not (tmp_path / "m").exists()

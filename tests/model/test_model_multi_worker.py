@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +188,44 @@ def test_a_killed_worker_and_a_restart_resume_both_from_the_chiefs_backup(small_
         np.testing.assert_array_equal(mine, theirs)
     assert (model_dir / ENCODER / "saved_model.pb").is_file()
     assert os.listdir(tmp_path / "resumed" / "worker1" / "tmp") == []
+
+
+HOLD_WORKER_DIR = textwrap.dedent("""
+    import sys, time, types
+    from model.training.devices import worker_temp_dir
+
+    strategy = types.SimpleNamespace(cluster_resolver=types.SimpleNamespace(task_id=1))
+    with worker_temp_dir(strategy) as folder:
+        open(folder + "/backup.h5", "wb").write(b"weights")
+        print(folder, flush=True)
+        time.sleep(600)
+""")
+
+
+def test_a_killed_workers_temporary_folder_goes_when_the_next_worker_starts(tmp_path):
+    """A killed worker's `workertemp_1-*` (MiniLM's backups: 519 MB) stayed in TMPDIR for ever;
+    the next worker starting there deletes it, and leaves a living worker's alone."""
+    from model.training.devices import worker_temp_dir
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD_WORKER_DIR], cwd=REPO, env=env, text=True,
+                                stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        killed, living = (Path(holder.stdout.readline().strip()) for holder in holders)
+        holders[0].send_signal(signal.SIGKILL)
+        holders[0].wait()
+        assert (killed / "backup.h5").is_file()   # nobody deleted it on the way out
+        import tempfile
+
+        tempfile.tempdir = str(tmp_path)
+        try:
+            with worker_temp_dir(types.SimpleNamespace(cluster_resolver=types.SimpleNamespace(task_id=1))) as own:
+                assert not killed.exists() and (living / "backup.h5").is_file()
+                assert os.listdir(own) == []   # the worker's model dir: nothing but what training writes
+        finally:
+            tempfile.tempdir = None
+        assert not Path(own).exists()
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
