@@ -12,8 +12,9 @@ its input is cut, so the files are the same byte for byte. A thread per file wri
 
 The text sink is Beam's public `FileBasedSink` (what `WriteToText` builds on) with the same
 arguments that transform passes: it adds only `open` (a block-gathering handle around Beam's
-own) and the line framing, so sharding, naming and finalisation stay Beam's. A test checks the
-files equal Beam's own sink's byte for byte. A triplet shard is written whole by one worker in
+own) and the line framing, so sharding and finalisation stay Beam's; its shards are numbered in the
+order of their first records, not of Beam's random temporary names, so the same shards get the
+same numbers on every run and runner. A test checks the files equal Beam's own sink's byte for byte. A triplet shard is written whole by one worker in
 its key order (`write_tfrecord_shard`, framed by `pipeline.tfrecord`) to a temporary folder, and
 the split's shards are renamed into place together (`finalize_shards`), as Beam's sinks
 finalise; a test checks a shard equals `WriteToTFRecord`'s file of the same records. Its Parquet
@@ -87,7 +88,8 @@ class BlockWriter:
 
 
 class _BlockSink(FileBasedSink):
-    """Gzip files of the runner's choice of shards, as `WriteToTFRecord` / `WriteToText` name them."""
+    """Gzip files of the runner's choice of shards, as `WriteToTFRecord` / `WriteToText` name them,
+    numbered in the order of their first records (`_FirstRecordNamedWriter`)."""
 
     def __init__(self, prefix: str, suffix: str, coder: Coder, mime_type: str):
         super().__init__(prefix, coder, file_name_suffix=suffix, num_shards=0, shard_name_template=None,
@@ -95,6 +97,42 @@ class _BlockSink(FileBasedSink):
 
     def open(self, temp_path):
         return BlockWriter(super().open(temp_path))
+
+    def open_writer(self, init_result, uid):
+        return _FirstRecordNamedWriter(super().open_writer(init_result, uid))
+
+
+class _FirstRecordNamedWriter:
+    """Beam's writer of one temporary shard, whose file is renamed at its close after its first
+    record (`<sha1 of the first record>-<Beam's name>`). Beam numbers a sink's shards in the order
+    of their temporary files' names, which are random (a uuid each): the same shards came out
+    numbered differently from run to run and runner to runner (the 2019 file's two passages shards
+    were swapped between the DirectRunner and a Flink cluster). Named after their first records
+    (distinct: each shard holds other articles), they are numbered the same wherever the same
+    shards are written."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.first: bytes | None = None
+
+    def write(self, value) -> None:
+        if self.first is None:
+            self.first = self.writer.sink.coder.encode(value)
+        self.writer.write(value)
+
+    def at_capacity(self) -> bool:
+        return self.writer.at_capacity()
+
+    def close(self) -> str:
+        import hashlib
+
+        from apache_beam.io.filesystems import FileSystems
+
+        path = self.writer.close()
+        folder, name = path.rsplit("/", 1)
+        named = f"{folder}/{hashlib.sha1(self.first or b'').hexdigest()[:16]}-{name}"
+        FileSystems.rename([path], [named])
+        return named
 
 
 class _BlockTextSink(_BlockSink):

@@ -73,3 +73,24 @@ def test_a_failed_block_write_is_raised_not_lost():
     with pytest.raises(OSError, match="disk full"):
         writer.close()
     assert not inner.closed  # the file is not closed as if complete
+
+
+def test_text_shards_are_numbered_by_their_first_records_not_by_beams_random_names(tmp_path):
+    """Beam numbers shards in the order of their temporary files' uuids: the same two shards came
+    out swapped between two runners. Written under uuids in either order, they get one numbering."""
+    shards = {"a": ['{"article_id": 7}', '{"article_id": 9}'], "b": ['{"article_id": 3}']}
+    numbered = []
+    for uids in (("0-uid", "1-uid"), ("1-uid", "0-uid")):   # the uuids' order flips between the runs
+        prefix = str(tmp_path / uids[0] / "part")
+        sink = sinks.write_text(prefix).sink
+        init = sink.initialize_write()
+        results = []
+        for uid, lines in zip(uids, shards.values()):
+            writer = sink.open_writer(init, uid)
+            for line in lines:
+                writer.write(line)
+            results.append(writer.close())
+        list(sink.finalize_write(init, results, sink.pre_finalize(init, results)))
+        numbered.append([gzip.decompress(_only_file(f"{prefix}-0000{n}-of-00002.jsonl.gz")) for n in (0, 1)])
+    assert numbered[0] == numbered[1]
+    assert sorted(numbered[0]) == sorted("".join(line + "\n" for line in lines).encode() for lines in shards.values())
