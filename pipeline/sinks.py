@@ -12,13 +12,14 @@ its input is cut, so the files are the same byte for byte. A thread per file wri
 
 The text sink is Beam's public `FileBasedSink` (what `WriteToText` builds on) with the same
 arguments that transform passes: it adds only `open` (a block-gathering handle around Beam's
-own) and the line framing, so sharding and finalisation stay Beam's; its shards are numbered in the
-order of their first records, not of Beam's random temporary names, so the same shards get the
-same numbers on every run and runner. A test checks the files equal Beam's own sink's byte for byte. A triplet shard is written whole by one worker in
-its key order (`write_tfrecord_shard`, framed by `pipeline.tfrecord`) to a temporary folder, and
-the split's shards are renamed into place together (`finalize_shards`), as Beam's sinks
-finalise; a test checks a shard equals `WriteToTFRecord`'s file of the same records. Its Parquet
-twin (`pipeline.parquet`) is written beside it, by the same worker, from the same records.
+own) and the line framing, so sharding and finalisation stay Beam's; its shards are numbered in
+the order of their first records, not of Beam's random temporary names, so the same shards get
+the same numbers on every run and runner. A test checks the files equal Beam's own sink's byte
+for byte. A triplet shard is written whole by one worker in its key order
+(`write_tfrecord_shard`, framed by `pipeline.tfrecord`) to a temporary folder, and the split's
+shards are renamed into place together (`finalize_shards`), as Beam's sinks finalise; a test
+checks a shard equals `WriteToTFRecord`'s file of the same records. Its Parquet twin
+(`pipeline.parquet`) is written beside it, by the same worker, from the same records.
 """
 from __future__ import annotations
 

@@ -305,6 +305,14 @@ def onnx_session(graph: str, threads: int, shown: str | None = None):
                          "(python -m model.export --format onnx)") from None
 
 
+def per_sentence_runs(settings: dict) -> bool:
+    """Whether an export's graph (its `onnx.json` settings) quantizes activations dynamically, by
+    each run's range (`quantize_dynamic`), so that only a run of one sentence is batch-invariant:
+    every int8 export, those written before `onnx.json` recorded its activations included."""
+    quantization = settings.get("quantization") or {}
+    return bool(quantization.get("type")) and quantization.get("activations", "dynamic") == "dynamic"
+
+
 class OnnxEncoder(ExportedEncoder):
     """Encodes with an ONNX export folder (`model.export --format onnx`, `model.formats.onnx_export`)
     without TensorFlow: `model.net.wordpieces` tokenizes (the SavedModel's ids), ONNX Runtime runs
@@ -312,10 +320,18 @@ class OnnxEncoder(ExportedEncoder):
     threads per operator (none = the CPUs this process may run on, as TensorFlow takes them).
 
     Batches of 16: an SCB article's sentences in one batch of 512 are all padded to its longest, and
-    16 encode them 2.2-2.6x faster on 2 cores, float32 to the same embeddings (cosine 0.9999998)
-    and int8 as close to float32 as 512 (median cosine 0.9937 vs 0.9933: the int8 graph scales
-    each batch's activations by their range, so its rows depend on their batch-mates either way;
-    docs/results.md, issue 64)."""
+    16 encode them 2.2-2.6x faster on 2 cores, float32 to the same embeddings (cosine 0.9999998;
+    docs/results.md, issue 64).
+
+    A dynamically quantized graph (`per_sentence_runs`: every int8 export so far) runs each
+    sentence on its own, unpadded: it scales each run's activations by their range, one scale per
+    tensor, so in a batch a sentence's vector moved with its batch-mates and their padding (cosine
+    0.98-0.995 of its own) and cached embeddings disagreed with reruns. Alone, the vector depends
+    on the sentence only, whatever the batch, `batch_size` or thread count. It costs little: on 2
+    cores a batch of one holds no padding, and 5,000 test-split sentences encoded 1.0-1.1x slower
+    than in batches of 16, at the same triplet accuracy (docs/results.md, issue 70 item 5). Fixed
+    activation scales (static quantization) would keep batches, but need the float graph, which
+    a committed int8 export does not hold."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int = 16, threads: int | None = None):
         self.path = str(path).rstrip("/")
@@ -333,19 +349,31 @@ class OnnxEncoder(ExportedEncoder):
         self.similarity_function = Similarity.named(settings["similarity_fn_name"])
         self.similarity_fn_name = self.similarity_function.fn_name
         self.quantization = (settings.get("quantization") or {}).get("type")
+        self.per_sentence = per_sentence_runs(settings)
         self.threads = threads or len(os.sched_getaffinity(0))
         self.pieces = WordPieces(os.path.join(local, settings["vocabulary"]), self.max_seq_length)
         self._session = onnx_session(os.path.join(local, settings["graph"]), self.threads,
                                      f"{self.path}/{settings['graph']}")
 
     def embed_ids(self, ids: np.ndarray) -> np.ndarray:
-        """float32 [n, d] of wordpiece ids [n, t] (0 = padding), as the tokenizer gives them."""
+        """float32 [n, d] of wordpiece ids [n, t] (0 = padding), as the tokenizer gives them; for a
+        dynamically quantized graph each row is run alone, cut to its own wordpieces (the class
+        docstring says why)."""
         ids = np.asarray(ids, np.int64)
+        if not self.per_sentence:
+            return self._run(ids)
+        lengths = (ids != 0).sum(axis=1)
+        embeddings = np.empty((len(ids), self.dim), np.float32)
+        for row, length in enumerate(lengths):
+            embeddings[row] = self._run(ids[row:row + 1, :length])[0]
+        return embeddings
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
         return self._session.run([OUTPUT], {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64)})[0]
 
     def _embed(self, sentences: list[str], batch_size: int, show_progress_bar: bool) -> np.ndarray:
         """float32 [n, d], in batches of like length (by wordpieces), each cut to its longest
-        sentence; the order is undone."""
+        sentence (a dynamically quantized graph's, to each sentence: `embed_ids`); the order is undone."""
         if not sentences:
             return np.zeros((0, self.dim), np.float32)
         from tqdm import tqdm

@@ -16,6 +16,8 @@ keras-hub's BERT uses (the Hugging Face checkpoint's config says exact `gelu`; t
 so this graph, follow keras-hub). `--quantize int8` quantizes the matrix products and attention
 projections dynamically (`onnxruntime.quantization.quantize_dynamic`) with the settings for AVX2
 without VNNI chosen by measurement (docs/export.md): uint8 activations, int8 weights per channel.
+Dynamic activations scale by each run's range, so the encoder runs such a graph one sentence at a
+time: a sentence's vector is then the same whatever its batch (`model.encoding.encoder.OnnxEncoder`).
 """
 from __future__ import annotations
 
@@ -46,8 +48,11 @@ CONTRIB = "com.microsoft"
 # scale per row and dequantized in the graph (`DequantizeLinear`, axis 0): 23 MB in all. ONNX
 # Runtime's own embedding quantization (`QEmbedLayerNormalization`, one scale for the whole
 # table) moved SICK sentences' embeddings to median cosine 0.992 of the float table's.
+# "activations": quantized by each run's range, one scale per tensor, so a row of a batch depends on
+# the rest: the encoder runs such a graph one sentence at a time (`OnnxEncoder`, issue 70 item 5).
 INT8_SETTINGS: dict[str, Any] = {"weight_type": "QInt8", "per_channel": True, "reduce_range": False,
-                 "op_types": ["MatMul", "Attention"], "word_embeddings": "int8 per row"}
+                 "op_types": ["MatMul", "Attention"], "word_embeddings": "int8 per row",
+                 "activations": "dynamic"}
 
 
 def export_entries() -> tuple[str, ...]:

@@ -134,3 +134,14 @@ def triplet_accuracy(positive_is_first, outputs):
     """Share of triplets whose positive is nearer to the anchor than the negative (d+ < d-)."""
     del positive_is_first
     return ops.cast(ops.less(outputs[..., 0], outputs[..., 1]), "float32")
+
+
+def weighted_scores(loss) -> list[keras.metrics.Metric]:
+    """The compiled model's `weighted_metrics`: `loss` (the function the model minimises) and
+    `triplet_accuracy`, each sum(w * x) / sum(w) over a pass's triplets. Keras updates its plain
+    `metrics` without the sample weights, and its own `loss` is a mean over steps of each step's
+    sum(w * loss) / rows, so padding triplets (a short last batch under static shapes, the weight-0
+    batches of a process's smaller or empty share) counted as triplets wrong, at loss 0. This
+    `loss` comes after Keras' own in `Model.metrics`, so it is the one the logs report."""
+    return [keras.metrics.MeanMetricWrapper(loss, name="loss"),
+            keras.metrics.MeanMetricWrapper(triplet_accuracy, name="triplet_accuracy")]

@@ -32,10 +32,10 @@ from model.net.head import (
     distillation_distance,
     distillation_loss,
     in_batch_scores,
-    triplet_accuracy,
     triplet_distances,
     triplet_loss,
     unit_rows,
+    weighted_scores,
 )
 from model.similarity import Similarity
 
@@ -261,5 +261,6 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
     else:
         optimizer = keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, **accumulation)
         optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta", "layer_norm"])
-    model.compile(optimizer=optimizer, loss=distillation_loss if distill else LOSSES[loss], metrics=[triplet_accuracy],
+    minimised = distillation_loss if distill else LOSSES[loss]
+    model.compile(optimizer=optimizer, loss=minimised, weighted_metrics=weighted_scores(minimised),
                   jit_compile=jit_compile)

@@ -197,6 +197,35 @@ def test_an_empty_evaluation_share_runs_as_many_steps_weighing_0(tmp_path, size)
         assert sum(float(batch[2].sum()) for batch in batches[0]) == (size or 20)
 
 
+@pytest.mark.slow   # Keras evaluate
+@pytest.mark.parametrize("loss", ["triplet", "sum"])
+def test_evaluate_scores_each_real_triplet_once_whatever_the_padding(tmp_path, loss):
+    """A job of 2 processes over a 1-shard split: one process's 20 triplets in 3 static batches of
+    8 (4 padding triplets), the other's share 3 batches weighing 0, as one global pass sees them.
+    Keras' plain metrics ignore sample weights and its loss tracker divides by rows: the accuracy
+    and loss were the 20 triplets' sums over 48 rows (3/5 of them on a 1-process run's 24)."""
+    from model.net.head import LOSSES
+    from model.net.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
+    from model.training.tf_input import dataset
+
+    data = one_shard_evaluation(str(tmp_path / "data"))
+    shares = [_input(data, 1, process, 2, backend="tensorflow").evaluation("validation") for process in (0, 1)]
+    batches = [share[i] for share in shares for i in range(len(share))]
+    matrix = np.random.default_rng(0).normal(size=(len(wordpieces(MAX_TOKENS).vocabulary), 6)).astype(np.float32)
+    model = build_triplet_model(build_sentence_encoder(matrix, lstm_units=4, attention_size=3), static_shapes=True,
+                                loss=loss)
+    compile_triplet_model(model, loss=loss)
+    right = losses = 0.0
+    for inputs, labels, weights in batches:
+        outputs = model(inputs)
+        right += float(np.sum(weights * (np.asarray(outputs)[:, 0] < np.asarray(outputs)[:, 1])))
+        losses += float(np.sum(weights * np.asarray(LOSSES[loss](labels, outputs))))
+    assert sum(float(weights.sum()) for *_, weights in batches) == 20 < sum(len(weights) for *_, weights in batches)
+    scores = model.evaluate(dataset(lambda: iter(batches), length=len(batches)), verbose=0, return_dict=True)
+    assert scores["triplet_accuracy"] == pytest.approx(right / 20)
+    assert scores["loss"] == pytest.approx(losses / 20, rel=1e-5)
+
+
 @pytest.mark.slow   # two Python processes that load Keras
 @pytest.mark.parametrize("backend, kept_out", [("jax", True), ("tensorflow", False)])
 def test_tensorflow_is_kept_out_of_a_jax_transformer_run_only(backend, kept_out):

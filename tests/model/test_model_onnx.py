@@ -282,3 +282,53 @@ def test_the_int8_quantization_keeps_quiet_about_pre_processing(caplog, capfd):
     assert "MatMulInteger" in {node.op_type for node in quantized.graph.node}
     assert not [record for record in caplog.records if PRE_PROCESSING_ADVICE in record.getMessage()]
     assert PRE_PROCESSING_ADVICE not in capfd.readouterr().err
+
+
+# Sentences of the 2019 run's test split (triplets-sen), of 8 to 30 words.
+TEST_SPLIT_SENTENCES = [
+    "Camel case has been criticised as negatively impacting readability due to the removal of spaces and "
+    "uppercasing of every word.",
+    "Both the leads, Perkins and Leigh, were given freedom to interpret their roles and improvise as long as it did "
+    "not involve moving the camera.",
+    "In January 2016, Oracle announced that Java run-time environments based on JDK 9 will discontinue the browser "
+    "plugin.",
+    "In November 2016, Renshaw was facing criminal charges over incitement to racial hatred.",
+    "In March 1173, aggrieved at his lack of power and egged on by Henry's enemies, his son by the same name, the "
+    "younger Henry, launched the Revolt of 1173–1174.",
+    "In addition to the above theoretical applications, many practical applications of groups exist.",
+    "After trials in 1994, Tesco launched its Clubcard program, the UK's first nationwide supermarket-only loyalty "
+    "card scheme, in 1995 with dunnhumby.",
+    "The Arhcbishop of Malta has a palace in Mdina.",
+    "The climate is generally tropical and mild, and the two major seasons are distinguishable by their raininess.",
+    "All polymers (amorphous or semi-crystalline) go through glass transitions.",
+]
+
+
+def test_the_committed_int8_encoder_gives_a_sentence_the_same_vector_whatever_its_batch():
+    """The int8 graph quantizes activations dynamically, one scale per tensor: run in a batch, a
+    sentence's vector moved with its batch-mates and their padding (cosine 0.991-0.995 of its own),
+    so cached embeddings and reruns disagreed. Each sentence is now run on its own."""
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "2019-gpu-eval",
+                          "minilm-gpu-soup-int8")
+    encoder = load_encoder(folder)
+    short, long = "Rivers flow.", "Rivers of the world flow into seas and oceans of many kinds, " * 6
+    alone = np.stack([encoder.encode([sentence])[0] for sentence in TEST_SPLIT_SENTENCES])
+    for batch_size in (None, 4, 512):
+        mixed = encoder.encode([long, *TEST_SPLIT_SENTENCES, short], batch_size=batch_size)
+        np.testing.assert_allclose(mixed[1:-1], alone, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(mixed[[0, -1]], encoder.encode([long, short]), rtol=0, atol=1e-6)
+    for sentence, row in zip(TEST_SPLIT_SENTENCES, alone):   # each with the long and the short neighbour
+        np.testing.assert_allclose(encoder.encode([short, sentence, long])[1], row, rtol=0, atol=1e-6)
+
+
+def test_only_a_graph_with_dynamic_activations_runs_one_sentence_at_a_time():
+    """Exports written before `onnx.json` recorded "activations" are all dynamic int8."""
+    from model.encoding.encoder import per_sentence_runs
+    from model.formats.onnx_export import settings
+
+    int8 = settings(dim=384, max_tokens=64, similarity="cosine", quantize="int8", source="minilm")
+    assert per_sentence_runs(int8) and int8["quantization"]["activations"] == "dynamic"
+    recorded = int8["quantization"]
+    assert per_sentence_runs({**int8, "quantization": {key: recorded[key] for key in recorded if key != "activations"}})
+    assert not per_sentence_runs(settings(dim=384, max_tokens=64, similarity="cosine", quantize=None, source="minilm"))
+    assert not per_sentence_runs({**int8, "quantization": {**int8["quantization"], "activations": "static"}})
