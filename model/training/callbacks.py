@@ -55,8 +55,26 @@ def room_in(folder: str):
     except OSError as error:
         if error.errno not in NO_ROOM:
             raise
+        _release_failed_files(folder)
         raise NoRoomError(f"writing {folder} failed: {os.strerror(error.errno)}; free space there (or pass another "
                           "--model-dir) and rerun the same command: it resumes from the last backup") from error
+
+
+def _release_failed_files(folder: str) -> None:
+    """Closes, quietly, the h5py files under `folder` that a failed write left open (Keras' store of
+    the weights, held on by the failed call's frames): freed only at the interpreter's exit, after
+    the `error:` line, their flush on the full disk printed h5py's "Exception ignored" tracebacks,
+    then the process died of a segfault (rc 139, seen under JAX on a full tmpfs) instead of exiting 1.
+    Closing them fails the same way (the disk is still full), and says nothing the line does not."""
+    import gc
+
+    import h5py
+
+    written = os.path.abspath(folder)   # the folder and its `.partial` twin, written beside it
+    for handle in [item for item in gc.get_objects() if isinstance(item, h5py.File)]:
+        with contextlib.suppress(Exception):
+            if os.path.abspath(handle.filename).startswith(written):
+                handle.close()
 
 
 def read_backup_state(folder: str) -> dict | None:
