@@ -102,8 +102,10 @@ prism: $(VENV)/.installed
 FLINK_JAR = .cache/flink/beam-flink-job-server.jar
 SPARK_JAR = .cache/spark/beam-spark-job-server.jar
 JOB_SERVER_SOURCES = infra/maven-settings.xml infra/$(1)/pom.xml $(wildcard infra/$(1)/src/main/java/wikisim/$(1)/*.java)
-BUILD_JOB_SERVER = rm -rf .cache/$(1) && mvn -B -q -Dstyle.color=never -s infra/maven-settings.xml \
-  -f infra/$(1)/pom.xml package -Djob.server.out=$(abspath .cache/$(1))
+# Maven's output goes to a log, shown when it fails (its quiet mode still prints terminal escapes).
+BUILD_JOB_SERVER = rm -rf .cache/$(1) && mkdir -p .cache && mvn -B -q -s infra/maven-settings.xml \
+  -f infra/$(1)/pom.xml package -Djob.server.out=$(abspath .cache/$(1)) > .cache/$(1)-maven.log 2>&1 \
+  || { cat .cache/$(1)-maven.log; exit 1; }
 
 flink: $(FLINK_JAR)
 	@echo $(FLINK_JAR)

@@ -152,8 +152,9 @@ def batch_arrays(triplets: list[dict], tokenizer: Tokenizer, batch_size: int, re
     (`sections` [s], `NO_SECTION` on padding rows); with a `teacher`, its embedding of each
     sentence (`teacher` [s, d], zeros on padding rows). Blocks are stacked on a leading replica
     axis, so a strategy splits the batch into whole blocks. Labels and weights are flat, one per
-    triplet (Keras averages metrics over triplets); a padding triplet weighs 0; the label is the
-    constant 0 = "the positive is distances[..., 0]".
+    triplet (the reported loss and accuracy are weighted means over triplets,
+    `model.net.head.weighted_scores`); a padding triplet weighs 0; the label is the constant 0 =
+    "the positive is distances[..., 0]".
 
     `static` (`--static-shapes`, and always under JAX): a few fixed shapes: `batch_size` triplets
     a block, its sentences padded to a multiple of `batch_size` rows and to the smallest of

@@ -310,3 +310,40 @@ def test_two_processes_train_one_model_dir_that_eval_and_export_accept(embedded_
                                "--output", str(tmp_path / "onnx")], capture_output=True, text=True, cwd=REPO,
                               timeout=600)
     assert exported.returncode == 0, exported.stderr[-3000:]
+
+
+ONE_LAYER_MINILM = ["--backend", "jax", "--encoder", "minilm", "--transformer-layers", "1", "--max-tokens", "16",
+                    "--steps", "1", "--epochs", "1", "--progress", "false"]
+
+
+@pytest.mark.slow   # two MiniLM trainer processes under JAX, then one alone
+def test_two_processes_score_the_real_triplets_of_a_split_one_of_them_holds(tmp_path):
+    """The 1-shard validation split is process 0's; process 1 runs as many steps weighing 0, and
+    process 0's last batch is part padding. The untrained scores were the 20 triplets' sums over
+    every row of the 3 global batches (accuracy 20/48 for 20 right); they are one process's over
+    one batch of exactly the 20."""
+    from test_model_arrays import one_shard_evaluation
+
+    data, port = one_shard_evaluation(str(tmp_path / "data")), _free_port()
+    processes = [subprocess.Popen(
+        [sys.executable, "-m", "model.train", "--data", data, "--model-dir", str(tmp_path / "two"), *ONE_LAYER_MINILM,
+         "--batch-size", "8", "--distribution-strategy", "data-parallel"], cwd=REPO, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+        env={**JAX_ENV, "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
+             "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(index)})
+        for index in (0, 1)]
+    try:
+        for process in processes:
+            _, stderr = process.communicate(timeout=900)
+            assert process.returncode == 0, stderr[-3000:]
+    finally:
+        for process in processes:
+            process.kill()
+    alone = subprocess.run([sys.executable, "-m", "model.train", "--data", data, "--model-dir", str(tmp_path / "one"),
+                            *ONE_LAYER_MINILM, "--batch-size", "20"], capture_output=True, text=True, cwd=REPO,
+                           env=JAX_ENV, timeout=900)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    two, one = (json.loads((tmp_path / name / HISTORY).read_text()) for name in ("two", "one"))
+    assert two["processes"] == 2 and two["global_batch_size"] == 16
+    assert two["untrained_val_triplet_accuracy"] == pytest.approx(one["untrained_val_triplet_accuracy"])
+    assert two["untrained_val_loss"] == pytest.approx(one["untrained_val_loss"], rel=1e-3)
