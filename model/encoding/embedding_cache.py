@@ -64,7 +64,21 @@ def encoder_fingerprint(spec: EncoderSpec) -> str:
         if FileSystems.exists(path):
             with FileSystems.open(path) as handle:
                 digest.update(handle.read())
+    if spec.kind is SpecKind.ONNX and _runs_one_sentence_at_a_time(parts[0]):
+        # int8 graphs are encoded one sentence per run since issue 70: vectors kept from batches differ
+        digest.update(b"one sentence per run")
     return digest.hexdigest()
+
+
+def _runs_one_sentence_at_a_time(config_path: str) -> bool:
+    import json
+
+    from model.encoding.encoder import per_sentence_runs
+
+    if not FileSystems.exists(config_path):
+        return False
+    with FileSystems.open(config_path) as handle:
+        return per_sentence_runs(json.loads(handle.read()))
 
 
 def encode_with_progress(encoder: SentenceEncoder, sentences: list[str]) -> np.ndarray:

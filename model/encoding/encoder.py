@@ -327,11 +327,11 @@ class OnnxEncoder(ExportedEncoder):
     sentence on its own, unpadded: it scales each run's activations by their range, one scale per
     tensor, so in a batch a sentence's vector moved with its batch-mates and their padding (cosine
     0.98-0.995 of its own) and cached embeddings disagreed with reruns. Alone, the vector depends
-    on the sentence only, whatever the batch, `batch_size` or thread count. It costs little: on 2
-    cores a batch of one holds no padding, and 5,000 test-split sentences encoded 1.0-1.1x slower
-    than in batches of 16, at the same triplet accuracy (docs/results.md, issue 70 item 5). Fixed
-    activation scales (static quantization) would keep batches, but need the float graph, which
-    a committed int8 export does not hold."""
+    on the sentence only, whatever the batch or `batch_size`. It costs speed, not accuracy: on the
+    2019 test split's 34,565 sentences 1.9x the CPU time of batches of 16 (1.1-2.9x the wall time
+    on 2 busy cores), triplet accuracy 0.7675 -> 0.7680 (docs/results.md, issue 70 item 5). Fixed
+    activation scales (static quantization) would keep batches, but need the float graph, which a
+    committed int8 export does not hold."""
 
     def __init__(self, path: str, name: str | None = None, batch_size: int = 16, threads: int | None = None):
         self.path = str(path).rstrip("/")

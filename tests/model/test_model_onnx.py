@@ -332,3 +332,23 @@ def test_only_a_graph_with_dynamic_activations_runs_one_sentence_at_a_time():
     assert per_sentence_runs({**int8, "quantization": {key: recorded[key] for key in recorded if key != "activations"}})
     assert not per_sentence_runs(settings(dim=384, max_tokens=64, similarity="cosine", quantize=None, source="minilm"))
     assert not per_sentence_runs({**int8, "quantization": {**int8["quantization"], "activations": "static"}})
+
+
+def test_embeddings_kept_from_batches_of_an_int8_graph_are_not_reused():
+    """Kept before int8 graphs ran one sentence at a time, their vectors differ from today's: the
+    fingerprint (the key of kept embeddings and SCB rows) is not the digest of the files alone."""
+    import hashlib
+    import os
+
+    from model.encoding.embedding_cache import encoder_fingerprint
+    from model.encoding.encoders import EncoderSpec
+    from model.formats.onnx_export import CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "2019-gpu-eval",
+                          "minilm-gpu-soup-int8")
+    spec = EncoderSpec.parse(f"onnx:m={folder}")
+    files_alone = hashlib.sha256(str(spec).encode("utf-8"))
+    for part in (CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE):
+        with open(os.path.join(folder, part), "rb") as handle:
+            files_alone.update(handle.read())
+    assert encoder_fingerprint(spec) != files_alone.hexdigest()
