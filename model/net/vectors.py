@@ -67,6 +67,8 @@ def _load_embedded_glove(wanted: set[str] | None) -> WordVectors:
     if wanted is None:
         return WordVectors(words, np.asarray(matrix, dtype=np.float32))
     rows = [row for row, word in enumerate(words) if word in wanted]
+    if len(rows) == len(words):   # every word (`--vocabulary embeddings`): the mapped file, not an 80 MB copy
+        return WordVectors(words, np.asarray(matrix, dtype=np.float32))
     return WordVectors([words[row] for row in rows],
                        np.asarray(matrix[rows], dtype=np.float32).reshape(len(rows), matrix.shape[1]))
 

@@ -16,6 +16,8 @@ checkpoint and logs); everything is uploaded at the end.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import importlib.abc
 import json
 import logging
 import os
@@ -88,8 +90,7 @@ def run_job(config: TrainConfig, started: float, extra_callbacks: list | None, l
     """Trains under the backend `config` names (set before Keras loads: `model.train.use_backend`),
     writes the model dir, returns the summary also written to its HISTORY. `started`: when the
     command started (`seconds_to_first_step` counts from it)."""
-    import keras
-
+    keras = _keras_without_jax(config.runtime.backend)
     keras.utils.set_random_seed(config.runtime.seed)
     run = open_run(config.inputs.data)
     strategy = strategy_of(config)
@@ -102,6 +103,33 @@ def run_job(config: TrainConfig, started: float, extra_callbacks: list | None, l
         with worker_temp_dir(strategy) as own_dir:
             return _train(Job(config, run, strategy, own_dir, None, load_teacher, export), extra_callbacks, started,
                           resume_from=model_dir)
+
+
+class _JaxKeptOut(importlib.abc.MetaPathFinder):
+    """Answers an import of JAX as where it is not installed (`_keras_without_jax`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "jax" or name.startswith("jax."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def _keras_without_jax(backend: str):
+    """Keras, imported under TensorFlow without JAX: TensorFlow's own import (tf.compat.v1.lite)
+    loads JAX where it is installed, for TFLite's converter alone: 110 MB of a training run's
+    resident memory (docs/results.md, 2026-11-28). A later import of JAX still works."""
+    if backend != "tensorflow" or "keras" in sys.modules or "jax" in sys.modules:
+        import keras
+
+        return keras
+    finder = _JaxKeptOut()
+    sys.meta_path.insert(0, finder)
+    try:
+        import keras
+        import tensorflow  # noqa: F401   (the import that would load JAX, whether or not Keras loads it now)
+    finally:
+        sys.meta_path.remove(finder)
+    return keras
 
 
 def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None,
@@ -203,8 +231,10 @@ class Data:
     background until the score step needs it."""
 
     word_ids: WordIds | None       # the BiLSTM's in-graph tokenizer (None for a transformer: its wordpieces)
-    vocabulary: list[str] | None   # None for a transformer (its own wordpieces)
-    matrix: np.ndarray | None      # the BiLSTM's word vectors
+    vocabulary_size: int | None    # None for a transformer (its own wordpieces)
+    # The BiLSTM's word vectors, until the model holds them (`released`): 80 MB of GloVe 6B beside
+    # the variable's own copy all through training otherwise.
+    matrix: np.ndarray | None
     teacher: Teacher | None
     source: TripletInput
     validation: SplitBatches
@@ -237,6 +267,7 @@ def _train(job: Job, extra_callbacks: list | None, started: float, resume_from: 
     teacher = _claim(job, resume_from)
     data = _data(job, teacher)
     encoder, model, initial_weights = _model(job, data)
+    data = released(job.config, data)
     fit_record, best = _fit(job, data, model, extra_callbacks, started)
     summary = _score(job, data, model, initial_weights, fit_record, best)
     _export(job, data.word_ids, encoder, model, summary)
@@ -300,7 +331,21 @@ def _data(job: Job, teacher: Teacher | None) -> Data:
     counting = concurrent.futures.ThreadPoolExecutor(max_workers=1)
     record_counts = {split: counting.submit(source.count_records, split) for split in SPLITS}
     counting.shutdown(wait=False)   # takes no more work; the counts submitted run on
-    return Data(word_ids, vocabulary, matrix, teacher, source, source.evaluation("validation"), record_counts)
+    return Data(word_ids, len(vocabulary) if vocabulary is not None else None, matrix, teacher, source,
+                source.evaluation("validation"), record_counts)
+
+
+def released(config: TrainConfig, data: Data) -> Data:
+    """`data` without its NumPy word vectors once the model's variable holds them: frozen vectors
+    (the paper's) are read back from the variable for the mean-vectors baseline (`word_vectors`);
+    fine-tuned ones are kept, as the baseline averages the pre-trained vectors."""
+    return data if config.network.fine_tune_embeddings else dataclasses.replace(data, matrix=None)
+
+
+def word_vectors(model) -> np.ndarray:
+    """The BiLSTM's frozen word vectors, as its Embedding variable (`word_vectors`) holds them."""
+    (variable,) = (variable for variable in model.variables if variable.path.endswith("word_vectors/embeddings"))
+    return np.asarray(variable.numpy())
 
 
 
@@ -458,13 +503,14 @@ def _score(job: Job, data: Data, model, initial_weights: list[np.ndarray], fit_r
     if any(skipped.values()):
         LOG.warning("records lost or unparseable per split of %s/%s: %s", inputs.data, inputs.dataset, counts)
     check_lost_records(config, job.run, counts)
-    history, matrix, vocabulary = fit_record["history"], data.matrix, data.vocabulary
+    history, vocabulary_size = fit_record["history"], data.vocabulary_size
+    matrix = data.matrix if data.matrix is not None or vocabulary_size is None else word_vectors(model)
     return {
         **history,
         "untrained_val_triplet_accuracy": float(untrained["triplet_accuracy"]),
         "untrained_val_loss": float(untrained["loss"]),
-        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(data.validation, matrix, len(vocabulary))
-                                              if matrix is not None and vocabulary is not None else None),
+        "mean_vectors_val_triplet_accuracy": (mean_vectors_accuracy(data.validation, matrix, vocabulary_size)
+                                              if matrix is not None and vocabulary_size is not None else None),
         "evaluation_triplets": inputs.evaluation_triplets or "all",
         "best_val_triplet_accuracy": float(best.best),
         "test_triplet_accuracy": float(test["triplet_accuracy"]),
@@ -473,7 +519,7 @@ def _score(job: Job, data: Data, model, initial_weights: list[np.ndarray], fit_r
         "stopped_by_budget": fit_record["stopped_by_budget"],
         "seconds_to_first_step": fit_record.get("seconds_to_first_step"),
         "learning_curve": fit_record["learning_curve"],
-        "vocabulary_size": len(vocabulary) if vocabulary else None,
+        "vocabulary_size": vocabulary_size or None,
         "skipped_records": skipped,
         "record_counts": counts,
         "trained_on": job.run.provenance(),

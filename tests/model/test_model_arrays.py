@@ -203,7 +203,7 @@ def test_evaluate_scores_each_real_triplet_once_whatever_the_padding(tmp_path, l
     """A job of 2 processes over a 1-shard split: one process's 20 triplets in 3 static batches of
     8 (4 padding triplets), the other's share 3 batches weighing 0, as one global pass sees them.
     Keras' plain metrics ignore sample weights and its loss tracker divides by rows: the accuracy
-    and loss were the 20 triplets' sums over 48 rows (3/5 of them on a 1-process run's 24)."""
+    and loss counted all 48 rows, padding too; they are means over the 20 triplets."""
     from model.net.head import LOSSES
     from model.net.network import build_sentence_encoder, build_triplet_model, compile_triplet_model
     from model.training.tf_input import dataset
