@@ -50,16 +50,18 @@ io.tmp.dirs: $STATE/tmp
 # The TaskManagers load Beam from these same jars; the job server also ships them with each job, and
 # child-first loading of that copy beside the parent's fails ("loader constraint violation").
 classloader.resolve-order: parent-first
-# A TaskManager's memory, every part given (no start script computes it): 512m heap, 256m network
-# buffers (64m is too few for Beam's job: "Insufficient number of network buffers"), 512m of direct
+# A TaskManager's memory, every part given (no start script computes it): 512m heap, 512m network
+# buffers (Flink's batch shuffle takes 512 buffers of 32 KB per result partition: 64m failed with
+# "Insufficient number of network buffers", 256m with every negative strategy's outputs), 512m of direct
 # memory for the task (Beam's gRPC data plane to the SDK workers: with none, the 2019 file failed
-# with "OutOfMemoryError: Direct buffer memory").
+# with "OutOfMemoryError: Direct buffer memory"), 512m of managed memory (the batch sorts' buffers:
+# with 128m a record of the triplet writers "exceeds the maximum size of a sort buffer").
 taskmanager.cpu.cores: 1
 taskmanager.memory.framework.heap.size: 128m
 taskmanager.memory.task.heap.size: 384m
-taskmanager.memory.managed.size: 128m
-taskmanager.memory.network.min: 256m
-taskmanager.memory.network.max: 256m
+taskmanager.memory.managed.size: 512m
+taskmanager.memory.network.min: 512m
+taskmanager.memory.network.max: 512m
 taskmanager.memory.framework.off-heap.size: 128m
 taskmanager.memory.task.off-heap.size: 512m
 taskmanager.memory.jvm-metaspace.size: 256m
@@ -87,8 +89,8 @@ stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null; wait; }
 trap stop INT TERM EXIT
 java_part jobmanager 512m 128m org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint
 for ((n = 1; n <= TASKMANAGERS; n++)); do
-  # direct memory: framework off-heap 128m + task off-heap 512m + network 256m
-  java_part "taskmanager-$n" 512m 896m org.apache.flink.runtime.taskexecutor.TaskManagerRunner
+  # direct memory: framework off-heap 128m + task off-heap 512m + network 512m
+  java_part "taskmanager-$n" 512m 1152m org.apache.flink.runtime.taskexecutor.TaskManagerRunner
 done
 
 # Ready once the JobManager's REST API lists every TaskManager (a part that dies first ends it).

@@ -133,8 +133,9 @@ def _check_java_job_server(runner: str, options: Any) -> None:
     before any work (a UsageError that says `make RUNNER` otherwise: Beam would try to download a
     shaded jar that is not served); on a Flink or Spark on this machine without `--environment_type`,
     the SDK workers in the launcher (LOOPBACK, as Beam's runners do for `[local]` and `local[N]`;
-    their default for any other master is Docker); on Flink, workers kept for the whole job
-    (FLINK_ENVIRONMENT_CACHE_MS). Unless `--job_server_jvm_properties` says otherwise, the job
+    their default for any other master is Docker); on a Flink cluster, workers kept for the whole
+    job (FLINK_ENVIRONMENT_CACHE_MS; a `[local]` mini-cluster releases them as it goes, so that none
+    is left to complain when its job server stops). Unless `--job_server_jvm_properties` says otherwise, the job
     server's JOB_SERVER_JVM_PROPERTIES, and its temporary files (Flink's spill folders, Spark's
     blocks) in the run's private TMPDIR, so they go with the run."""
     from apache_beam.options.pipeline_options import (
@@ -148,9 +149,11 @@ def _check_java_job_server(runner: str, options: Any) -> None:
 
     portable = options.view_as(PortableOptions)
     if runner == "flink":
-        local = flink_master_is_local(options.view_as(FlinkRunnerOptions).flink_master)
+        master = options.view_as(FlinkRunnerOptions).flink_master
+        local = flink_master_is_local(master)
         jar_flag = "flink_job_server_jar"
-        if "environment_cache_millis" not in options.get_all_options(drop_default=True):
+        if master not in LOCAL_FLINK_MASTERS and "environment_cache_millis" not in options.get_all_options(
+                drop_default=True):   # a cluster's TaskManagers (a mini-cluster has one: nothing to collide)
             portable.environment_cache_millis = FLINK_ENVIRONMENT_CACHE_MS
     else:
         local = re.match(SPARK_LOCAL_MASTER, options.view_as(SparkRunnerOptions).spark_master_url) is not None
@@ -380,6 +383,31 @@ def cancel_unfinished(result: Any) -> None:
             time.sleep(0.2)
 
 
+# A Flink mini-cluster's own services (its blob server, REST endpoint, RPC) on loopback: Flink binds
+# every interface unless told (infra/flink_cluster.sh says the same to a session cluster).
+FLINK_LOOPBACK_CONF = """jobmanager.bind-host: 127.0.0.1
+jobmanager.rpc.address: 127.0.0.1
+taskmanager.bind-host: 127.0.0.1
+taskmanager.host: 127.0.0.1
+rest.bind-address: 127.0.0.1
+rest.address: 127.0.0.1
+"""
+
+
+def _job_server_environment(options: Any) -> dict[str, str]:
+    """The job server's environment: this process's, and for Flink's a FLINK_CONF_DIR holding
+    FLINK_LOOPBACK_CONF (in the run's private TMPDIR) unless the user names one."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    environment = dict(os.environ)
+    if runner_name(options.view_as(StandardOptions).runner) == "flink" and "FLINK_CONF_DIR" not in environment:
+        folder = tempfile.mkdtemp(prefix="flink-conf-")
+        with open(os.path.join(folder, "flink-conf.yaml"), "w") as conf:
+            conf.write(FLINK_LOOPBACK_CONF)
+        environment["FLINK_CONF_DIR"] = folder
+    return environment
+
+
 @contextlib.contextmanager
 def local_job_server(options: Any, log_path: str | None = None) -> Iterator[str | None]:
     """While the block runs, the job server Beam would start for `options`' runner, run by this
@@ -396,6 +424,7 @@ def local_job_server(options: Any, log_path: str | None = None) -> Iterator[str 
     command = [str(part) for part in command]
     with open(log_path, "ab") if log_path else contextlib.nullcontext(2) as log:   # fd 2: this process's stderr
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   env=_job_server_environment(options),
                                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     portable = options.view_as(PortableOptions)
     try:
