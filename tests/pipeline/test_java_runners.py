@@ -77,6 +77,9 @@ def test_on_a_local_flink_the_sdk_workers_run_in_the_launcher_and_stay_for_the_j
     assert kept.view_as(PortableOptions).environment_type == "EXTERNAL"
     assert int(kept.view_as(PortableOptions).environment_cache_millis) == 5
     assert kept.view_as(JobServerOptions).job_server_jvm_properties == ["-Xmx2g"]
+    embedded = _prepared("--flink_master=[local]")   # one TaskManager: nothing to collide, released as it goes
+    assert embedded.view_as(PortableOptions).environment_type == "LOOPBACK"
+    assert int(embedded.view_as(PortableOptions).environment_cache_millis) == 0
     remote = _prepared("--flink_master=flink-jm.example.com:8081")
     assert remote.view_as(PortableOptions).environment_type is None   # Beam's default: the user decides
     assert remote.view_as(FlinkRunnerOptions).flink_master == "flink-jm.example.com:8081"
