@@ -389,7 +389,6 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
         log_path = None
         if folder:   # Beam's logs to a file, a progress bar on the terminal
             log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
-            print(f"pipeline: Beam's log in {log_path}", file=sys.stderr)
             shown = progress.show_progress(folder, indexes, log_path)
         # A job server Beam would start here (Prism's, Flink's) runs for this run only: it ends with it, a
         # SIGKILL of this process included, and answers for the job's counters until finish() read them.
@@ -408,7 +407,23 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
         outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
         raise
     publish(config, stats["counters"])
+    said = log_line(log_path)
+    if said:
+        print(said, file=sys.stderr)
     return stats
+
+
+def log_line(log_path: str | None) -> str | None:
+    """Where the run's log is, said once the run ended and only when the log holds something (the
+    in-memory DirectRunner's stays empty: pointing at it sent users to a 0-byte file); a failed
+    portable job's error line names it instead (`jobserver.job_failures`)."""
+    import os
+
+    if not log_path or not os.path.isfile(log_path) or os.path.getsize(log_path) == 0:
+        return None
+    with open(log_path, "rb") as log:
+        lines = sum(1 for _ in log)
+    return f"pipeline: Beam's log ({lines:,} lines) in {log_path}"
 
 
 def finish(result, config: PipelineConfig, input_pattern: str, runner: str | None, wall_seconds: float) -> dict:

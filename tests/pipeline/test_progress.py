@@ -120,3 +120,14 @@ def test_a_bar_in_a_log_writes_each_count_once_and_its_last_line_once(monkeypatc
     counts = [line.split(" [")[0] for line in lines]
     assert [a for a, b in zip(counts, counts[1:]) if a == b] == []
     assert [line for line in lines if "10/10" in line] == [lines[-1]]
+
+
+def test_the_runs_log_is_named_only_when_it_holds_something(tmp_path):
+    """The in-memory DirectRunner's log stays empty: the launcher pointed users at a 0-byte file."""
+    from pipeline.run import log_line
+
+    log = tmp_path / "pipeline.log"
+    log.write_bytes(b"")
+    assert log_line(str(log)) is None and log_line(None) is None and log_line(str(tmp_path / "none")) is None
+    log.write_text("WARNING a\nWARNING b\n")
+    assert log_line(str(log)) == f"pipeline: Beam's log (2 lines) in {log}"

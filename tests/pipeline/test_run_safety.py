@@ -188,8 +188,9 @@ def test_a_local_run_shows_pages_read_of_the_index_total_and_keeps_beam_logs_in_
     result = _cli("--output", str(out), "--input", str(dump), *FAST,
                   "--direct_running_mode=multi_processing", "--direct_num_workers=2")
     assert result.returncode == 0, result.stderr[-2000:]
-    bar = result.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    *_, bar, said = result.stderr.replace("\r", "\n").strip().splitlines()
     assert bar.startswith("read: 100%") and f" {PAGES}/{PAGES} " in bar   # the total from the index
+    assert said.startswith("pipeline: Beam's log (") and said.endswith(f" lines) in {out / outputs.LOG}")
     assert "apache_beam" not in result.stderr                                # worker logs are not on the terminal
     assert "Worker:" in (out / outputs.LOG).read_text()                      # but in the run's log file
     assert json.loads((out / outputs.STATS).read_text())["counters"]["pages_read"] == PAGES
