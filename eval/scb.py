@@ -72,7 +72,7 @@ from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 from eval.intervals import comparisons, mean_interval  # noqa: E402
-from pipeline import records  # noqa: E402
+from pipeline import jobserver, records  # noqa: E402
 from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
 from pipeline.progress import progress_bar, timed, workers_end_on_interrupt  # noqa: E402
 from pipeline.published import ManifestError, Run, check_record_count  # noqa: E402
@@ -459,14 +459,18 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     from eval.report import read_jsonl, write_scb_report
 
     specs = config.methods.specs()
+    options = PipelineOptions(beam_args or [])
+    jobserver.prepare_portable_run(options)   # a runner that cannot run refused before any work
     kept = kept_articles(config.output, check_kept(config.output, specs, Run.open(config.data).sha256, config.seed))
     remove_previous_rows(config.output)
-    pipeline = beam.Pipeline(options=PipelineOptions(beam_args or []))
+    pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, config, kept)
-    with workers_end_on_interrupt(pipeline.options):
-        pipeline_result = pipeline.run()
-        pipeline_result.wait_until_finish()
-    counters = job_totals(pipeline_result)
+    with jobserver.portable_job(pipeline.options):
+        with workers_end_on_interrupt(pipeline.options):
+            pipeline_result = pipeline.run()
+            pipeline_result.wait_until_finish()
+        counters = job_totals(pipeline_result)
+        profile = job_profile(pipeline_result, method_names(specs))
     check_scb_read(config.data, counters)
     sample = {row["article_id"] for row in read_jsonl(FileSystems.join(config.output, f"{SAMPLE}-*.jsonl"))}
     rows = read_kept_rows(config.output, method_names(specs), sample)
@@ -474,7 +478,7 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
     result = {
         "methods": method_names(config.methods.specs()),   # the order of the report's rows and boxes
         "counters": counters,
-        "profile": job_profile(pipeline_result, method_names(specs)),
+        "profile": profile,
         "articles": len({row["article_id"] for row in rows}),
         "dead_letters": len(dead_letters),
         "skipped": [row for row in rows if "skipped" in row],

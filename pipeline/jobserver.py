@@ -363,6 +363,18 @@ def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str
             time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def portable_job(options: Any, log_path: str | None = None) -> Iterator[None]:
+    """A Beam job of a command other than the pipeline (`eval.scb`, `model.embed`) on any runner,
+    as `pipeline.run` runs its own: the job server Beam would start here run for the block only
+    (`local_job_server`: left to Beam, a Prism job server outlived the job until the process
+    exited, and one per evaluation piled up in a long-lived process) and a failed portable job one
+    line (`job_failures`). Read the job's metrics inside the block: the job server answers for
+    them. `prepare_portable_run` must have seen `options` (before any work)."""
+    with local_job_server(options, log_path), job_failures(options, log_path):
+        yield
+
+
 def cancel_unfinished(result: Any) -> None:
     """Cancels the portable job of `result` (a Beam PipelineResult) when it has not ended, and
     waits up to STOP_TIMEOUT_S for its job service to say it ended: the launcher stopped waiting

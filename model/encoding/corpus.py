@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from model.encoding.embedding_cache import parquet_schema
 from model.encoding.encoder import not_utf8
 from model.training.storage import claim_folder
-from pipeline import records
+from pipeline import jobserver, records
 from pipeline.cli import UsageError, refuse_file_as_folder
 from pipeline.counters import NAMESPACE, job_totals
 from pipeline.progress import workers_end_on_interrupt
@@ -178,15 +178,18 @@ def embed_corpus(args: Any, beam_args: list[str]) -> dict:
         if args.data:
             Run.open(args.data).verify(args.source)     # a published run holding the whole source
         dim = embedding_width(args.model_dir)     # a missing encoder is FileNotFoundError: one line, exit 2
+        options = PipelineOptions(beam_args)
+        jobserver.prepare_portable_run(options)   # a runner that cannot run refused before the claim
         claim_folder(args.output, "model.embed", WRITES, "--output", args.overwrite)
-        pipeline = beam.Pipeline(options=PipelineOptions(beam_args))
+        pipeline = beam.Pipeline(options=options)
         build(pipeline, args, dim)
-        with workers_end_on_interrupt(pipeline.options):
-            result = pipeline.run()
-            result.wait_until_finish()
+        with jobserver.portable_job(pipeline.options):
+            with workers_end_on_interrupt(pipeline.options):
+                result = pipeline.run()
+                result.wait_until_finish()
+            totals = job_totals(result)
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)
-    totals = job_totals(result)
     sentences, set_aside = totals.get(SENTENCES_EMBEDDED, 0), totals.get(LINES_SET_ASIDE, 0)
     print(f"{sentences} sentences embedded ({dim} float32 each, not normalised) in {len(files)} Parquet file(s) "
           f"under {args.output}" + (f"; {set_aside} malformed line(s) set aside in {DEAD_LETTERS}-*.jsonl there"

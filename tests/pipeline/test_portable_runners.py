@@ -384,12 +384,18 @@ def test_a_part_of_the_prism_set_up_that_dies_ends_it_in_one_error_line(prism):
     cluster = subprocess.Popen(["infra/prism_cluster.sh", str(job_port), str(pool_port)], cwd=REPO,
                                env={**os.environ, "PY": sys.executable}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
-    assert cluster.stderr is not None
-    ready = cluster.stderr.readline()   # its ready line, once both parts listen
-    assert ready.startswith(f"prism job server: localhost:{job_port}"), ready
-    [server] = [pid for pid in _processes_under(cluster.pid) if _cmdline(pid).split(b"\0")[0].endswith(b"/prism")]
-    os.kill(server, signal.SIGKILL)
-    _, stderr = cluster.communicate(timeout=60)
-    assert cluster.returncode == 1
-    assert stderr.strip().splitlines()[-1] == "error: a part of the set-up exited; stopping the other"
-    assert not [pid for pid in _processes_under(cluster.pid)]
+    try:
+        assert cluster.stderr is not None
+        ready = cluster.stderr.readline()   # its ready line, once both parts listen
+        assert ready.startswith(f"prism job server: localhost:{job_port}"), ready
+        [server] = [pid for pid in _processes_under(cluster.pid)
+                    if _cmdline(pid).split(b"\0")[0].endswith(b"/prism")]
+        os.kill(server, signal.SIGKILL)
+        _, stderr = cluster.communicate(timeout=60)
+        assert cluster.returncode == 1
+        assert stderr.strip().splitlines()[-1] == "error: a part of the set-up exited; stopping the other"
+        assert not [pid for pid in _processes_under(cluster.pid)]
+    finally:
+        if cluster.poll() is None:
+            cluster.terminate()
+            cluster.wait(timeout=30)
