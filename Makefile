@@ -180,8 +180,9 @@ $(REPORT)/qs3m-%/qs3m.md: $(DATA)/manifest.json
 	$(PY) -m eval.qs3m --passages $(DATA) --model-dir $(MODELS)/qs3m-$* --output $(REPORT)/qs3m-$* \
 	  --max-queries $(QS3M_TEST_QUERIES)
 
-# Flink's and Spark's job servers where Java and Maven are here (their tests skip where not).
-test: $(VENV)/.installed prism $(if $(shell command -v mvn && command -v java),flink spark)
+# Flink's and Spark's job servers where Java and Maven are here (their tests skip where not);
+# all-mpnet-base-v2 for the accelerator run's rehearsal (tests/infra/test_quality_run.py).
+test: $(VENV)/.installed prism $(MPNET_CHECKPOINT) $(if $(shell command -v mvn && command -v java),flink spark)
 	$(PY) -m pytest -q tests
 
 # The unit tier: tests that need no session-wide pipeline run, training or worker processes

@@ -190,7 +190,8 @@ def sentence_transformers_markdown(rows: list[dict]) -> str:
 
 def is_transformer(spec: EncoderSpec) -> bool:
     """Whether a saved method's model dir holds a transformer (what exports to ONNX)."""
-    from model.export import is_off_the_shelf, recorded_config
+    from model.encoding.trained_net import recorded_config
+    from model.export import is_off_the_shelf
 
     path = spec.paths[0]
     return is_off_the_shelf(path) or recorded_config(path)[1].network.kind.exports_sentence_transformers

@@ -21,6 +21,11 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# Set to 1: every process of the project runs as on an image without TensorFlow (an accelerator's):
+# `import tensorflow` fails and `tensorflow_installed()` says no, so the commands take their
+# TensorFlow-free routes (JAX's Keras, ONNX, arrays). What `infra/accelerator/quality_run.sh`'s
+# `DRY=1` rehearsal and the tests of those routes run under, here where TensorFlow is installed.
+WITHOUT_TENSORFLOW = "WIKISIM_WITHOUT_TENSORFLOW"
 
 
 @contextlib.contextmanager
@@ -93,6 +98,24 @@ def keep_tensorflow_out() -> None:
         sys.meta_path.insert(0, _TensorFlowKeptOut())
 
 
+def without_tensorflow() -> bool:
+    """Whether this process runs as on an image without TensorFlow (WITHOUT_TENSORFLOW=1)."""
+    return os.environ.get(WITHOUT_TENSORFLOW) == "1"
+
+
+if without_tensorflow():
+    keep_tensorflow_out()
+
+
+def keras_backend_here() -> str:
+    """The Keras backend a command that runs under either one takes, set in KERAS_BACKEND before
+    Keras loads: the one KERAS_BACKEND names, else TensorFlow where it is installed, else JAX
+    (an accelerator image)."""
+    backend = os.environ.get("KERAS_BACKEND") or ("tensorflow" if tensorflow_installed() else "jax")
+    os.environ["KERAS_BACKEND"] = backend
+    return backend
+
+
 def require_tensorflow_keras(command: str) -> None:
     """A UsageError (one `error:` line, exit 2) when KERAS_BACKEND names another backend than
     TensorFlow for a command whose Keras code runs under TensorFlow alone (it builds a strings-in
@@ -111,4 +134,11 @@ def tensorflow_installed() -> bool:
     it out (`keep_tensorflow_out`: `model.train` of a transformer under JAX)."""
     import importlib.machinery
 
-    return importlib.machinery.PathFinder.find_spec("tensorflow") is not None
+    return not without_tensorflow() and importlib.machinery.PathFinder.find_spec("tensorflow") is not None
+
+
+# Keras' own default backend is TensorFlow, and `import keras` fails where TensorFlow is not
+# installed: there (an accelerator image) every command's Keras is JAX's unless KERAS_BACKEND says.
+KERAS_BACKEND_DEFAULTED = "KERAS_BACKEND" not in os.environ and not tensorflow_installed()
+if KERAS_BACKEND_DEFAULTED:
+    os.environ["KERAS_BACKEND"] = "jax"

@@ -9,7 +9,7 @@ parse_config`: `model_dir` -> `--model-dir`, booleans take true/false), grouped 
 * `optimizer` (OptimizerConfig): how the weights are fitted: batch, learning rate and its
   schedule, weight decay, epochs, steps per epoch, early stopping;
 * `runtime` (RuntimeConfig): where and how the run executes: the model dir (and `--overwrite`),
-  distribution strategy, XLA and static shapes, the time budget, backups, the serving export,
+  distribution strategy, XLA and static shapes, the precision, the time budget, backups, the serving export,
   the seed, the progress bar.
 
 The flags stay one flat namespace (a field's name is unique across the groups):
@@ -36,6 +36,8 @@ BACKENDS = ("tensorflow", "jax")
 BACKEND_STRATEGIES = {"tensorflow": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
                       "jax": ("auto", "one_device", "data-parallel")}
 VOCABULARIES = ("embeddings", "train")
+# `--precision`: float32, or bfloat16 (Keras' mixed_bfloat16 policy, `model.net.network.DTYPE_POLICIES`).
+PRECISIONS = ("float32", "bfloat16")
 
 
 class NetworkKind(StrEnum):
@@ -247,6 +249,9 @@ class RuntimeConfig:
     checkpoint_every: int = flag(50, help="steps between backups (and TensorBoard scalars)")
     serving_version: int | None = flag(None, help="also export the encoder to the model dir's numbered "
                                                   "version folder N, which TensorFlow Serving loads")
+    precision: str = flag("float32", help="float32, or bfloat16: the Net computes in bfloat16 from float32 "
+                                          "variables (Keras' mixed_bfloat16 policy), faster where the chip has "
+                                          "bfloat16 units (GPUs, TPUs); the loss, metrics and exports stay float32")
     seed: int = flag(0, help="seed of initialisation, shuffling and the evaluation samples")
     progress: bool = flag(True, help="Keras progress bar (false: one line per epoch)")
 
@@ -259,6 +264,8 @@ class RuntimeConfig:
         if self.distribution_strategy not in BACKEND_STRATEGIES[self.backend]:
             raise ValueError(f"--distribution-strategy {self.distribution_strategy} is not one of --backend "
                              f"{self.backend}'s: {', '.join(BACKEND_STRATEGIES[self.backend])}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.distribution_strategy == "tpu" and not self.static_shapes:
             raise ValueError("--distribution-strategy tpu needs --static-shapes true (a TPU compiles one "
                              "program per input shape)")

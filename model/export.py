@@ -16,10 +16,11 @@ and process, so a second writer is refused; once done it names only the command 
 ended, so the finished folder can be uploaded as it is (to the Hugging Face Hub).
 
 The network is rebuilt from the flags the model dir's training run recorded, with its best
-checkpoint. `--report` adds an `eval.all` report's scores, with their intervals, to the model
-card. `--check-data RUN` then loads the folder with sentence-transformers itself (where it is
-installed) and prints the cosines between its embeddings and the Keras export's on the run's SCB
-sentences.
+checkpoint, under TensorFlow's Keras where TensorFlow is installed, else JAX's (`KERAS_BACKEND=jax`
+chooses it): ONNX and sentence-transformers exports need no TensorFlow. `--report` adds an
+`eval.all` report's scores, with their intervals, to the model card. `--check-data RUN` then loads
+the folder with sentence-transformers itself (where it is installed) and prints the cosines between
+its embeddings and the Keras export's on the run's SCB sentences.
 
 In the code: the formats are `model.formats.hf` and `model.formats.onnx_export`; `--output` is
 claimed as every writing command claims its folder (COMMAND_CLAIM, released by `end_claim`); the
@@ -31,17 +32,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from model.checkpoints import CHECKPOINTS
+from model.encoding.trained_net import rebuilt, recorded_config
 from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
 from model.similarity import Similarity
 from model.training.model_dir import BEST_WEIGHTS, ENCODER, SERVING
 from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
-
-if TYPE_CHECKING:
-    from model.config import TrainConfig
-
 
 SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in ENCODER (model.formats.saved_model)
 ONNX = "onnx"                 # `--format`: an ONNX folder (model.formats.onnx_export)
@@ -74,61 +72,6 @@ class ExportConfig:
             raise UsageError(f"--quantize {self.quantize}: only int8, with --format onnx")
         if self.format != SAVED_MODEL and not self.output:
             raise UsageError(f"--format {self.format} writes a folder of its own: give --output")
-
-
-def recorded_config(model_dir: str) -> tuple[dict, TrainConfig]:
-    """The flags a model dir's INPUTS records (`model.training.model_dir.ModelDir.recorded_flags`),
-    and the TrainConfig they make; a UsageError naming the file for flags this version cannot
-    run (an unknown flag, a bad value)."""
-    from model.config import TrainConfig
-    from model.training.model_dir import INPUTS, ModelDir
-
-    flags = ModelDir(model_dir).recorded_flags()
-    try:
-        return flags, TrainConfig.from_flags(**{**flags, "model_dir": model_dir})
-    except (TypeError, ValueError, KeyError) as error:
-        why = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise UsageError(f"{ModelDir(model_dir).file(INPUTS)}: its flags are not ones this version can rebuild the "
-                         f"network from ({why})") from None
-
-
-def network_of(train_config: TrainConfig):
-    """(word ids, Net, compiled triplet model) of a recorded TrainConfig under TensorFlow, built
-    as the trainer builds them (its weights the untrained ones: the checkpoint's, for a
-    transformer): what `rebuilt` loads a model dir's weights into, and what `model.soup` averages
-    runs from."""
-    from model.encoding.encoder import load_encoder
-    from model.net.text import WordIds
-    from model.training.job import build_models
-    from model.training.model_dir import VOCABULARY, ModelDir
-    from model.training.vocabulary import embedding_matrix
-
-    inputs, optimizer = train_config.inputs, train_config.optimizer
-    if train_config.network.kind.reads_word_vectors:
-        with open(ModelDir(train_config.runtime.model_dir).file(VOCABULARY), encoding="utf-8") as handle:
-            vocabulary = handle.read().splitlines()
-        word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
-        matrix = embedding_matrix(vocabulary, word_ids, train_config)
-    else:
-        from model.net.transformer import token_ids
-
-        word_ids, matrix = token_ids(inputs.max_tokens, train_config.network.encoder,
-                                     train_config.network.checkpoint), None
-    teacher_dim = load_encoder(optimizer.teacher).dim if optimizer.teacher else None
-    encoder, model = build_models(train_config, matrix, global_batch=optimizer.batch_size, teacher_dim=teacher_dim)
-    return word_ids, encoder, model
-
-
-def rebuilt(model_dir: str, weights: str):
-    """(recorded flags, TrainConfig under TensorFlow, word ids, Net, triplet model with `weights`
-    loaded): a model dir's network rebuilt from what its INPUTS records, whichever backend
-    trained it (Keras weights files are the same under every backend)."""
-    flags, train_config = recorded_config(model_dir)
-    train_config = train_config.with_flags(backend="tensorflow", distribution_strategy="auto")   # whoever trained it
-    word_ids, encoder, model = network_of(train_config)
-    model.optimizer.build(model.trainable_variables)   # the checkpoint holds its state too
-    model.load_weights(weights)
-    return flags, train_config, word_ids, encoder, model
 
 
 def export_model_dir(config: ExportConfig) -> str:
@@ -297,11 +240,16 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
 
 
 def main(argv: list[str] | None = None) -> str:
-    from model import require_tensorflow_keras
+    from model import keras_backend_here, require_tensorflow_keras, tensorflow_installed
 
-    require_tensorflow_keras("model.export")
     config = parse_config(ExportConfig, argv, prog="python -m model.export",
                           description=__doc__.split("\n\nIn the code:")[0])   # the rest is for developers
+    if config.format == SAVED_MODEL and not tensorflow_installed():
+        raise UsageError(f"--format {SAVED_MODEL} writes TensorFlow functions: TensorFlow is not installed here "
+                         "(onnx and sentence-transformers export without it)")
+    if config.format == SAVED_MODEL:
+        require_tensorflow_keras("model.export --format saved-model")
+    keras_backend_here()   # TensorFlow's Keras where it is installed, else JAX's: both rebuild the Net
     sentence_transformer: Callable[..., Any] | None = None   # the SentenceTransformer class, with --check-data
     if config.check_data:   # PyTorch loads before TensorFlow (the other order can crash: model.encoding.encoders)
         try:

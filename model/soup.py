@@ -10,15 +10,17 @@ cost that is often more accurate than the best of them (Wortsman et al., 2022, "
 s, the interpolation of WiSE-FT (Wortsman et al., 2022), which gives back some of the
 checkpoint's general relatedness (SICK) for some of the fine-tuned accuracy.
 
-The runs' best checkpoints are read whatever backend trained them (Keras weights files are the
-same under TensorFlow and JAX); the soup is scored on the runs' validation triplets, beside each
-run, and SOUP is written as a model dir every reader takes (`eval.all`, `model.export`): its
-INPUTS (the first run's recipe and the runs), BEST_WEIGHTS, HISTORY, ENCODER and, for a
-transformer, SENTENCE_TRANSFORMERS (`model.training.model_dir`'s names). It is claimed as every
-writing command claims its folder (COMMAND_CLAIM). An `--output` that is, lies inside or
-holds a `--model-dir` is refused before the claim (its `--overwrite` would delete the weights the
-soup reads), and so is one run given twice under two spellings (`A`, `A/`, a link to `A`): it
-would count twice in the mean. No library averages Keras weights, hence these lines.
+The runs' best checkpoints are read whatever backend trained them (Keras weights files are the same
+under TensorFlow and JAX), and the soup is made under TensorFlow's Keras where TensorFlow is
+installed, else under JAX's (its ENCODER then written by a TensorFlow process elsewhere, as after a
+JAX run: `model.formats.trained.export_in_tensorflow`). The soup is scored on the runs' validation
+triplets, beside each run, and SOUP is written as a model dir every reader takes (`eval.all`,
+`model.export`): its INPUTS (the first run's recipe and the runs), BEST_WEIGHTS, HISTORY, ENCODER
+and, for a transformer, SENTENCE_TRANSFORMERS (`model.training.model_dir`'s names). It is claimed as
+every writing command claims its folder (COMMAND_CLAIM). An `--output` that is, lies inside or holds
+a `--model-dir` is refused before the claim (its `--overwrite` would delete the weights the soup
+reads), and so is one run given twice under two spellings (`A`, `A/`, a link to `A`): it would count
+twice in the mean. No library averages Keras weights, hence these lines.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ WRITES = (INPUTS, HISTORY, CHECKPOINTS, ENCODER, SERVING, VERTEX_MODEL, SENTENCE
 # Flags the runs of one soup may differ in: their batch order and step size, not their Net or data.
 MAY_DIFFER = ("seed", "learning_rate", "model_dir", "backend", "distribution_strategy", "static_shapes",
               "jit_compile", "budget_minutes", "epochs", "steps", "patience", "progress", "checkpoint_every",
-              "overwrite", "max_lost_fraction", "serving_version")
+              "overwrite", "max_lost_fraction", "serving_version", "precision")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +118,7 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
-    from model.export import recorded_config
+    from model.encoding.trained_net import recorded_config
     from model.training.model_dir import BEST_WEIGHTS
     from model.training.storage import claim_folder
 
@@ -126,7 +128,9 @@ def soup(config: SoupConfig) -> dict:
     for path, best in zip(config.model_dirs, bests):
         if not os.path.exists(best):
             raise UsageError(f"--model-dir {path}: no {BEST_WEIGHTS}")
-    train_config = recorded[0][1].with_flags(backend="tensorflow", distribution_strategy="auto",
+    import keras
+
+    train_config = recorded[0][1].with_flags(backend=keras.backend.backend(), distribution_strategy="auto",
                                              model_dir=config.output)
     claim_folder(config.output, "model.soup", WRITES, "--output", config.overwrite)
     return _soup(config, train_config, recipe, bests)
@@ -135,13 +139,11 @@ def soup(config: SoupConfig) -> dict:
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
     import numpy as np
 
-    from model.export import network_of
-    from model.formats.saved_model import write_saved_models
-    from model.formats.trained import export_sentence_transformers
+    from model.encoding.trained_net import network_of
+    from model.formats.trained import export_in_tensorflow, export_sentence_transformers
     from model.net.wordpieces import wordpieces
     from model.training.arrays import TripletInput
     from model.training.shards import open_run
-    from model.training.tf_input import evaluation
     from pipeline.files import write_complete
 
     if train_config.network.kind.reads_word_vectors:
@@ -150,12 +152,17 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     run = open_run(train_config.inputs.data)
     word_ids, encoder, model = network_of(train_config)
     untrained = [np.asarray(weight) for weight in model.get_weights()]
+    model.optimizer.build(model.trainable_variables)   # the checkpoints hold its state too
     runs = []
     with run.reading():
         network = train_config.network
         source = TripletInput(train_config, run, wordpieces(train_config.inputs.max_tokens, network.encoder,
                                                             network.checkpoint))
-        validation = evaluation(source.evaluation("validation"), source)
+        validation = source.evaluation("validation")
+        if train_config.runtime.backend == "tensorflow":   # tf.distribute's input
+            from model.training.tf_input import evaluation
+
+            validation = evaluation(validation, source)
         run_accuracy = []
         for best in bests:
             model.load_weights(best)
@@ -177,14 +184,23 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
                "config": {**(first.config if first else recipe), "model_dir": config.output}}
     write_complete(ModelDir(output).file(INPUTS), json.dumps({"flags": {**recipe, "model_dir": config.output},
                                                         "soup_of": list(config.model_dirs)}, indent=2).encode())
-    write_saved_models(train_config, word_ids, encoder, output)
+    if train_config.runtime.backend == "tensorflow":
+        from model.formats.saved_model import write_saved_models
+
+        write_saved_models(train_config, word_ids, encoder, output)
+    else:   # a TensorFlow process writes them, where TensorFlow is installed
+        export_in_tensorflow(output, ModelDir(output).best_weights)
     export_sentence_transformers(encoder, summary, train_config, output)
     ModelDir(output).write_history(summary)
     return summary
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return soup(parse_args(argv))
+    from model import keras_backend_here
+
+    config = parse_args(argv)
+    keras_backend_here()   # TensorFlow's Keras where it is installed, else JAX's (an accelerator image)
+    return soup(config)
 
 
 if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads

@@ -38,8 +38,10 @@ def use_backend(config: TrainConfig) -> None:
             raise UsageError(f"--backend {backend}: Keras is already loaded in this process under {loaded}; run "
                              "python -m model.train in its own process")
         return
+    from model import KERAS_BACKEND_DEFAULTED
+
     chosen = os.environ.get("KERAS_BACKEND")
-    if chosen and chosen != backend:
+    if chosen and chosen != backend and not KERAS_BACKEND_DEFAULTED:
         raise UsageError(f"KERAS_BACKEND={chosen} but --backend {backend}: pass --backend {chosen}, or unset "
                          "KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = backend
@@ -52,7 +54,7 @@ def use_backend(config: TrainConfig) -> None:
 
 def refuse_without_tensorflow(config: TrainConfig) -> None:
     """A UsageError, before any work, for a run that needs TensorFlow where it is not installed
-    (an accelerator image): only a transformer under JAX, without `--teacher`, trains without it."""
+    (an accelerator image): a transformer under JAX trains without it, taught by a model dir too."""
     from model import tensorflow_installed
     from model.training.shards import needs_tensorflow
     from pipeline.cli import UsageError
@@ -60,7 +62,7 @@ def refuse_without_tensorflow(config: TrainConfig) -> None:
     needs = "--backend tensorflow" if config.runtime.backend != "jax" else needs_tensorflow(config)
     if needs and not tensorflow_installed():
         raise UsageError(f"{needs} needs TensorFlow, which is not installed here; under --backend jax a transformer "
-                         "trains without it (no --teacher)")
+                         "trains without it (its --teacher a model dir)")
 
 
 def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
@@ -74,17 +76,11 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     refuse_file_as_folder("--model-dir", config.runtime.model_dir)
     use_backend(config)
     refuse_without_tensorflow(config)
+    from model.encoding.trained_net import load_trained
     from model.formats.trained import export_run
     from model.training.job import run_job
 
-    return run_job(config, started, extra_callbacks, load_teacher=_saved_model_teacher, export=export_run)
-
-
-def _saved_model_teacher(path: str):
-    """`--teacher PATH`: an exported encoder (a SavedModel; a bad path is one error line)."""
-    from model.encoding.encoder import SavedModelEncoder
-
-    return SavedModelEncoder(path)
+    return run_job(config, started, extra_callbacks, load_teacher=load_trained, export=export_run)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -19,7 +19,7 @@ COMMANDS = {   # python -m module -> its config class
     "eval.qs3m": "Qs3mEvalConfig", "infra.sizing": "SizingConfig", "infra.submit": "CloudConfig",
     "infra.recipe": "RecipeConfig", "model.export": "ExportConfig", "model.curves": "CurvesConfig",
     "infra.scale_benchmark": "ScaleBenchmarkConfig", "model.soup": "SoupConfig",
-    "pipeline.publish": "PublishConfig",
+    "pipeline.publish": "PublishConfig", "infra.accelerator.summary": "SummaryConfig",
 }
 DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}
 

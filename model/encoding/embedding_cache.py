@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
-from model.training.model_dir import ENCODER
+from model.training.model_dir import ENCODER, ModelDir
 from pipeline.files import write_bytes
 from pipeline.splits import stable_hash
 
@@ -50,13 +50,17 @@ def sentences_sha256(sentences: list[str]) -> str:
 
 def encoder_fingerprint(spec: EncoderSpec) -> str:
     """A SHA-256 of what makes a trained encoder (each export's graph and variable index, whose
-    entries hold their tensors' checksums; an ONNX export's settings, graph and vocabulary); a
-    baseline's spec names it on its own."""
+    entries hold their tensors' checksums, or the model dir's best weights where it has no
+    export; an ONNX export's settings, graph and vocabulary); a baseline's spec names it on its
+    own."""
     from model.formats.onnx_export import CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE
 
     digest = hashlib.sha256(str(spec).encode("utf-8"))
     parts = [FileSystems.join(model_dir.rstrip("/"), part) for model_dir in spec.model_dirs
              for part in (f"{ENCODER}/saved_model.pb", f"{ENCODER}/variables/variables.index")]
+    # a model dir without its SavedModel (a JAX run's, encoded by its Net): its best weights
+    parts += [ModelDir(model_dir).best_weights for model_dir in spec.model_dirs
+              if not FileSystems.exists(FileSystems.join(model_dir.rstrip("/"), f"{ENCODER}/saved_model.pb"))]
     if spec.kind is SpecKind.ONNX:
         parts = [FileSystems.join(spec.paths[0].rstrip("/"), part)
                  for part in (CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE)]

@@ -10,7 +10,8 @@ Specs:
     mean-vectors:<glove.txt>     the same with a GloVe text file, local or gs:// (e.g. 840B 300d)
     tfidf                        TF-IDF vectors (see TfidfEncoder for what the IDF is fitted on)
     minilm                       all-MiniLM-L6-v2 (optional extra `minilm`)
-    saved:<name>=<model-dir>     a trained encoder exported by `model.train` (the model dir's ENCODER)
+    saved:<name>=<model-dir>     a trained encoder exported by `model.train` (the model dir's ENCODER; a
+                                 transformer's Net in Keras where that or TensorFlow is missing)
     onnx:<dir>, onnx:<name>=<dir>  an ONNX export folder (`model.export --format onnx`, fp32 or int8),
                                  run by ONNX Runtime (`model.encoding.encoder.OnnxEncoder`); named after <dir>
     concat:<name>=<dir1>+<dir2>  the concatenated embeddings of two trained encoders
@@ -36,6 +37,7 @@ import numpy as np
 
 from model.encoding.encoder import OnnxEncoder, SavedModelEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
 from model.training.model_dir import ENCODER, ModelDir
+from model.training.storage import is_remote
 from pipeline.cli import UsageError, flag
 from pipeline.files import exists
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
@@ -296,12 +298,11 @@ def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | Non
         case SpecKind.MINILM:
             return MiniLMEncoder(spec.name)
         case SpecKind.SAVED:
-            return SavedModelEncoder(spec.paths[0], name=spec.name, threads=threads)
+            return _trained(spec.paths[0], spec.name, threads)
         case SpecKind.CACHED:
             return CachedEncoder(spec.paths[0], spec.name)
         case SpecKind.CONCAT:
-            return ConcatEncoder(spec.name, [exports.get(path) or SavedModelEncoder(path, threads=threads)
-                                             for path in spec.paths])
+            return ConcatEncoder(spec.name, [exports.get(path) or _trained(path, None, threads) for path in spec.paths])
         case SpecKind.ONNX:
             return OnnxEncoder(spec.paths[0], name=spec.name, threads=threads)
 
@@ -328,9 +329,29 @@ def check_encoder_specs(specs: list[EncoderSpec]) -> None:
                                    "model.export --format onnx writes one)")
         for path in spec.model_dirs:
             saved = f"{ModelDir(path).encoder}/saved_model.pb"
-            if not exists(saved):
+            if not exists(saved) and not runs_as_net(path):
                 raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({saved} does not exist; python -m "
                                        "model.train writes it)")
+
+
+def runs_as_net(model_dir: str) -> bool:
+    """Whether a saved spec's model dir is encoded by its Net in Keras (`NetEncoder`) rather than
+    its SavedModel: a local model dir with trained weights, where the SavedModel or TensorFlow is
+    missing (a JAX run on an accelerator image, or `model.soup` there)."""
+    from model import tensorflow_installed
+
+    local = ModelDir(model_dir)
+    return (not is_remote(model_dir) and os.path.exists(local.best_weights)
+            and not (tensorflow_installed() and os.path.exists(f"{local.encoder}/saved_model.pb")))
+
+
+def _trained(path: str, name: str | None, threads: int | None) -> SentenceEncoder:
+    """A saved spec's encoder: the model dir's SavedModel, or its Net (`runs_as_net`)."""
+    if runs_as_net(path):
+        from model.encoding.trained_net import NetEncoder
+
+        return NetEncoder(path, name=name)
+    return SavedModelEncoder(path, name=name, threads=threads)
 
 
 def load_encoders(specs: list[EncoderSpec]) -> list[SentenceEncoder]:

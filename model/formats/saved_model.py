@@ -54,10 +54,32 @@ class ExportableEncoder(tf.Module):
         tf.io.gfile.rename(partial, path)
 
 
+def float32_encoder(config: TrainConfig, encoder):
+    """`encoder` itself, or, trained under `--precision bfloat16`, a float32 twin holding its
+    weights: the same Net built under the float32 policy (`model.net.network.build_encoder`),
+    the trained variables (float32 under either policy) copied in order. So the SavedModels
+    compute in float32 from the float32 weights, as a Net rebuilt from them does, and output float32."""
+    if config.runtime.precision == "float32":
+        return encoder
+    import numpy as np
+
+    from model.net.network import build_encoder
+
+    matrix = None
+    if config.network.kind.reads_word_vectors:   # overwritten below by the trained vectors: zeros of their shape
+        matrix = np.zeros(encoder.get_layer("word_vectors").embeddings.shape, np.float32)
+    teacher_dim = int(encoder.output_shape[-1]) if config.optimizer.teacher else None
+    twin = build_encoder(config.with_flags(precision="float32"), matrix, teacher_dim)
+    twin.set_weights(encoder.get_weights())
+    return twin
+
+
 def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -> None:
     """ENCODER (and SERVING/N, and Vertex AI's VERTEX_MODEL): the strings-in SavedModel, each
-    written whole (`ExportableEncoder.export`). TensorFlow backend only."""
+    written whole (`ExportableEncoder.export`), computing in float32 whatever `--precision` the Net
+    was built in (`float32_encoder`). TensorFlow backend only."""
     runtime = config.runtime
+    encoder = float32_encoder(config, encoder)
     exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
     exportable.export(f"{model_dir}/{ENCODER}")
     if runtime.serving_version is not None:

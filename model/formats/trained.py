@@ -16,7 +16,10 @@ LOG = logging.getLogger(__name__)
 
 def export_run(config: TrainConfig, model_dir: str, word_ids, encoder, tested: str, summary: dict) -> None:
     """The trained Net's forms in the local `model_dir` (`model.training.job.Export`). Under JAX the
-    SavedModels come from a TensorFlow process that loads the weights the run `tested`."""
+    SavedModels come from a TensorFlow process that loads the weights the run `tested` (into a
+    float32 Net: `model.encoding.trained_net.rebuilt`); here they trace a float32 twin of `encoder`
+    (`model.formats.saved_model.float32_encoder`). The sentence-transformers folder holds the
+    weights alone (float32 variables under either `--precision`)."""
     if config.runtime.backend == "jax":
         export_in_tensorflow(model_dir, tested)
     else:

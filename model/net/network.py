@@ -22,6 +22,9 @@ speed-up of each lever is measured by `python -m model.benchmark`.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import keras
 import numpy as np
 from keras import ops
@@ -42,6 +45,9 @@ from model.similarity import Similarity
 # Net runs on the length-sorted distinct sentences of a batch in this many slices, each padded to
 # its own longest sentence: fewer padded LSTM steps, at the price of smaller matrix products.
 LENGTH_SLICES = 3
+# `--precision`: the Keras dtype policy the Net is built under. mixed_bfloat16: each layer computes
+# in bfloat16 from float32 variables (read through a cast); the head, the loss and the metrics stay float32.
+DTYPE_POLICIES = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
 
 
 # ---------------------------------------------------------------------------------- layers
@@ -125,7 +131,9 @@ class SharedSentenceDistances(keras.layers.Layer):
 
     def call(self, inputs):
         roles, sections = inputs["roles"], inputs["sections"]
-        embeddings = self.embed(inputs["sentences"])
+        # float32 from here, whatever Net computed in (`--precision bfloat16`): the distances, the loss
+        # and the triplet accuracy read them
+        embeddings = ops.cast(self.embed(inputs["sentences"]), "float32")
         if self.distill:
             taught = distillation_distance(embeddings, inputs["teacher"], sections, roles)
         if self.distance is Similarity.COSINE:
@@ -193,6 +201,37 @@ def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
                                      layers=network.transformer_layers, folder=network.checkpoint)
 
 
+@contextlib.contextmanager
+def dtype_policy(precision: str) -> Iterator[None]:
+    """Keras' global dtype policy set to `--precision`'s (`DTYPE_POLICIES`) while the block builds
+    layers, the previous one restored after it. Set around the build, not passed as `dtype=` to
+    each layer: keras-hub's backbone and its sublayers, MPNet's and the BiLSTM's layers all take
+    the global policy where no `dtype` is given, so nothing built is missed; restored (even on an
+    error), so no other build of the process (a float32 export's, a teacher's, a test's) inherits
+    it. A layer keeps the policy it was built with, so the Net computes in it after the block."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(DTYPE_POLICIES[precision])
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def build_encoder(config: TrainConfig, matrix: np.ndarray | None, teacher_dim: int | None = None) -> keras.Model:
+    """The sentence encoder the trainer fits: Net (`build_net`), and with `teacher_dim` (a
+    distillation) where it differs from Net's size, a linear projection to it, as
+    sentence-transformers' distillation adds a Dense layer; built under `--precision`'s dtype
+    policy (`dtype_policy`): with bfloat16, its layers compute in bfloat16 and it outputs bfloat16
+    (the head casts to float32). `model.formats.saved_model.float32_encoder` builds its float32 twin."""
+    with dtype_policy(config.runtime.precision):
+        encoder = build_net(config, matrix)
+        if teacher_dim and teacher_dim != encoder.output_shape[-1]:
+            encoder = keras.Model(encoder.inputs,
+                                  keras.layers.Dense(teacher_dim, name="projection")(encoder.outputs[0]),
+                                  name="student")
+    return encoder
+
+
 def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLICES,
                         distance: str = "l1", static_shapes: bool = False, loss: str = "triplet",
                         teacher_dim: int | None = None) -> keras.Model:
@@ -205,9 +244,10 @@ def build_triplet_model(sentence_encoder: keras.Model, slices: int = LENGTH_SLIC
               "sections": keras.Input(shape=(None,), dtype="int32", name="sections")}
     if teacher_dim:
         inputs["teacher"] = keras.Input(shape=(None, teacher_dim), dtype="float32", name="teacher")
+    # float32 whatever the global dtype policy: the head's inputs (the teacher's embeddings) are not cast
     distances = SharedSentenceDistances(sentence_encoder, slices, distance, static_shapes,
                                         in_batch=not teacher_dim and LOSSES[loss] is not triplet_loss,
-                                        distill=bool(teacher_dim), name="distances")(inputs)
+                                        distill=bool(teacher_dim), name="distances", dtype="float32")(inputs)
     return keras.Model(inputs, distances, name="triplet_network")
 
 

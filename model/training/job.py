@@ -73,7 +73,7 @@ LOG = logging.getLogger(__name__)
 
 
 class Teacher(Protocol):
-    """`--teacher`: an exported encoder (`model.encoding.encoder.SavedModelEncoder`)."""
+    """`--teacher`: a trained encoder (`model.encoding.trained_net.load_trained`)."""
 
     dim: int
 
@@ -137,18 +137,15 @@ def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: i
     """(sentence encoder, compiled triplet model); call inside the strategy's scope. `matrix`:
     the word vectors of the BiLSTM (None for a transformer checkpoint). With `teacher_dim` (a
     distillation), Net ends in a linear projection to the teacher's size where the sizes differ,
-    as sentence-transformers' distillation adds a Dense layer. `slices` (default
+    as sentence-transformers' distillation adds a Dense layer. With `--precision bfloat16` the
+    encoder computes in bfloat16 (`model.net.network.build_encoder`), the head, loss and metrics in
+    float32; variables are float32 either way. `slices` (default
     `model.net.network.LENGTH_SLICES`) and `head` are `model.benchmark`'s levers: the length slices
     Net runs on, and another triplet model of Net (`head(Net)`, its three-call baseline)."""
-    import keras
-
-    from model.net.network import LENGTH_SLICES, build_net, build_triplet_model, compile_triplet_model
+    from model.net.network import LENGTH_SLICES, build_encoder, build_triplet_model, compile_triplet_model
 
     network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_batches
-    encoder = build_net(config, matrix)
-    if teacher_dim and teacher_dim != encoder.output_shape[-1]:
-        encoder = keras.Model(encoder.inputs, keras.layers.Dense(teacher_dim, name="projection")(encoder.outputs[0]),
-                              name="student")
+    encoder = build_encoder(config, matrix, teacher_dim)   # under --precision's dtype policy, restored after
     model = head(encoder) if head else build_triplet_model(
         encoder, slices or LENGTH_SLICES, distance=config.resolved("distance"), static_shapes=static_shapes,
         loss=optimizer.loss, teacher_dim=teacher_dim)
@@ -288,7 +285,7 @@ def _claim(job: Job, resume_from: str | None) -> Teacher | None:
                     inputs.data, inputs.dataset)
     if not triplet_split(run, inputs.dataset, "validation").records:   # refused now, not after training
         raise TripletDataError(f"the validation split of {inputs.data}/{inputs.dataset} holds no triplets")
-    # a bad path is refused before the claim; a teacher is a SavedModel (it embeds inside tf.data's input)
+    # a bad path is refused before the claim; a teacher is an encoder of sentences (`load_trained`)
     teacher = job.load_teacher(optimizer.teacher) if optimizer.teacher else None
     if config.network.kind.pretrained:   # an absent, truncated or other checkpoint too: no INPUTS left behind
         PRETRAINED[config.network.encoder].folder(config.network.checkpoint)

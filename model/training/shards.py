@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -116,9 +117,13 @@ def shard_stream(shards: list[tuple[str, int]], seed: int, pipeline: int = 0, pi
 
 def needs_tensorflow(config: TrainConfig) -> str | None:
     """What in `config` needs TensorFlow under the JAX backend, or None: the BiLSTM (its
-    tokenizer is tensorflow-text's, in the graph it exports) and a teacher (a SavedModel)."""
+    tokenizer is tensorflow-text's, in the graph it exports) and a teacher that is an export alone
+    (a SavedModel; a teacher's model dir runs its Net under JAX: `model.encoding.trained_net`)."""
+    from model.training.model_dir import INPUTS
+
     if config.network.kind.reads_word_vectors:
         return f"--encoder {config.network.encoder} (word vectors: the in-graph tokenizer of model.net.text)"
-    if config.optimizer.teacher:
-        return "--teacher (a SavedModel teacher runs in TensorFlow)"
+    teacher = config.optimizer.teacher
+    if teacher and not os.path.exists(os.path.join(teacher, INPUTS)):
+        return "--teacher (an export without its model dir: a SavedModel runs in TensorFlow)"
     return None

@@ -196,7 +196,7 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
     sentences = ["The striker scored twice in the final.", "Bake the bread in a hot oven.", "Café au lait."]
     done = _in_jax(f"""
         import json, numpy as np, keras
-        from model.export import recorded_config
+        from model.encoding.trained_net import recorded_config
         from model.training.job import build_models
         from model.net.transformer import token_ids
         _, config = recorded_config("{model_dir}")
