@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Protocol
 
 import google_crc32c
 
@@ -21,6 +21,12 @@ _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 HEADER_BYTES = _LENGTH.size + _CRC.size   # length and its CRC
 FOOTER_BYTES = _CRC.size                  # the data's CRC
+
+
+class Readable(Protocol):
+    """What `read_records` reads from: a binary file, or a stream that decompresses one (`gzip.GzipFile`)."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class CorruptRecordError(ValueError):
@@ -38,7 +44,7 @@ def frame(record: bytes) -> bytes:
     return b"".join((length, _CRC.pack(masked_crc32c(length)), record, _CRC.pack(masked_crc32c(record))))
 
 
-def read_records(handle: BinaryIO, where: str = "") -> Iterator[bytes]:
+def read_records(handle: Readable, where: str = "") -> Iterator[bytes]:
     """The records of an open (decompressed) TFRecord file, each checked against its CRCs;
     CorruptRecordError naming `where` and the record on the first that is not intact."""
     count = 0

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 import types
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -28,6 +29,14 @@ LOG = logging.getLogger(__name__)
 # Keras' own KERAS_DISTRIBUTION_* variables: hosts of a job may start minutes apart.
 WAIT_VARIABLE = "WIKISIM_PROCESSES_WAIT_SECONDS"
 DEFAULT_WAIT_S = 600
+# How long a process goes on without a sign of life from another of its job before it ends in one
+# `error:` line (seconds; `watch_peers`); JAX's own heartbeat timeout is set beyond it.
+PEER_VARIABLE = "WIKISIM_PEER_TIMEOUT_SECONDS"
+DEFAULT_PEER_S = 60
+# What a JaxRuntimeError says when a collective lost the process at its other end (gloo over TCP,
+# JAX's coordination service): `watch_peers` names the lost process for it.
+LOST_PEER_SIGNS = ("Gloo", "gloo", "Connection reset", "Connection closed", "Connection refused", "UNAVAILABLE",
+                   "heartbeat")
 # Flags that only shape a process's own log: they may differ between the processes of a job.
 OWN_FLAGS = frozenset({"progress"})
 
@@ -66,8 +75,9 @@ class KerasDevices:
             import jax
 
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
-            join_processes(self.processes)
+            peer_s = join_processes(self.processes)
             self.process_id = jax.process_index()
+            watch_peers(self.process_id, self.processes, peer_s)
             agree_on_flags(flags or {}, self.process_id, self.processes)
             self.cluster_resolver = types.SimpleNamespace(task_type="worker", task_id=self.process_id)
         else:
@@ -89,28 +99,41 @@ class KerasDevices:
 Strategy: TypeAlias = "tf.distribute.Strategy | KerasDevices"   # what `strategy_of` gives
 
 
-def join_processes(processes: int) -> None:
+def _seconds(variable: str, default: int) -> int:
+    """A whole number >= 1 of seconds from `variable`, or `default`; UsageError otherwise."""
+    try:
+        seconds = int(os.environ.get(variable) or default)
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        from pipeline.cli import UsageError
+
+        raise UsageError(f"{variable}={os.environ[variable]}: a whole number of seconds >= 1")
+    return seconds
+
+
+def coordinator_address() -> str:
+    return (os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES") or "").split(",")[0] or \
+        "the coordinator the cluster names"
+
+
+def join_processes(processes: int) -> int:
     """`keras.distribution.initialize()` on the job `KERAS_DISTRIBUTION_*` describe, with its wait
     said and bounded: JAX waits at the coordinator for every process without a word, and a wait
     that times out ends in a C++ abort (SIGABRT and a stack), which Python cannot catch. So the
     wait is logged at once, and a watchdog thread ends one that lasts `WAIT_VARIABLE` seconds in
     one `error:` line, exit 1, before JAX would abort (nothing is claimed or written yet). Keras'
-    own initialize also agrees on a random seed, which `run_job` has set already (`--seed`)."""
+    own initialize also agrees on a random seed, which `run_job` has set already (`--seed`).
+    Returns `PEER_VARIABLE`'s seconds (`watch_peers`); JAX's heartbeat timeout, after which it
+    aborts every process of a job that lost one, is set to twice that, so `watch_peers` ends first."""
     import jax
 
     addresses = os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES") or ""
     coordinator = addresses.split(",")[0] or None
     process_id = os.environ.get("KERAS_DISTRIBUTION_PROCESS_ID")
-    try:
-        wait_s = int(os.environ.get(WAIT_VARIABLE) or DEFAULT_WAIT_S)
-    except ValueError:
-        wait_s = 0
-    if wait_s < 1:
-        from pipeline.cli import UsageError
-
-        raise UsageError(f"{WAIT_VARIABLE}={os.environ[WAIT_VARIABLE]}: the seconds to wait for the other processes, "
-                         "a whole number >= 1")
-    where = coordinator or "the coordinator the cluster names"
+    wait_s = _seconds(WAIT_VARIABLE, DEFAULT_WAIT_S)
+    peer_s = _seconds(PEER_VARIABLE, DEFAULT_PEER_S)
+    where = coordinator_address()
     LOG.info("process %s of %d: waiting up to %d s for the other processes at %s (%s)", process_id or "?", processes,
              wait_s, where, WAIT_VARIABLE)
 
@@ -126,9 +149,93 @@ def join_processes(processes: int) -> None:
     try:
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=processes,
                                    process_id=int(process_id) if process_id is not None else None,
-                                   initialization_timeout=wait_s + 60)   # the watchdog's, not JAX's abort
+                                   initialization_timeout=wait_s + 60,   # the watchdog's, not JAX's abort
+                                   heartbeat_timeout_seconds=2 * peer_s)   # watch_peers', not JAX's abort
     finally:
         watchdog.cancel()
+    return peer_s
+
+
+def watch_peers(process_id: int, processes: int, peer_s: int) -> None:
+    """Ends this process in one `error:` line, exit 1, when another process of the job dies mid-run
+    (killed, out of memory, its host lost). JAX alone left the survivor in a collective or in its
+    exit's shutdown barrier until its heartbeat timeout, then aborted in C++ (SIGABRT and a stack,
+    minutes later). Two ways out, whichever comes first:
+
+    - a collective that fails (gloo's "Connection reset by peer": a JaxRuntimeError) and ends the
+      command: `sys.excepthook` prints the error line once the command's own cleanup has run on
+      the way out (claims released), and exits at once, without JAX's shutdown barrier, which
+      would wait for the dead process (`LOST_PEER_SIGNS`; any other JaxRuntimeError prints its
+      traceback, then exits as promptly);
+    - a wait that never ends: every process counts up a key of its own in JAX's key-value store
+      every few seconds and reads the others'; a process whose count stands still for `peer_s`
+      seconds (`PEER_VARIABLE`), or a coordinator (process 0, which holds the store) that stops
+      answering as long, ends this one in the line.
+
+    The counting goes on while a process waits at its exit for the others (the chief exports last)."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    assert client is not None, "watch_peers runs after join_processes"
+    where = coordinator_address()
+    peers = [index for index in range(processes) if index != process_id]
+    rerun = "see its log, then start the same command in every process again (it resumes from its backup)"
+
+    def end(reason: str) -> None:
+        print(f"error: process {process_id} of {processes}: {reason}; {rerun}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    now = time.monotonic()
+    seen: dict[int, tuple[int | None, float]] = {peer: (None, now) for peer in peers}
+    answered = [now]   # when the coordinator last answered
+
+    def beat() -> None:
+        interval = max(0.5, min(5.0, peer_s / 6))
+        while True:
+            try:
+                client.key_value_increment(f"wikisim/alive/{process_id}", 1)
+                for peer in peers:
+                    try:
+                        count = int(client.key_value_try_get(f"wikisim/alive/{peer}"))
+                    except Exception:   # NOT_FOUND: it has not counted yet
+                        count = None
+                    if count != seen[peer][0]:
+                        seen[peer] = (count, time.monotonic())
+                answered[0] = time.monotonic()
+            except Exception:   # the store is gone with process 0
+                pass
+            time.sleep(interval)
+
+    def check() -> None:
+        while True:
+            time.sleep(1)
+            now = time.monotonic()
+            if now - answered[0] > peer_s:
+                end(f"the job's coordinator (process 0 at {where}) stopped answering for {peer_s} s "
+                    f"({PEER_VARIABLE}): it died or hangs")
+            for peer, (_, since) in seen.items():
+                if now - since > peer_s:
+                    end(f"process {peer} of the job (coordinator {where}) gave no sign of life for {peer_s} s "
+                        f"({PEER_VARIABLE}): it died or hangs")
+
+    def collective_failed(kind: type[BaseException], error: BaseException, trace: types.TracebackType | None) -> None:
+        import jax
+
+        if not isinstance(error, jax.errors.JaxRuntimeError):
+            return default_hook(kind, error, trace)
+        said = " ".join(str(error).split())
+        if not any(sign in said for sign in LOST_PEER_SIGNS):   # not a lost peer: its traceback, then out
+            default_hook(kind, error, trace)
+            sys.stderr.flush()
+            os._exit(1)   # without the shutdown barrier, which would hold the others in their collectives
+        others = f"process {peers[0]}" if len(peers) == 1 else "another process"
+        end(f"{others} of the job (coordinator {where}) is gone mid-run: a collective failed "
+            f"({said[:240]}{'...' if len(said) > 240 else ''})")
+
+    default_hook = sys.excepthook
+    sys.excepthook = collective_failed
+    for job in (beat, check):
+        threading.Thread(target=job, name=f"wikisim-peers-{job.__name__}", daemon=True).start()
 
 
 def agree_on_flags(flags: dict, process_id: int, processes: int) -> None:

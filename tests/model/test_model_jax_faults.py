@@ -137,14 +137,15 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _process_of_two(data, model_dir, index: int, port: int, *flags, wait_s: int = 60) -> subprocess.Popen:
+def _process_of_two(data, model_dir, index: int, port: int, *flags, wait_s: int = 60, peer_s: int = 60,
+                    stderr=subprocess.PIPE) -> subprocess.Popen:
     """Process `index` of a job of 2 (`KERAS_DISTRIBUTION_*`, docs/distributed.md) on loopback."""
     env = {**JAX_ENV, "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
-           "KERAS_DISTRIBUTION_PROCESS_ID": str(index), "WIKISIM_PROCESSES_WAIT_SECONDS": str(wait_s)}
+           "KERAS_DISTRIBUTION_PROCESS_ID": str(index), "WIKISIM_PROCESSES_WAIT_SECONDS": str(wait_s),
+           "WIKISIM_PEER_TIMEOUT_SECONDS": str(peer_s)}
     return subprocess.Popen([sys.executable, "-m", "model.train", "--data", str(data), "--model-dir", str(model_dir),
                              "--backend", "jax", "--distribution-strategy", "data-parallel", *TINY_MINILM, "--steps",
-                             "1", *flags], cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                             "1", *flags], cwd=REPO, env=env, text=True, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 @pytest.mark.slow   # a MiniLM trainer process under JAX (its imports)
@@ -180,3 +181,36 @@ def test_processes_given_different_flags_each_end_in_one_error_line_naming_them(
         assert last.startswith(f"error: process {index} of 2: the processes run different flags (--batch-size ")
         assert "--seed" not in last and "--max-tokens" not in last
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow   # two MiniLM trainer processes under JAX, training
+def test_a_process_killed_mid_run_ends_its_peer_in_one_error_line(shards, tmp_path):
+    """Process 1 SIGKILLed after training started: process 0 waited in its collective, then in JAX's
+    shutdown barrier, and aborted in C++ minutes later (SIGABRT, a stack). Now a failed collective
+    or `WIKISIM_PEER_TIMEOUT_SECONDS` without a sign of life (`devices.watch_peers`) ends it in one
+    `error:` line naming the lost process and the job's address, exit 1."""
+    port = _free_port()
+    survivor = _process_of_two(shards, tmp_path / "m", 0, port, "--steps", "1000", peer_s=20)
+    victim = _process_of_two(shards, tmp_path / "m", 1, port, "--steps", "1000", peer_s=20, stderr=subprocess.DEVNULL)
+    try:
+        lines = []
+        for line in survivor.stderr:
+            lines.append(line)
+            if "first training step" in line:
+                time.sleep(2)
+                victim.send_signal(signal.SIGKILL)
+                break
+        killed = time.monotonic()
+        stderr = "".join(lines) + survivor.communicate(timeout=240)[1]   # JAX alone: 100 s, then an abort
+        took = time.monotonic() - killed
+    finally:
+        for process in (survivor, victim):
+            process.kill()
+    assert victim.returncode == -signal.SIGKILL, "process 1 ended before it was killed"
+    assert survivor.returncode == 1 and "Traceback" not in stderr and "Check failure" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0] == stderr.strip().splitlines()[-1], stderr[-3000:]
+    assert errors[0].startswith(f"error: process 0 of 2: process 1 of the job (coordinator localhost:{port}) ")
+    assert "start the same command in every process again" in errors[0]
+    assert took < 60, f"process 0 ended {took:.0f} s after process 1 was killed"   # WIKISIM_PEER_TIMEOUT_SECONDS: 20
+    assert not (tmp_path / "m" / ENCODER).exists()
