@@ -131,7 +131,7 @@ def soup(config: SoupConfig) -> dict:
     import keras
 
     train_config = recorded[0][1].with_flags(backend=keras.backend.backend(), distribution_strategy="auto",
-                                             model_dir=config.output)
+                                             model_dir=config.output, precision="float32")   # as exported
     claim_folder(config.output, "model.soup", WRITES, "--output", config.overwrite)
     return _soup(config, train_config, recipe, bests)
 

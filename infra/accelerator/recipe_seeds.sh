@@ -5,8 +5,8 @@
 # model.soup, and the soup and every run exported: int8 ONNX for MiniLM (what eval.all --int8
 # and `onnx:DIR` score), a sentence-transformers folder for MPNet (whose int8 encoder is its
 # distilled MiniLM: RECIPE=mpnet-distilled TEACHER=OUT/mpnet-sen-soup). Training reads the run
-# without TensorFlow (model.training.arrays), so it runs on an image that has JAX but no
-# TensorFlow; the soup and the exports then run where TensorFlow is (the script says how).
+# without TensorFlow (model.training.arrays), and so do the soup and the exports (the Net rebuilt
+# under JAX: model.encoding.trained_net), so it all runs on an image that has JAX but no TensorFlow.
 #
 #   infra/accelerator/recipe_seeds.sh DATA OUT            # DATA: a pipeline.run folder; OUT: new
 #   RECIPE=mpnet-sen SEEDS="1 2 3" BUDGET_MIN=8 EPOCHS=1 PYTHON=python3 infra/accelerator/recipe_seeds.sh DATA OUT
@@ -46,14 +46,6 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ "$failed" = 0 ] || { echo "a training run failed: see $OUT/$RECIPE-*.log" >&2; exit 1; }
 models=()
 for seed in $SEEDS; do models+=(--model-dir "$OUT/$RECIPE-$seed"); done
-# model.soup and model.export rebuild the Net under TensorFlow's Keras: on an image without it,
-# the model dirs go to a machine that has it (every file but encoder/ is written here).
-if ! $PY -c "import tensorflow" 2> /dev/null; then
-  echo "no TensorFlow here: on a machine with it, soup and export the model dirs with:"
-  echo "  python -m model.soup ${models[*]} --output $OUT/$RECIPE-soup"
-  echo "  python -m model.export --model-dir MODEL_DIR ${export_as[*]} --output EXPORT_DIR"
-  exit 0
-fi
 if [ "$runs" -gt 1 ]; then
   $PY -m model.soup "${models[@]}" --output "$OUT/$RECIPE-soup"
   names="soup $SEEDS"

@@ -24,7 +24,8 @@ STATE_INPUTS = ("data", "dataset", "encoder", "embeddings", "vocabulary", "min_c
 # (batch size, learning rate, network...) would continue the backup as another run than
 # its history says, so it is refused unless --overwrite.
 RESUME_MAY_CHANGE = ("model_dir", "overwrite", "budget_minutes", "progress", "serving_version", "epochs",
-                     "patience", "max_lost_fraction", "jit_compile", "checkpoint_every")
+                     "patience", "max_lost_fraction", "jit_compile", "checkpoint_every",
+                     "precision")   # the weights are float32 under either
 
 PATH_FLAGS = ("data", "embeddings", "teacher")   # compared without a trailing slash
 

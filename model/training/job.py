@@ -547,6 +547,7 @@ def _export(job: Job, word_ids: WordIds | None, encoder, model, summary: dict) -
         plot_history(summary, f"{model_dir}/{TRAINING_CURVE}")
         plot_learning_curve(summary, f"{model_dir}/{LEARNING_CURVE}")
     shutil.rmtree(f"{model_dir}/{BACKUP}", ignore_errors=True)   # only now: a kill before this resumes at the export
-    LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; encoder at %s/%s",
-             summary["best_val_triplet_accuracy"], summary["untrained_val_triplet_accuracy"],
-             summary["test_triplet_accuracy"], runtime.model_dir, ENCODER)
+    written = f"encoder at {runtime.model_dir}/{ENCODER}" if os.path.isdir(f"{model_dir}/{ENCODER}") else (
+        f"model dir at {runtime.model_dir} (no {ENCODER}/: see above)")
+    LOG.info("validation triplet accuracy %.4f (untrained %.4f), test %.4f; %s", summary["best_val_triplet_accuracy"],
+             summary["untrained_val_triplet_accuracy"], summary["test_triplet_accuracy"], written)
