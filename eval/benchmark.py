@@ -259,7 +259,7 @@ def side_by_side(encoders: dict[str, Callable[[list[str]], np.ndarray]], article
 def onnx_comparison(spec: EncoderSpec, articles: list, output: str, batch_size: int) -> list[dict]:
     """The SavedModel export, its ONNX exports and sentence-transformers' ONNX int8, side by side."""
     from model.encoding.encoder import OnnxEncoder, SavedModelEncoder
-    from model.training.storage import is_remote
+    from pipeline.files import is_remote
 
     work = tempfile.mkdtemp(prefix="eval-benchmark-onnx-") if is_remote(output) else os.path.join(output, "onnx")
     folders = onnx_exports(spec, work)

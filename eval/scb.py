@@ -29,6 +29,7 @@ from typing import Any
 
 from model.encoding.encoders import Methods, check_encoder_specs, method_names
 from pipeline.cli import flag, parse_config, parse_first, run_cli
+from pipeline.files import is_remote
 
 VARIANTS = ("all", "openers")
 ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read, checked against the manifest
@@ -354,7 +355,7 @@ def leftover_sink_temps(output: str) -> list[str]:
     folder = FileSystems.join(output, "scb")
     own = re.compile(rf"beam-temp-({'|'.join(re.escape(sink.split('/')[-1]) for sink in (SAMPLE, REFUSED_LINES))})"
                      r"-[0-9a-f]{32}$")
-    if "://" not in output:
+    if not is_remote(output):
         names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
         return [os.path.join(folder, name) for name in names
                 if own.match(name) and os.path.isdir(os.path.join(folder, name))]

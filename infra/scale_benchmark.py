@@ -28,6 +28,7 @@ import time
 
 from model.training.model_dir import ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
+from pipeline.files import is_remote
 from pipeline.records import PAPER_DATASET
 
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*first training step after")
@@ -50,7 +51,7 @@ class ScaleBenchmarkConfig:
     def __post_init__(self):
         if self.times < 2:
             raise UsageError(f"--times must be >= 2, got {self.times}")
-        if "://" in self.data:
+        if is_remote(self.data):
             raise UsageError("--data must be a local run folder (the larger dataset is made of hard links)")
 
 

@@ -41,6 +41,7 @@ from model.training.model_dir import (
     ModelDir,
 )
 from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
+from pipeline.files import is_remote
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,7 +86,7 @@ class SoupConfig:
 def resolved(path: str) -> str:
     """The folder `path` names, however spelt: a local path with its links and `..` resolved; a
     remote one (`gs://...`) without trailing slashes."""
-    return path.rstrip("/") if "://" in path else os.path.realpath(path)
+    return path.rstrip("/") if is_remote(path) else os.path.realpath(path)
 
 
 def parse_args(argv: list[str] | None = None) -> SoupConfig:

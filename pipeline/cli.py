@@ -322,7 +322,7 @@ BEAM_OPTIONS_EPILOG = (
 )
 
 
-def _runner_kind(runner: str | None) -> str:
+def runner_kind(runner: str | None) -> str:
     """`--runner`'s class name, lower case, without `Runner` (`DataflowRunner`, `dataflow` and a
     dotted path to it are all `dataflow`); "" when none is given."""
     return str(runner or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
@@ -330,18 +330,18 @@ def _runner_kind(runner: str | None) -> str:
 
 def is_direct(runner: str | None) -> bool:
     """Whether `--runner` is the DirectRunner (none given, `DirectRunner`, `direct`, its dotted path)."""
-    return _runner_kind(runner) in ("", "direct")
+    return runner_kind(runner) in ("", "direct")
 
 
 def is_local(runner: str | None) -> bool:
     """Whether `--runner` runs the job's workers on this machine: the DirectRunner in any of its
     forms, or Prism (its workers are local processes; Flink, Spark and Dataflow run theirs elsewhere)."""
-    return _runner_kind(runner) in ("", "direct", "bundlebaseddirect", "switchingdirect", "prism")
+    return runner_kind(runner) in ("", "direct", "bundlebaseddirect", "switchingdirect", "prism")
 
 
 def is_dataflow(runner: str | None) -> bool:
     """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
-    return _runner_kind(runner) in ("dataflow", "testdataflow")
+    return runner_kind(runner) in ("dataflow", "testdataflow")
 
 
 def dataflow_option_errors(beam_args: list[str]) -> list[str]:

@@ -15,6 +15,12 @@ from collections.abc import Callable
 from pipeline.cli import UsageError
 
 
+def is_remote(path: str) -> bool:
+    """True for any path with a scheme (`gs://...`): reached through Beam FileSystems, not the OS.
+    The scheme's form is Beam's own (`FileSystems.get_scheme`), read without importing Beam."""
+    return re.match(r"[a-zA-Z][-a-zA-Z0-9+.]*://", str(path)) is not None
+
+
 def exists(path: str) -> bool:
     """Whether the file `path` exists, local or remote: Beam's `FileSystems.exists`, typed (Beam's is not)."""
     from apache_beam.io.filesystems import FileSystems
@@ -75,7 +81,7 @@ def write_complete(path: str, data: bytes, exclusive: bool = False) -> None:
     """Writes `path` so that it appears complete or not at all: a temporary file beside it,
     then (local) `os.link` when `exclusive` (FileExistsError if `path` exists) or `os.replace`.
     On a remote store the object is written in one request (GCS objects appear whole)."""
-    if "://" in path:
+    if is_remote(path):
         from apache_beam.io.filesystem import CompressionTypes
         from apache_beam.io.filesystems import FileSystems
 
@@ -102,7 +108,7 @@ def write_bytes(path: str, data: bytes) -> None:
     """Writes exactly `data` (no compression chosen by extension) to `path`, local or gs://, whole
     or not at all (`write_complete`: a kill mid-write leaves the earlier file, never half of
     one). Creates a local file's folder, as Beam's `FileSystems.create` does."""
-    if "://" not in path:
+    if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     write_complete(path, data)
 

@@ -44,11 +44,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli import runner_kind
+from pipeline.files import is_remote
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 10.0   # a job service's (or worker pool's) answer before any work
 JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`prepare_portable_run`)
-PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_name`s of Beam's job-service runners
+PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_kind`s of Beam's job-service runners
 # Where `make flink` and `make spark` put Beam's Java job servers (infra/flink/pom.xml and
 # infra/spark/pom.xml: their versions, and why those).
 JOB_SERVER_JARS = {runner: Path(__file__).resolve().parents[1] / ".cache" / runner / f"beam-{runner}-job-server.jar"
@@ -75,11 +78,6 @@ JOB_SERVER_JVM_PROPERTIES = {
 }
 
 
-def runner_name(runner: str | None) -> str:
-    """`PrismRunner`, `prism` or a dotted path to it -> `prism` (lower case, no `Runner`)."""
-    return str(runner or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
-
-
 def _beam_job_server(options: Any) -> Any:
     """Beam's job server for the runner `options` name, when Beam would start one here as a
     subprocess; None otherwise (an in-process runner, a remote service, or `--job_endpoint`)."""
@@ -87,7 +85,7 @@ def _beam_job_server(options: Any) -> Any:
 
     if options.view_as(PortableOptions).job_endpoint:
         return None
-    runner = runner_name(options.view_as(StandardOptions).runner)
+    runner = runner_kind(options.view_as(StandardOptions).runner)
     if runner == "prism":
         from apache_beam.runners.portability.prism_runner import PrismJobServer
 
@@ -167,7 +165,7 @@ def _check_java_job_server(runner: str, options: Any) -> None:
         server.job_server_jvm_properties = [*JOB_SERVER_JVM_PROPERTIES[runner],
                                             f"-Djava.io.tmpdir={tempfile.gettempdir()}"]
     jar = getattr(options.view_as(FlinkRunnerOptions if runner == "flink" else SparkRunnerOptions), jar_flag)
-    if jar and "://" in jar:
+    if jar and is_remote(jar):
         return   # a jar Beam downloads
     if not os.path.isfile(jar or JOB_SERVER_JARS[runner]):
         named = f"--{jar_flag} {jar}: no such file" if jar else f"no job server at {JOB_SERVER_JARS[runner]}"
@@ -185,7 +183,7 @@ def prepare_portable_run(options: Any) -> None:
     `--environment_config` its `--environment_type` cannot read (`_check_environment`)."""
     from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
 
-    runner = runner_name(options.view_as(StandardOptions).runner)
+    runner = runner_kind(options.view_as(StandardOptions).runner)
     if runner not in PORTABLE_RUNNERS:
         return
     if runner == "prism":
@@ -242,7 +240,7 @@ def _check_prism(options: Any) -> None:
         return
     prism = options.view_as(PrismRunnerOptions)
     location = prism.prism_location
-    if location and "://" in location:
+    if location and is_remote(location):
         return
     if location and not os.path.isfile(location):
         raise UsageError(f"--prism_location {location}: no such file (`make prism` builds Prism at "
@@ -312,14 +310,14 @@ def job_failures(options: Any, log_path: str | None) -> Iterator[None]:
     except (UsageError, DataLossError):
         raise
     except grpc.RpcError as error:
-        if runner_name(runner) not in PORTABLE_RUNNERS:
+        if runner_kind(runner) not in PORTABLE_RUNNERS:
             raise
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)
         what = f"its job service stopped answering ({code.name if code else 'gRPC'}: {_first_line(details)})"
         raise DataLossError(f"the job on {runner}: {what}; nothing was published{_log_hint(log_path)}") from error
     except RuntimeError as error:
-        if runner_name(runner) not in PORTABLE_RUNNERS or "failed in state" not in str(error):
+        if runner_kind(runner) not in PORTABLE_RUNNERS or "failed in state" not in str(error):
             raise
         state = str(error).split("failed in state", 1)[1]
         raise DataLossError(f"the job on {runner} failed in state {_first_line(state)[:300]}; nothing was "
@@ -412,7 +410,7 @@ def _job_server_environment(options: Any) -> dict[str, str]:
     from apache_beam.options.pipeline_options import StandardOptions
 
     environment = dict(os.environ)
-    if runner_name(options.view_as(StandardOptions).runner) == "flink" and "FLINK_CONF_DIR" not in environment:
+    if runner_kind(options.view_as(StandardOptions).runner) == "flink" and "FLINK_CONF_DIR" not in environment:
         folder = tempfile.mkdtemp(prefix="flink-conf-")
         with open(os.path.join(folder, "flink-conf.yaml"), "w") as conf:
             conf.write(FLINK_LOOPBACK_CONF)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 
 from pipeline.cli import UsageError
-from pipeline.files import partial_of, read_bytes, write_bytes, write_complete
+from pipeline.files import is_remote, partial_of, read_bytes, write_bytes, write_complete
 from pipeline.published import (
     LOCK,
     MANIFEST,
@@ -80,7 +80,7 @@ def _files(out: str) -> list[str]:
     """Every file under `out`, relative, with `/`; OutputInUseError naming a symbolic link."""
     from apache_beam.io.filesystems import FileSystems
 
-    if "://" in out:
+    if is_remote(out):
         prefix = out + "/"
         return sorted(meta.path[len(prefix):] for meta in FileSystems.match([f"{prefix}**"])[0].metadata_list)
     found = []
@@ -130,7 +130,7 @@ def listed_files(out: str, files: list[str]) -> set[str]:
 def claiming(out: str) -> Iterator[bool]:
     """An exclusive `flock` of the local folder while a claim decides (yields whether this call
     created the folder); nothing for a remote one. Every command's claim decides under it."""
-    if "://" in out:
+    if is_remote(out):
         yield False
         return
     import fcntl
@@ -150,7 +150,7 @@ def claim_output(out: str, overwrite: bool, folders: list[str]) -> None:
     the lock naming `folders`, the output folders this run writes. Raises OutputInUseError naming
     the folder before anything is written."""
     check_output_path(out)
-    if "://" not in out and os.path.exists(out) and not os.path.isdir(out):
+    if not is_remote(out) and os.path.exists(out) and not os.path.isdir(out):
         raise OutputInUseError(f"--output {out} is a file, not a folder")
     created = False
     try:
@@ -162,7 +162,7 @@ def claim_output(out: str, overwrite: bool, folders: list[str]) -> None:
                 os.rmdir(out)
         raise
     except Exception as err:   # a remote store that cannot be reached: no credentials, no such bucket
-        if "://" not in out:
+        if not is_remote(out):
             raise
         raise OutputInUseError(f"--output {out} cannot be written: {type(err).__name__}: "
                                f"{str(err).splitlines()[0][:300] if str(err) else ''}") from err
@@ -232,7 +232,7 @@ def _remove_empty_sink_folders(out: str, folders: list[str]) -> None:
     """The sinks' temporary folders (`beam-temp-part-*`) that a killed run left empty in `folders`
     (local): Beam makes them when the job starts, so a run killed before it wrote into them left
     folders holding no file, which no file deletion removes."""
-    if "://" in out:
+    if is_remote(out):
         return
     for folder in folders:
         with contextlib.suppress(OSError):
@@ -249,7 +249,7 @@ def _delete_files(out: str, relative: list[str]) -> None:
     if not relative:
         return
     FileSystems.delete([f"{out}/{path}" for path in relative])
-    if "://" in out:
+    if is_remote(out):
         return
     for folder in sorted({os.path.dirname(path) for path in relative}, key=len, reverse=True):
         while folder:

@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pipeline.cli import DataLossError, UsageError
-from pipeline.files import read_bytes, read_json_object, write_complete
+from pipeline.files import is_remote, read_bytes, read_json_object, write_complete
 from pipeline.records import TRIPLET_FEATURES
 
 LOG = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _count(value: Any, where: str, field: str) -> int:
 def _relative_path(value: Any, where: str, field: str) -> str:
     """A path inside the run folder: relative, normalised, no `..`, no scheme."""
     _require(isinstance(value, str) and value != "", where, field, f"is {value!r}, not a path")
-    _require("://" not in value and not value.startswith(("/", "\\")) and ":" not in value.split("/")[0],
+    _require(not is_remote(value) and not value.startswith(("/", "\\")) and ":" not in value.split("/")[0],
              where, field, f"is {value!r}, not a path relative to the run folder")
     _require(posixpath.normpath(value) == value and ".." not in value.split("/") and "\\" not in value,
              where, field, f"is {value!r}, which leaves the run folder or is not normalised")
@@ -516,7 +516,7 @@ def _owner_of(path: str) -> tuple[dict | None, float | None]:
     except Exception:   # gone since it was listed
         return None, None
     age = None
-    if "://" not in path:
+    if not is_remote(path):
         with contextlib.suppress(OSError):
             age = time.time() - os.stat(path).st_mtime
     else:
@@ -574,7 +574,7 @@ def take_lease(root: str) -> str | None:
     path = f"{root}/{READERS}/{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
     try:
         for attempt in range(3):   # another reader's release may remove the empty folder in between
-            if "://" not in root:
+            if not is_remote(root):
                 os.makedirs(f"{root}/{READERS}", exist_ok=True)
             try:
                 write_complete(path, json.dumps(owner_record()).encode())
@@ -593,7 +593,7 @@ def take_lease(root: str) -> str | None:
 def release_lease(path: str) -> None:
     """Removes a reader's lease, and the leases' folder when it is left empty (local)."""
     _delete(path)
-    if "://" not in path:
+    if not is_remote(path):
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(path))
 
@@ -605,7 +605,7 @@ def live_readers(root: str) -> list[str]:
     from apache_beam.io.filesystems import FileSystems
 
     folder = f"{root}/{READERS}"
-    if not FileSystems.exists(folder) and "://" not in root:
+    if not FileSystems.exists(folder) and not is_remote(root):
         return []
     live = []
     for meta in FileSystems.match([f"{folder}/*.json"])[0].metadata_list:

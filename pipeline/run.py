@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline import counters as counter_names
 from pipeline import progress, records
 from pipeline.cli import DataLossError, UsageError, flag, is_dataflow, is_local, parse_config, run_cli
+from pipeline.files import is_remote
 from pipeline.rules import RuleConfig
 from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.splits import SPLITS
@@ -388,7 +389,7 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
         shown: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         log_path = None
         if folder:   # Beam's logs to a file, a progress bar on the terminal
-            log_path = f"{out}/{outputs.LOG}" if "://" not in out else f"{folder}.log"
+            log_path = f"{out}/{outputs.LOG}" if not is_remote(out) else f"{folder}.log"
             shown = progress.show_progress(folder, indexes, log_path)
         # A job server Beam would start here (Prism's, Flink's) runs for this run only: it ends with it, a
         # SIGKILL of this process included, and answers for the job's counters until finish() read them.

@@ -34,7 +34,8 @@ from model.formats.onnx_export import CONFIG_FILE, FORMAT, OUTPUT
 from model.net.wordpieces import WordPieces
 from model.similarity import Similarity, unit_rows
 from model.training.model_dir import ENCODER
-from model.training.storage import download_tree, is_remote
+from model.training.storage import download_tree
+from pipeline.files import is_remote
 
 SIGNATURE = "serving_default"
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")   # sentence-transformers' `precision`

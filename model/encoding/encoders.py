@@ -37,9 +37,8 @@ import numpy as np
 
 from model.encoding.encoder import OnnxEncoder, SavedModelEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
 from model.training.model_dir import ENCODER, ModelDir
-from model.training.storage import is_remote
 from pipeline.cli import UsageError, flag
-from pipeline.files import exists
+from pipeline.files import exists, is_remote
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
 if TYPE_CHECKING:   # TfidfEncoder's sparse rows; SciPy ships no types, so mypy reads this class as Any

@@ -21,16 +21,10 @@ import socket
 import tempfile
 
 from model.training.model_dir import COMMAND_CLAIM
+from pipeline.files import is_remote
 
 LOG = logging.getLogger(__name__)
 _CHUNK = 16 << 20
-
-
-def is_remote(path: str) -> bool:
-    """True for any path with a scheme (`gs://...`): reached through Beam FileSystems, not the OS."""
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.get_scheme(str(path)) is not None
 
 
 def _remote_file(root: str, relative: str) -> str:
