@@ -123,6 +123,8 @@ class InputConfig:
                                                       "epoch and at the end; none = all")
     max_lost_fraction: float = flag(0.001, help="fail the run before export when more of a split's records "
                                                 "are lost or unparseable")
+    input_workers: int = flag(0, help="processes that tokenise and batch the training stream (the same batches "
+                                      "in the same order); 0 = in the trainer's input thread")
 
     def __post_init__(self) -> None:
         if self.dataset not in TRIPLET_DATASETS:
@@ -132,6 +134,8 @@ class InputConfig:
         _check_at_least_one(self, ("min_count", "num_oov_buckets", "max_tokens"))
         if self.article_chunk < 0:
             raise ValueError(f"--article-chunk must be >= 0, got {self.article_chunk}")
+        if self.input_workers < 0:
+            raise ValueError(f"--input-workers must be >= 0, got {self.input_workers}")
         _check_at_least_one_or_none(self, ("evaluation_triplets",))
         if not 0.0 <= self.max_lost_fraction <= 1.0:
             raise ValueError(f"--max-lost-fraction is a fraction in [0, 1], got {self.max_lost_fraction}")

@@ -20,10 +20,19 @@ the batches as a `keras.utils.PyDataset` (`SplitBatches`, `StreamedBatches`); un
 from __future__ import annotations
 
 import bisect
+import contextlib
+import dataclasses
 import gzip
 import itertools
 import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import signal
 import threading
+import traceback
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -187,6 +196,149 @@ def batch_arrays(triplets: list[dict], tokenizer: Tokenizer, batch_size: int, re
     return inputs, np.zeros(replicas * count, np.int32), weights
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchMaker:
+    """`batch_arrays` with one input's settings: a group of triplets -> its Batch, in the trainer's
+    thread or, pickled to them, in input workers (`in_workers`)."""
+
+    tokenizer: Tokenizer
+    replicas: int = 1
+    static: bool = True
+    largest: bool = False
+    teacher: Teacher | None = None
+
+    def __call__(self, triplets: list[dict], batch_size: int) -> Batch:
+        return batch_arrays(triplets, self.tokenizer, batch_size, self.replicas, static=self.static,
+                            largest=self.largest, teacher=self.teacher)
+
+
+# An input worker's environment: Keras (`import keras`, for this module's PyDatasets) under its NumPy
+# backend, so that no worker imports TensorFlow or claims a device (JAX would take most of a GPU's
+# memory), and `tokenizers` on one thread (the workers are the parallelism).
+WORKER_ENVIRONMENT = {"KERAS_BACKEND": "numpy", "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu",
+                      "TOKENIZERS_PARALLELISM": "false"}
+WORKER_BATCHES_AHEAD = 4   # batches in flight per worker: the memory bound of `in_workers`
+_ENVIRONMENT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _worker_environment() -> Iterator[None]:
+    """`WORKER_ENVIRONMENT` in os.environ while workers are spawned (a spawned process starts with
+    the parent's environment), then the trainer's own again."""
+    with _ENVIRONMENT_LOCK:
+        saved = {name: os.environ.get(name) for name in WORKER_ENVIRONMENT}
+        os.environ.update(WORKER_ENVIRONMENT)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _exit_with(sentinel: Any) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
+
+
+def _serve(tasks: Any, results: Any) -> None:
+    """An input worker: `make`, the first item of `tasks` (sent there, not as the process's
+    argument: `Process.start` writes those to the child's pipe itself, and would wait for ever on
+    one that died before reading a large tokenizer), then `make(*task)` of each further task, in
+    order, into `results`, until None. A failure is sent back as the exception and its traceback
+    (an exception that does not pickle as a RuntimeError of its text). It exits when the trainer
+    does, however that ends (its queues would not tell it), and leaves Ctrl-C to the trainer."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
+    make = tasks.get()
+    while (task := tasks.get()) is not None:
+        try:
+            results.put(("batch", make(*task)))
+        except BaseException as error:   # every failure goes back to the trainer
+            text = traceback.format_exc()
+            try:
+                pickle.loads(pickle.dumps(error))
+            except Exception:
+                error = RuntimeError(f"{type(error).__name__}: {error}")
+            results.put(("error", (error, text)))
+
+
+def _receive(results: Any, process: Any, number: int) -> Any:
+    """Worker `number`'s next result; its exception raised here; a worker that ended without one
+    (killed, out of memory) a RuntimeError, not a wait for ever."""
+    while True:
+        try:
+            kind, payload = results.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if process.is_alive():
+                continue
+            try:   # a result it sent just before it ended
+                kind, payload = results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                raise RuntimeError(f"input worker {number} ended (exit code {process.exitcode}) without "
+                                   "its batch") from None
+    if kind == "error":
+        error, text = payload
+        error.add_note(f"raised in input worker {number}:\n{text}")
+        raise error
+    return payload
+
+
+def in_workers(make: Callable[..., Any], tasks: Iterable[tuple], workers: int,
+               ahead: int = WORKER_BATCHES_AHEAD) -> Iterator[Any]:
+    """`make(*task)` of each task, made in `workers` spawned processes and yielded in the tasks'
+    order: task i goes to worker i % workers and its result is read from that worker's queue, so
+    the results are the ones `map(make, tasks)` gives, in its order. `tasks` is read here, lazily,
+    at most `ahead` tasks per worker beyond the results taken (the memory bound). `make` is pickled
+    to each worker once. A worker's exception is raised here, and a worker that dies is a
+    RuntimeError; the workers end when the stream is closed or collected, and on their own when
+    this process ends. The workers start at the first batch asked for (a few seconds: each
+    imports NumPy, Keras and the tokenizer)."""
+    context = multiprocessing.get_context("spawn")
+    task_queues = [context.Queue() for _ in range(workers)]
+    result_queues = [context.Queue() for _ in range(workers)]
+    processes = [context.Process(target=_serve, args=(task_queues[number], result_queues[number]),
+                                 name=f"input-worker-{number}", daemon=True) for number in range(workers)]
+    try:
+        with _worker_environment():
+            for process in processes:
+                process.start()
+        for channel in task_queues:
+            channel.put(make)
+        pending = iter(tasks)
+        sent = received = 0
+        while True:
+            while sent < received + workers * ahead and (task := next(pending, None)) is not None:
+                task_queues[sent % workers].put(task)
+                sent += 1
+            if received == sent:
+                return
+            number = received % workers
+            result = _receive(result_queues[number], processes[number], number)
+            received += 1
+            yield result
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            if process.pid is not None:
+                process.join(5)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        with contextlib.suppress(Exception):   # a stream collected at interpreter exit: multiprocessing half gone
+            for channel in task_queues + result_queues:
+                channel.cancel_join_thread()   # a task a dead worker never read must not hold this process at exit
+                channel.close()
+
+
 def batched(items: Iterable, size: int) -> Iterator[list]:
     """Lists of `size` consecutive items (the last may be shorter)."""
     iterator = iter(items)
@@ -276,9 +428,33 @@ class TripletInput:
         return [(self.run.path(shard.path), shard.records or 0)
                 for shard in triplet_split(self.run, self.dataset, split).shards]
 
+    def _maker(self) -> BatchMaker:
+        return BatchMaker(self.tokenizer, self.blocks, static=self.config.runtime.static_batches,
+                          largest=self.processes > 1, teacher=self.teacher)
+
     def _arrays(self, group: list[dict], batch_size: int) -> Batch:
-        return batch_arrays(group, self.tokenizer, batch_size, self.blocks, static=self.config.runtime.static_batches,
-                            largest=self.processes > 1, teacher=self.teacher)
+        return self._maker()(group, batch_size)
+
+    def _made(self, groups: Iterable[list[dict]], batch_size: int) -> Iterator[Batch]:
+        """The groups' batches: in the thread that reads them, or with `--input-workers N` made in
+        N worker processes (`in_workers`): the same batches in the same order. A teacher (a model,
+        and a device's) or a tokenizer that does not pickle (the BiLSTM's, a TensorFlow graph)
+        stays in this process."""
+        make, workers = self._maker(), self.config.inputs.input_workers
+        if workers and self.teacher is not None:
+            LOG.warning("--input-workers %d: a --teacher runs in the trainer's process; batches are made there",
+                        workers)
+            workers = 0
+        if workers:
+            try:
+                pickle.dumps(make)
+            except Exception as error:
+                LOG.warning("--input-workers %d: the tokenizer does not pickle to a worker (%s: %s); batches are "
+                            "made in the trainer's process", workers, type(error).__name__, error)
+                workers = 0
+        if not workers:
+            return (make(group, batch_size) for group in groups)
+        return in_workers(make, ((group, batch_size) for group in groups), workers)
 
     def _groups(self, triplets: Iterable[dict], size: int, shuffle: bool = False) -> Iterator[list[dict]]:
         """`grouped` by the flags (`shuffle`: through `--shuffle-buffer`, the training stream's)."""
@@ -352,8 +528,7 @@ class TripletInput:
         shards = itertools.chain([first] if first else [], planned)
         triplets = triplets_of(itertools.chain.from_iterable(shard_records(path, skip) for path, skip in shards))
         groups = self._groups(triplets, optimizer.part_size * self.blocks, shuffle=True)
-        return (self._arrays(group, optimizer.part_size)
-                for group in (groups if consecutive else itertools.islice(groups, trained, None)))
+        return self._made(groups if consecutive else itertools.islice(groups, trained, None), optimizer.part_size)
 
     def training(self, resume_at_step: int = 0) -> StreamedBatches:
         """`training_batches` as Keras reads them (a worker thread beside the step)."""
