@@ -20,6 +20,7 @@ COMMANDS = {   # python -m module -> its config class
     "infra.recipe": "RecipeConfig", "model.export": "ExportConfig", "model.curves": "CurvesConfig",
     "infra.scale_benchmark": "ScaleBenchmarkConfig", "model.soup": "SoupConfig",
     "pipeline.publish": "PublishConfig", "infra.accelerator.summary": "SummaryConfig",
+    "infra.accelerator.kit": "KitConfig",
 }
 DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}
 

@@ -16,9 +16,12 @@
 #   PRECISION        bfloat16 (or float32)                  SCB_ARTICLES     the SCB sample's articles (100)
 #   EVAL_TRIPLETS    the test triplets scored; none = the whole split (none)
 #   TEACHER_LAYERS   keep only the teacher's lowest N layers (DRY: a 2-layer MPNet stand-in)
+#   INPUT_WORKERS    processes that tokenise and batch the teacher's input (every core but one; DRY: 1)
+#   MPNET_CHECKPOINT the teacher's all-mpnet-base-v2 folder (a kit's float16 copy); none: the installed one
 #   PYTHON           the interpreter (python3)
 # Each stage writes OUT/STAGE.log; OUT/stages.tsv has each stage's seconds.
 set -euo pipefail
+{   # read whole before it runs: an edit of this file during a run does not change the run
 OUT=${1:?OUT: a new folder for the run}
 PY=${PYTHON:-python3}
 DRY=${DRY:-0}
@@ -29,11 +32,13 @@ if [ "$DRY" = 1 ]; then   # this CPU, as the accelerator's image: no TensorFlow,
   TEACHER_MINUTES=${TEACHER_MINUTES:-2} STUDENT_MINUTES=${STUDENT_MINUTES:-2}
   SCB_ARTICLES=${SCB_ARTICLES:-4} EVAL_TRIPLETS=${EVAL_TRIPLETS:-300} TEACHER_LAYERS=${TEACHER_LAYERS:-2}
   PEAK_TFLOPS=0   # no MFU on a CPU
+  INPUT_WORKERS=${INPUT_WORKERS:-1}
   tiny=(--steps 4 --epochs 1 --batch-size 8 --max-tokens 32 --evaluation-triplets 64 --warmup-triplets 0)
 else
   TEACHER_MINUTES=${TEACHER_MINUTES:-3} STUDENT_MINUTES=${STUDENT_MINUTES:-2}
   SCB_ARTICLES=${SCB_ARTICLES:-100} EVAL_TRIPLETS=${EVAL_TRIPLETS:-none} TEACHER_LAYERS=${TEACHER_LAYERS:-}
   PEAK_TFLOPS=${PEAK_TFLOPS:-989}   # H200, bfloat16 dense
+  INPUT_WORKERS=${INPUT_WORKERS:-$(($(nproc) - 1))}
   tiny=()
 fi
 [ -e "$OUT" ] && [ -n "$(ls -A "$OUT")" ] && { echo "error: $OUT is not empty: give a new folder" >&2; exit 2; }
@@ -62,7 +67,8 @@ read -ra teacher_recipe <<< "$("$PY" -m infra.recipe mpnet-sen --machine gpu --b
 read -ra student_recipe <<< "$("$PY" -m infra.recipe mpnet-distilled --machine gpu --budget-minutes "$STUDENT_MINUTES" --models "$models")"
 common=(--data "$DATA" --backend jax --precision "$PRECISION" --progress false)
 stage teacher "$PY" -m model.train "${common[@]}" --model-dir "$models/mpnet-sen" "${teacher_recipe[@]}" \
-  ${TEACHER_LAYERS:+--transformer-layers "$TEACHER_LAYERS" --frozen-layers 0} "${tiny[@]}"
+  ${TEACHER_LAYERS:+--transformer-layers "$TEACHER_LAYERS" --frozen-layers 0} \
+  ${MPNET_CHECKPOINT:+--checkpoint "$MPNET_CHECKPOINT"} --input-workers "$INPUT_WORKERS" "${tiny[@]}"
 stage student "$PY" -m model.train "${common[@]}" --model-dir "$models/mpnet-distilled" "${student_recipe[@]}" "${tiny[@]}"
 stage export "$PY" -m model.export --model-dir "$models/mpnet-distilled" --format onnx --quantize int8 \
   --output "$OUT/student-int8"
@@ -70,3 +76,5 @@ methods=(--encoder "saved:teacher=$models/mpnet-sen" --encoder "onnx:student-int
 stage triplets "$PY" -m eval.triplets --data "$DATA" --output "$OUT/triplets" "${methods[@]}" --max-triplets "$EVAL_TRIPLETS"
 stage scb "$PY" -m eval.scb --data "$DATA" --output "$OUT/scb" "${methods[@]}" --max-articles "$SCB_ARTICLES"
 "$PY" -m infra.accelerator.summary --out "$OUT" --peak-tflops "$PEAK_TFLOPS"
+exit
+}

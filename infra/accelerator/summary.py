@@ -61,7 +61,7 @@ def training_speed(model_dir: str, peak_tflops: float, teacher_flags: dict | Non
     history = ModelDir(model_dir).history()
     if history is None:
         raise UsageError(f"{model_dir}: no {HISTORY}: did its stage run?")
-    flags = ModelDir(model_dir).recorded_flags()
+    flags = history.config   # every flag of the run (INPUTS leaves out those a resume may change)
     last = history.learning_curve[-1]
     batch = history.record["global_batch_size"]
     steps = last["triplets_seen"] / batch
@@ -89,7 +89,7 @@ def summary(config: SummaryConfig) -> dict:
         raise UsageError(f"{out}: no stages.tsv: not a folder quality_run.sh wrote")
     with open(os.path.join(out, "stages.tsv"), encoding="utf-8") as handle:
         stages = {row["stage"]: int(row["seconds"]) for row in csv.DictReader(handle, delimiter="\t")}
-    teacher_flags = ModelDir(os.path.join(out, MODEL_DIRS[TEACHER])).recorded_flags()
+    teacher_flags = ModelDir(os.path.join(out, MODEL_DIRS[TEACHER])).recorded_flags()   # its Net's flags
     triplets = {row["method"]: row for row in _json(os.path.join(out, "triplets", "triplets.json"))["methods"]}
     scb = _scb_scores(os.path.join(out, "scb", "scb.json"))
     export = os.path.join(out, STUDENT_EXPORT)

@@ -215,6 +215,8 @@ def load_hf_weights(backbone: MPNetBackbone, safetensors_path: str) -> None:
     with safe_open(safetensors_path, "np") as stored:
         for name, (variable, transposed) in hf_mpnet_variables(backbone).items():
             value = stored.get_tensor(name)
+            if value.dtype == np.float16:   # a float16 copy (infra.accelerator.kit): read as float32
+                value = value.astype(np.float32)
             variable.assign(value.T if transposed else value)
 
 
