@@ -99,12 +99,24 @@ def backbone_of(encoder):
                      "sentence-transformers")
 
 
-def sentence_transformers_files(dim: int, max_tokens: int, similarity: str) -> dict[str, dict | list]:
-    """The sentence-transformers configuration files of a mean-pooled BERT, by path."""
+PROJECTION = "2_Dense"   # a distilled student's projection to its teacher's size (sentence-transformers' Dense)
+
+
+def sentence_transformers_files(dim: int, max_tokens: int, similarity: str,
+                                projected_to: int | None = None) -> dict[str, dict | list]:
+    """The sentence-transformers configuration files of a mean-pooled transformer of `dim`
+    dimensions, by path; with `projected_to`, followed by a linear Dense layer to that size (a
+    student distilled from a larger teacher: `model.training.job.build_models`)."""
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    dense = {}
+    if projected_to:
+        modules.append({"idx": 2, "name": "2", "path": PROJECTION, "type": "sentence_transformers.models.Dense"})
+        dense = {f"{PROJECTION}/config.json": {"in_features": dim, "out_features": projected_to, "bias": True,
+                                               "activation_function": "torch.nn.modules.linear.Identity"}}
     return {
-        "modules.json": [
-            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+        "modules.json": modules,
+        **dense,
         "1_Pooling/config.json": {
             "word_embedding_dimension": dim, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False},
@@ -118,7 +130,7 @@ def export_entries() -> tuple[str, ...]:
     """The top-level entries `write_sentence_transformers` writes: what `model.export` claims
     its `--output` for, and all `--overwrite` deletes there."""
     return (*TOKENIZER_FILES, "config.json", "model.safetensors", "README.md",
-            *sorted({path.split("/")[0] for path in sentence_transformers_files(1, 1, Similarity.COSINE)}))
+            *sorted({path.split("/")[0] for path in sentence_transformers_files(1, 1, Similarity.COSINE, 2)}))
 
 
 def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_tokens: int, similarity: str,
@@ -142,9 +154,16 @@ def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_to
     files["config.json"] = json.dumps(config, indent=2).encode()
     files["model.safetensors"] = save(hf_weights(backbone), metadata={"format": "pt"})
     files["README.md"] = card.encode("utf-8")
-    settings = sentence_transformers_files(int(encoder.output_shape[-1]), max_tokens, similarity)
+    projection = next((layer for layer in encoder.layers if layer.name == "projection"), None)
+    if projection is not None:   # torch's Linear: weight [out, in]
+        files[f"{PROJECTION}/model.safetensors"] = save(
+            {"linear.weight": np.ascontiguousarray(np.asarray(projection.kernel).T, np.float32),
+             "linear.bias": np.asarray(projection.bias, np.float32)}, metadata={"format": "pt"})
+    settings = sentence_transformers_files(int(backbone.hidden_dim), max_tokens, similarity,
+                                           int(encoder.output_shape[-1]) if projection is not None else None)
     files.update({path: json.dumps(value, indent=2).encode() for path, value in settings.items()})
-    os.makedirs(os.path.join(output, "1_Pooling"), exist_ok=True)
+    for folder in {os.path.dirname(path) for path in files} - {""}:
+        os.makedirs(os.path.join(output, folder), exist_ok=True)
     for path in sorted(files, key=lambda path: path == "modules.json"):
         write_complete(os.path.join(output, path), files[path])
     return output

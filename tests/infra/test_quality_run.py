@@ -18,6 +18,10 @@ from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "infra" / "accelerator" / "quality_run.sh"
+# A process as on the accelerator's image; Keras' backend left to `model` (JAX there), whatever an
+# in-process test of this session set.
+WITHOUT_TENSORFLOW = {**{key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"},
+                      "WIKISIM_WITHOUT_TENSORFLOW": "1", "JAX_PLATFORMS": "cpu"}
 
 
 def _mpnet_installed() -> bool:
@@ -91,7 +95,7 @@ def test_a_soup_is_made_without_tensorflow(dry_run, tmp_path):
     shutil.copytree(run, copy)
     done = subprocess.run([sys.executable, "-m", "model.soup", "--model-dir", str(run), "--model-dir", str(copy),
                            "--output", str(tmp_path / "soup")], capture_output=True, text=True, cwd=REPO,
-                          timeout=900, env={**os.environ, "WIKISIM_WITHOUT_TENSORFLOW": "1", "JAX_PLATFORMS": "cpu"})
+                          timeout=900, env=WITHOUT_TENSORFLOW)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no TensorFlow here" in done.stdout + done.stderr
     assert ENCODER not in os.listdir(tmp_path / "soup")
@@ -100,7 +104,36 @@ def test_a_soup_is_made_without_tensorflow(dry_run, tmp_path):
             "print(float(np.abs(a - b).max()), 'tensorflow' in sys.modules)")
     checked = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "soup")], capture_output=True,
                              text=True, cwd=REPO, timeout=600,
-                             env={**os.environ, "WIKISIM_WITHOUT_TENSORFLOW": "1", "JAX_PLATFORMS": "cpu"})
+                             env=WITHOUT_TENSORFLOW)
     assert checked.returncode == 0, checked.stderr[-3000:]
     largest, loaded = checked.stdout.split()
     assert float(largest) < 1e-5 and loaded == "False"
+
+
+def test_a_sentence_transformers_folder_is_exported_without_tensorflow(dry_run, tmp_path):
+    """`model.export --format sentence-transformers` of the student under JAX: its backbone, mean
+    pooling of its 384 dimensions, then its projection to the teacher's 768 (a Dense module), so
+    the folder's embeddings are the student's Net's."""
+    from safetensors.numpy import load_file
+
+    from model.encoding.trained_net import NetEncoder
+    from model.net.backbone import build_transformer_encoder
+    from model.net.wordpieces import wordpieces
+
+    out, _ = dry_run
+    student = out / "models" / "mpnet-distilled"
+    done = subprocess.run([sys.executable, "-m", "model.export", "--model-dir", str(student),
+                           "--output", str(tmp_path / "st")], capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env=WITHOUT_TENSORFLOW)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = tmp_path / "st"
+    modules = json.loads((folder / "modules.json").read_text())
+    assert [module["type"].rsplit(".", 1)[1] for module in modules] == ["Transformer", "Pooling", "Dense"]
+    assert json.loads((folder / "1_Pooling" / "config.json").read_text())["word_embedding_dimension"] == 384
+    dense = json.loads((folder / "2_Dense" / "config.json").read_text())
+    assert (dense["in_features"], dense["out_features"]) == (384, 768)
+    linear = load_file(str(folder / "2_Dense" / "model.safetensors"))
+    sentences = ["The river flows through the city.", "He won the award in 1999."]
+    pooled = np.asarray(build_transformer_encoder("minilm", folder=str(folder))(wordpieces(32, "minilm")(sentences)))
+    from_folder = pooled @ linear["linear.weight"].T + linear["linear.bias"]
+    np.testing.assert_allclose(from_folder, NetEncoder(str(student)).encode(sentences), atol=2e-4)
