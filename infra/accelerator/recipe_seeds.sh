@@ -24,7 +24,8 @@ export KERAS_BACKEND=jax PYTHONUNBUFFERED=1
 runs=$(wc -w <<< "$SEEDS")
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-$($PY -c "print(round(0.9 / $runs, 2))")}
 mkdir -p "$OUT"
-read -ra recipe <<< "$($PY -m infra.recipe "$RECIPE" --machine gpu --budget-minutes "$BUDGET_MIN" --models "$OUT")"
+flags=$($PY -m infra.recipe "$RECIPE" --machine gpu --budget-minutes "$BUDGET_MIN" --models "$OUT")   # set -e: a bad RECIPE ends here
+eval "recipe=($flags)"
 if [ -n "${TEACHER:-}" ]; then   # a distillation's teacher: this soup or run rather than the recipe's OUT/NAME
   for i in "${!recipe[@]}"; do [ "${recipe[$i]}" = --teacher ] && recipe[$((i + 1))]=$TEACHER; done
 fi

@@ -22,7 +22,9 @@ from model.checkpoints import CHECKPOINTS
 from model.training.model_dir import HISTORY, ModelDir
 from pipeline.cli import UsageError, flag, parse_config, run_cli
 
-TEACHER, STUDENT, STUDENT_EXPORT = "teacher", "student-int8", "student-int8"
+# quality_run.sh's names: each model's method name in the reports (the student's is its int8
+# export, also that folder's name) and its model dir.
+TEACHER, STUDENT = "teacher", "student-int8"
 MODEL_DIRS = {TEACHER: "models/mpnet-sen", STUDENT: "models/mpnet-distilled"}
 ASSUMED_WORDPIECES = 32   # a Wikipedia sentence's wordpieces, about (docs/transformer.md: mean 21 words)
 SUMMARY = "summary.json"
@@ -92,17 +94,16 @@ def summary(config: SummaryConfig) -> dict:
     teacher_flags = ModelDir(os.path.join(out, MODEL_DIRS[TEACHER])).recorded_flags()   # its Net's flags
     triplets = {row["method"]: row for row in _json(os.path.join(out, "triplets", "triplets.json"))["methods"]}
     scb = _scb_scores(os.path.join(out, "scb", "scb.json"))
-    export = os.path.join(out, STUDENT_EXPORT)
+    export = os.path.join(out, STUDENT)
     models = {}
     for name, folder in MODEL_DIRS.items():
-        method = name if name == TEACHER else STUDENT
-        row = triplets[method]
+        row = triplets[name]
         models[name] = {"model_dir": folder, **training_speed(os.path.join(out, folder), config.peak_tflops,
                                                               teacher_flags if name != TEACHER else None),
                         "test_accuracy": row["accuracy_cosine"],
                         "test_interval": [row["interval_cosine"]["low"], row["interval_cosine"]["high"]],
-                        "test_triplets": row["interval_cosine"]["n"], "scb": scb.get(method)}
-    models[STUDENT]["export"] = {"folder": STUDENT_EXPORT, "megabytes": sum(
+                        "test_triplets": row["interval_cosine"]["n"], "scb": scb.get(name)}
+    models[STUDENT]["export"] = {"folder": STUDENT, "megabytes": sum(
         os.path.getsize(os.path.join(export, name)) for name in os.listdir(export)) / 2 ** 20}
     result = {"models": models, "stage_seconds": stages, "total_seconds": sum(stages.values()),
               "peak_tflops": config.peak_tflops or None}

@@ -21,10 +21,10 @@ import io
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 
 KIT_JSON = "kit.json"
 KIT_FORMAT = 1
@@ -170,9 +170,10 @@ def main(argv: list[str]) -> int:
             if os.path.exists(dest) and os.listdir(dest):
                 raise KitError(f"{dest}: not empty and not this kit's unpack; give a new DEST")
             check_parts(parts_dir, kit, final=True)
-            staging = f"{dest.rstrip('/')}.partial"
-            shutil.rmtree(staging, ignore_errors=True)
-            os.makedirs(staging)
+            parent = os.path.dirname(os.path.abspath(dest))
+            os.makedirs(parent, exist_ok=True)
+            # a new folder of its own beside DEST: nothing there is removed that this did not write
+            staging = tempfile.mkdtemp(prefix=f".{os.path.basename(dest.rstrip('/'))}.partial-", dir=parent)
             unpack(parts_dir, staging, kit)
             install_wheels(staging, kit)
             with open(os.path.join(staging, DONE), "w", encoding="utf-8") as handle:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
+from model.encoding.trained_net import runs_as_net
 from model.training.model_dir import ENCODER, ModelDir
 from pipeline.files import write_bytes
 from pipeline.splits import stable_hash
@@ -58,16 +59,16 @@ def encoder_fingerprint(spec: EncoderSpec) -> str:
     digest = hashlib.sha256(str(spec).encode("utf-8"))
     parts = [FileSystems.join(model_dir.rstrip("/"), part) for model_dir in spec.model_dirs
              for part in (f"{ENCODER}/saved_model.pb", f"{ENCODER}/variables/variables.index")]
-    # a model dir without its SavedModel (a JAX run's, encoded by its Net): its best weights
-    parts += [ModelDir(model_dir).best_weights for model_dir in spec.model_dirs
-              if not FileSystems.exists(FileSystems.join(model_dir.rstrip("/"), f"{ENCODER}/saved_model.pb"))]
+    # a model dir encoded by its Net (a JAX run's without its SavedModel): its best weights
+    parts += [ModelDir(model_dir).best_weights for model_dir in spec.model_dirs if runs_as_net(model_dir)]
     if spec.kind is SpecKind.ONNX:
         parts = [FileSystems.join(spec.paths[0].rstrip("/"), part)
                  for part in (CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE)]
     for path in parts:
         if FileSystems.exists(path):
             with FileSystems.open(path) as handle:
-                digest.update(handle.read())
+                for chunk in iter(lambda: handle.read(1 << 24), b""):   # a weights file: GBs for MPNet
+                    digest.update(chunk)
     if spec.kind is SpecKind.ONNX and _runs_one_sentence_at_a_time(parts[0]):
         # int8 graphs are encoded one sentence per run since issue 70: vectors kept from batches differ
         digest.update(b"one sentence per run")

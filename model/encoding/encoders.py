@@ -35,10 +35,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from model.encoding.encoder import OnnxEncoder, SavedModelEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
+from model.encoding.encoder import OnnxEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
+from model.encoding.trained_net import load_trained, runs_as_net
 from model.training.model_dir import ENCODER, ModelDir
 from pipeline.cli import UsageError, flag
-from pipeline.files import exists, is_remote
+from pipeline.files import exists
 from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
 if TYPE_CHECKING:   # TfidfEncoder's sparse rows; SciPy ships no types, so mypy reads this class as Any
@@ -297,11 +298,12 @@ def load_encoder(spec: EncoderSpec, exports: Mapping[str, SentenceEncoder] | Non
         case SpecKind.MINILM:
             return MiniLMEncoder(spec.name)
         case SpecKind.SAVED:
-            return _trained(spec.paths[0], spec.name, threads)
+            return load_trained(spec.paths[0], spec.name, threads)
         case SpecKind.CACHED:
             return CachedEncoder(spec.paths[0], spec.name)
         case SpecKind.CONCAT:
-            return ConcatEncoder(spec.name, [exports.get(path) or _trained(path, None, threads) for path in spec.paths])
+            return ConcatEncoder(spec.name, [exports.get(path) or load_trained(path, None, threads)
+                                             for path in spec.paths])
         case SpecKind.ONNX:
             return OnnxEncoder(spec.paths[0], name=spec.name, threads=threads)
 
@@ -331,26 +333,6 @@ def check_encoder_specs(specs: list[EncoderSpec]) -> None:
             if not exists(saved) and not runs_as_net(path):
                 raise EncoderSpecError(f"--model-dir {path}: no trained encoder ({saved} does not exist; python -m "
                                        "model.train writes it)")
-
-
-def runs_as_net(model_dir: str) -> bool:
-    """Whether a saved spec's model dir is encoded by its Net in Keras (`NetEncoder`) rather than
-    its SavedModel: a local model dir with trained weights, where the SavedModel or TensorFlow is
-    missing (a JAX run on an accelerator image, or `model.soup` there)."""
-    from model import tensorflow_installed
-
-    local = ModelDir(model_dir)
-    return (not is_remote(model_dir) and os.path.exists(local.best_weights)
-            and not (tensorflow_installed() and os.path.exists(f"{local.encoder}/saved_model.pb")))
-
-
-def _trained(path: str, name: str | None, threads: int | None) -> SentenceEncoder:
-    """A saved spec's encoder: the model dir's SavedModel, or its Net (`runs_as_net`)."""
-    if runs_as_net(path):
-        from model.encoding.trained_net import NetEncoder
-
-        return NetEncoder(path, name=name)
-    return SavedModelEncoder(path, name=name, threads=threads)
 
 
 def load_encoders(specs: list[EncoderSpec]) -> list[SentenceEncoder]:

@@ -18,6 +18,7 @@ from model.encoding.encoder import ExportedEncoder, SavedModelEncoder
 from model.similarity import Similarity
 from model.training.model_dir import ENCODER, INPUTS, ModelDir
 from pipeline.cli import UsageError
+from pipeline.files import is_remote
 
 WIDTH_STEP = 16   # ids are padded to a multiple of this: few shapes for JAX to compile
 
@@ -60,9 +61,28 @@ def network_of(train_config: TrainConfig):
         from model.net.transformer import token_ids
 
         word_ids = token_ids(inputs.max_tokens, train_config.network.encoder, train_config.network.checkpoint)
-    teacher_dim = load_trained(optimizer.teacher).dim if optimizer.teacher else None
+    teacher_dim = output_dim(optimizer.teacher) if optimizer.teacher else None
     encoder, model = build_models(train_config, matrix, global_batch=optimizer.batch_size, teacher_dim=teacher_dim)
     return word_ids, encoder, model
+
+
+def output_dim(path: str) -> int:
+    """The size of the embeddings of the trained encoder at `path`, from what a transformer's
+    model dir records (a distilled student's is its teacher's; else its checkpoint's hidden size),
+    without building it; any other encoder is loaded to ask."""
+    import json
+
+    from model.checkpoints import CHECKPOINTS
+
+    if not is_remote(path) and os.path.exists(ModelDir(path).file(INPUTS)):
+        _, config = recorded_config(path)
+        if config.optimizer.teacher:
+            return output_dim(config.optimizer.teacher)
+        if not config.network.kind.reads_word_vectors:
+            folder = CHECKPOINTS[config.network.encoder].folder(config.network.checkpoint)
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+                return int(json.load(handle)["hidden_size"])
+    return load_trained(path).dim
 
 
 def rebuilt(model_dir: str, weights: str):
@@ -134,14 +154,24 @@ def has_saved_model(path: str) -> bool:
     return any(os.path.exists(os.path.join(folder, "saved_model.pb")) for folder in (path, os.path.join(path, ENCODER)))
 
 
-def load_trained(path: str, name: str | None = None) -> ExportedEncoder:
-    """A trained encoder at `path`: its SavedModel where it has one and TensorFlow is installed,
-    else its Net in Keras (`NetEncoder`, a transformer's model dir); a UsageError naming the path
-    when neither is there."""
-    from model import tensorflow_installed
+def runs_as_net(path: str) -> bool:
+    """Whether the trained encoder at `path` runs as its Net in Keras (`NetEncoder`) rather than
+    as its SavedModel: a local model dir with its INPUTS and trained weights, where the SavedModel
+    is missing or this process cannot import TensorFlow (an accelerator image; `model.train
+    --backend jax`, which keeps it out)."""
+    from model import tensorflow_importable
 
-    if has_saved_model(path) and tensorflow_installed():
-        return SavedModelEncoder(path, name=name)
-    if os.path.exists(os.path.join(path, INPUTS)):
+    model_dir = ModelDir(path)
+    return (not is_remote(path) and os.path.exists(model_dir.file(INPUTS)) and os.path.exists(model_dir.best_weights)
+            and not (has_saved_model(path) and tensorflow_importable()))
+
+
+def load_trained(path: str, name: str | None = None, threads: int | None = None) -> ExportedEncoder:
+    """The trained encoder at `path` (a model dir, or a SavedModel folder, local or remote): its
+    Net where `runs_as_net`, else its SavedModel (`threads`: TensorFlow's); a UsageError naming a
+    local path that holds neither."""
+    if runs_as_net(path):
         return NetEncoder(path, name=name)
-    raise UsageError(f"{path}: neither a model dir nor a SavedModel encoder")
+    if not is_remote(path) and not has_saved_model(path):
+        raise UsageError(f"{path}: no trained encoder there (no SavedModel, nor a model dir with trained weights)")
+    return SavedModelEncoder(path, name=name, threads=threads)
