@@ -27,12 +27,9 @@ import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
-import os
 import pickle
 import queue
-import signal
 import threading
-import traceback
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -41,6 +38,7 @@ import keras
 import numpy as np
 
 from model.config import TrainConfig
+from model.training.input_worker import serve
 from model.training.shards import (
     FEATURES,
     NO_SECTION,
@@ -212,59 +210,7 @@ class BatchMaker:
                             largest=self.largest, teacher=self.teacher)
 
 
-# An input worker's environment: Keras (`import keras`, for this module's PyDatasets) under its NumPy
-# backend, so that no worker imports TensorFlow or claims a device (JAX would take most of a GPU's
-# memory), and `tokenizers` on one thread (the workers are the parallelism).
-WORKER_ENVIRONMENT = {"KERAS_BACKEND": "numpy", "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu",
-                      "TOKENIZERS_PARALLELISM": "false"}
 WORKER_BATCHES_AHEAD = 4   # batches in flight per worker: the memory bound of `in_workers`
-_ENVIRONMENT_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _worker_environment() -> Iterator[None]:
-    """`WORKER_ENVIRONMENT` in os.environ while workers are spawned (a spawned process starts with
-    the parent's environment), then the trainer's own again."""
-    with _ENVIRONMENT_LOCK:
-        saved = {name: os.environ.get(name) for name in WORKER_ENVIRONMENT}
-        os.environ.update(WORKER_ENVIRONMENT)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-
-
-def _exit_with(sentinel: Any) -> None:
-    multiprocessing.connection.wait([sentinel])
-    os._exit(1)
-
-
-def _serve(tasks: Any, results: Any) -> None:
-    """An input worker: `make`, the first item of `tasks` (sent there, not as the process's
-    argument: `Process.start` writes those to the child's pipe itself, and would wait for ever on
-    one that died before reading a large tokenizer), then `make(*task)` of each further task, in
-    order, into `results`, until None. A failure is sent back as the exception and its traceback
-    (an exception that does not pickle as a RuntimeError of its text). It exits when the trainer
-    does, however that ends (its queues would not tell it), and leaves Ctrl-C to the trainer."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
-    make = tasks.get()
-    while (task := tasks.get()) is not None:
-        try:
-            results.put(("batch", make(*task)))
-        except BaseException as error:   # every failure goes back to the trainer
-            text = traceback.format_exc()
-            try:
-                pickle.loads(pickle.dumps(error))
-            except Exception:
-                error = RuntimeError(f"{type(error).__name__}: {error}")
-            results.put(("error", (error, text)))
 
 
 def _receive(results: Any, process: Any, number: int) -> Any:
@@ -303,12 +249,11 @@ def in_workers(make: Callable[..., Any], tasks: Iterable[tuple], workers: int,
     context = multiprocessing.get_context("spawn")
     task_queues = [context.Queue() for _ in range(workers)]
     result_queues = [context.Queue() for _ in range(workers)]
-    processes = [context.Process(target=_serve, args=(task_queues[number], result_queues[number]),
+    processes = [context.Process(target=serve, args=(task_queues[number], result_queues[number]),
                                  name=f"input-worker-{number}", daemon=True) for number in range(workers)]
     try:
-        with _worker_environment():
-            for process in processes:
-                process.start()
+        for process in processes:
+            process.start()
         for channel in task_queues:
             channel.put(make)
         pending = iter(tasks)

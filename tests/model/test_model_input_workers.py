@@ -146,3 +146,18 @@ def test_the_benchmark_times_the_input_path_in_the_thread_and_in_workers(shards,
     assert all(rate > 0 for rate in results["triplets_per_s"]["minilm"].values())
     assert results["ratio"]["minilm"]["1"] == 1.0
     assert (tmp_path / "input_benchmark.json").exists() and (tmp_path / "input_benchmark.png").exists()
+
+
+@pytest.mark.slow   # a worker process
+def test_a_worker_runs_in_its_own_environment_and_leaves_the_trainers_alone(monkeypatch):
+    """Keras under NumPy and no device in the worker (set there, before Keras loads), while the
+    trainer's environment, which its other threads read, is never changed."""
+    from model.training.arrays import in_workers
+    from model.training.input_worker import WORKER_ENVIRONMENT
+
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    names = sorted(WORKER_ENVIRONMENT)
+    seen = list(in_workers(os.getenv, [(name,) for name in names], 1))
+    assert seen == [WORKER_ENVIRONMENT[name] for name in names]
+    assert (os.environ["KERAS_BACKEND"], os.environ["JAX_PLATFORMS"]) == ("jax", "cuda")
