@@ -486,8 +486,7 @@ def _score(job: Job, data: Data, model, initial_weights: list[np.ndarray], fit_r
     """The best epoch (of this run or a killed one) on the test split, every split's records
     checked (TripletDataLoss past `--max-lost-fraction`), and the summary HISTORY holds."""
     config, inputs = job.config, job.config.inputs
-    if os.path.exists(best.filepath):
-        model.load_weights(best.filepath)
+    best.restore(model)   # the best epoch's weights, unless the model holds them (the last epoch)
 
     # silent otherwise: the test pass takes a while
     LOG.info("training done; scoring the best epoch on the test split")
