@@ -110,7 +110,9 @@ if without_tensorflow():
 def keras_backend_here() -> str:
     """The Keras backend a command that runs under either one takes, set in KERAS_BACKEND before
     Keras loads: the one KERAS_BACKEND names, else TensorFlow where it is installed, else JAX
-    (an accelerator image)."""
+    (an accelerator image). Where Keras is loaded already, its backend, and the environment as it is."""
+    if "keras" in sys.modules:
+        return sys.modules["keras"].backend.backend()
     backend = os.environ.get("KERAS_BACKEND") or ("tensorflow" if tensorflow_installed() else "jax")
     os.environ["KERAS_BACKEND"] = backend
     return backend

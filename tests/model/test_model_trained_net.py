@@ -57,3 +57,15 @@ def test_a_distilled_students_size_is_its_teachers_read_from_the_model_dirs(tmp_
     teacher = _model_dir(tmp_path / "teacher", saved_model=False, encoder="minilm")
     student = _model_dir(tmp_path / "student", saved_model=False, encoder="minilm", teacher=teacher)
     assert output_dim(teacher) == output_dim(student) == 384   # all-MiniLM-L6-v2's hidden size
+
+
+def test_a_process_whose_keras_is_loaded_keeps_its_environment(monkeypatch):
+    """Choosing the backend where Keras is loaded already answers with Keras' own and changes no
+    variable: a subprocess started later (`model.train --backend jax`) inherits none it did not set."""
+    import keras
+
+    from model import keras_backend_here
+
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    assert keras_backend_here() == keras.backend.backend()
+    assert "KERAS_BACKEND" not in os.environ
