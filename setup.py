@@ -39,21 +39,21 @@ setuptools.setup(
     description="Thematic sentence similarity learned from Wikipedia sections "
     "(Ein Dor et al., ACL 2018) at Wikipedia scale with Apache Beam and Keras.",
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["pipeline", "pipeline.*", "model", "model.*", "eval", "eval.*",
-                                               "infra", "infra.*"]),
+    packages=setuptools.find_packages(include=["core", "core.*", "pipeline", "pipeline.*", "model", "model.*",
+                                               "eval", "eval.*", "infra", "infra.*"]),
     # What infra.submit reads beside its code: the Vertex AI specs, the Flex Template metadata, the
     # Cloud Build recipe and the TPU constraints.
     package_data={"infra": ["vertex/*.yaml", "flex_template.json", "cloudbuild.yaml", "tpu-constraints.txt",
                             "Dockerfile", "Dockerfile.dockerignore", "README.md"]},
-    # Beam and mwparserfromhell are pinned to a minor version: pipeline.sinks builds on Beam's
-    # FileBasedSink and pipeline.mwtokens calls mwparserfromhell's tokenizer directly.
+    # Beam and mwparserfromhell are pinned to a minor version: pipeline.write.sinks builds on Beam's
+    # FileBasedSink and pipeline.parse.mwtokens calls mwparserfromhell's tokenizer directly.
     install_requires=[   # the pipeline (a Dataflow worker of pipeline.run installs only these)
         "apache-beam>=2.77,<2.78",
         "spacy>=3.8,<4",
         "mwxml>=0.3.8",
         "mwparserfromhell>=0.7.2,<0.8",
-        "google-crc32c>=1.5",   # TFRecord framing (pipeline.tfrecord)
-        "pyarrow>=14",   # the triplet splits' Parquet twins (pipeline.parquet); Beam requires it too
+        "google-crc32c>=1.5",   # TFRecord framing (core.tfrecord)
+        "pyarrow>=14",   # the triplet splits' Parquet twins (core.parquet); Beam requires it too
         "numpy>=1.26",
         "matplotlib>=3.8",
         "tqdm>=4.66",

@@ -24,9 +24,10 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from core.cli import flag, parse_config, refuse_file_as_folder, run_cli
+from core.folders import claim_folder, reading
 from model.encoding.encoders import EncoderSpec, Methods, check_encoder_specs, named_model_dir
 from model.training.model_dir import History, ModelDir
-from pipeline.cli import flag, parse_config, refuse_file_as_folder, run_cli
 
 if TYPE_CHECKING:   # annotations only: the jobs' libraries load once the flags are parsed
     from eval.triplets import TripletsConfig
@@ -64,11 +65,11 @@ def trained_histories(model_dirs: tuple[str, ...]) -> dict[str, History]:
 def main(argv: list[str] | None = None) -> dict:
     args, beam_args = parse_config(ReportConfig, argv, "python -m eval.all", __doc__.split("\n\n")[0],
                                    passthrough=True)
-    from pipeline.published import Run  # the jobs' libraries load once the flags are parsed
+    from core.published import Run  # the jobs' libraries load once the flags are parsed
 
     refuse_file_as_folder("--output", args.output)
     check_encoder_specs(args.methods.specs())
-    with Run.open(args.data).reading():   # a reader's lease: no pipeline.run --overwrite replaces it meanwhile
+    with reading(Run.open(args.data)):   # a reader's lease: no pipeline.run --overwrite replaces it meanwhile
         return _evaluate(args, beam_args)
 
 
@@ -97,12 +98,12 @@ def int8_methods(methods: Methods, output: str) -> Methods:
     there (`NAME.source.json`: the SavedModel's key); every other spec as it was."""
     from apache_beam.io.filesystems import FileSystems
 
+    from core.files import read_json_object
     from eval.benchmark import is_transformer
     from eval.kept import encoder_key
     from eval.report import write_json
     from model.encoding.encoders import SpecKind
     from model.export import main as export
-    from pipeline.files import read_json_object
 
     texts = []
     for spec in methods.specs():
@@ -139,17 +140,17 @@ def scale_lines(test_triplets: int, scb_articles: int, sick_result: dict | None)
 def _evaluate(args: ReportConfig, beam_args: list[str]) -> dict:
     """Checks the inputs and claims `--output` (before any work), embeds the triplets' and SICK's
     sentences once per method, runs the evaluations and writes the report."""
+    from core.progress import timed
+    from core.published import Run
     from eval import scb, sick
     from eval.kept import check_kept, runs_ledger
-    from eval.report import claim_report_folder
-    from pipeline.progress import timed
-    from pipeline.published import Run
+    from eval.report import REPORT_WRITES
 
     scb.check_scb_input(args.data)
     sick_splits = sick.read_sick(args.sick) if args.sick else None
     if args.int8:
         check_int8_sources(args.methods, args.output)
-    claim_report_folder(args.output)
+    claim_folder(args.output, "eval", REPORT_WRITES, "--output", None)
     histories = trained_histories(args.methods.model_dirs)
     if args.int8:   # the methods every step scores; the learning curves still come from the model dirs
         args = dataclasses.replace(args, methods=int8_methods(args.methods, args.output))
@@ -198,9 +199,9 @@ def _run_evaluations(args: ReportConfig, beam_args: list[str], triplet_config: T
                      specs: list[EncoderSpec], seconds: dict[str, float]) -> _Results:
     """The SCB clustering job, triplet accuracy and (with `--sick`) SICK relatedness, each timed;
     the last two score `specs`, the cached embeddings."""
+    from core.progress import timed
     from eval import scb, sick, triplets
     from eval.report import scb_markdown, sick_markdown, triplets_markdown
-    from pipeline.progress import timed
 
     sections: list[str] = []
     with timed(seconds, "scb"):

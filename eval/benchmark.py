@@ -48,10 +48,10 @@ from typing import Any
 
 import numpy as np
 
+from core.cli import UsageError, flag, parse_config, run_cli
 from model.encoding.encoders import EncoderSpec, Methods, SpecKind, load_encoder
 from model.similarity import Similarity
 from model.training.model_dir import SENTENCE_TRANSFORMERS
-from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
 def matmul_peak_gflops(size: int = 1024, repeats: int = 5) -> float:
@@ -258,8 +258,8 @@ def side_by_side(encoders: dict[str, Callable[[list[str]], np.ndarray]], article
 
 def onnx_comparison(spec: EncoderSpec, articles: list, output: str, batch_size: int) -> list[dict]:
     """The SavedModel export, its ONNX exports and sentence-transformers' ONNX int8, side by side."""
+    from core.files import is_remote
     from model.encoding.encoder import OnnxEncoder, SavedModelEncoder
-    from pipeline.files import is_remote
 
     work = tempfile.mkdtemp(prefix="eval-benchmark-onnx-") if is_remote(output) else os.path.join(output, "onnx")
     folders = onnx_exports(spec, work)

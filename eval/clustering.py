@@ -13,8 +13,8 @@ from sklearn.metrics import adjusted_mutual_info_score, adjusted_rand_score, mut
 from sklearn.preprocessing import normalize
 from threadpoolctl import threadpool_limits
 
+from core.progress import timed
 from eval.iclust import IclustConfig, iclust_many
-from pipeline.progress import timed
 
 ALGORITHMS = ("kmeans", "iclust", "average-link")
 METRICS = ("MI", "AMI", "RI", "ARI")

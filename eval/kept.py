@@ -46,11 +46,11 @@ from collections.abc import Iterator
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from core.cli import UsageError
+from core.files import read_bytes, read_json_object, write_bytes
 from eval.clustering import ALGORITHMS
 from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, encoder_fingerprint
 from model.encoding.encoders import EncoderSpec, method_names
-from pipeline.cli import UsageError
-from pipeline.files import read_bytes, read_json_object, write_bytes
 
 ROWS_FOLDER = "scb/rows"
 WHOLE_SUFFIX = ".whole.json"   # beside each rows file, written before it: its row count and SHA-256
@@ -267,7 +267,7 @@ def runs_ledger(output: str) -> Iterator[list[dict]]:
     `RUNS_FILE` is rewritten whole every HEARTBEAT_SECONDS, so a killed run counts to within
     that; the caller marks it `finished` before writing the report, and the yielded list is the
     ledger then."""
-    from pipeline.files import read_bytes
+    from core.files import read_bytes
 
     path = FileSystems.join(output, RUNS_FILE)
     earlier = json.loads(read_bytes(path)) if FileSystems.exists(path) else []

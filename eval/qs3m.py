@@ -23,15 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from core.cli import flag, parse_config, run_cli
+from core.files import read_bytes
+from core.folders import claim_folder
+from core.progress import progress_bar
+from core.splits import SPLITS
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
-from pipeline.cli import flag, parse_config, run_cli
-from pipeline.files import read_bytes
-from pipeline.progress import progress_bar
-from pipeline.splits import SPLITS
 
 REFERENCE = "embedding Euclidean"
 
@@ -276,11 +277,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if spec == "from-model":
         spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
     (encoder,) = load_encoders([EncoderSpec.parse(spec)])
-    from eval.report import claim_report_folder
-    from pipeline.published import reading_if_run
+    from core.folders import reading_if_run
+    from eval.report import REPORT_WRITES
 
     with reading_if_run(config.passages):
-        claim_report_folder(config.output)
+        claim_folder(config.output, "eval", REPORT_WRITES, "--output", None)
         results = evaluate(config, encoder)
     print(qs3m_markdown(results))
     print(f"QS3M results in {config.output} (qs3m.json, qs3m.md, qs3m-*.png)")

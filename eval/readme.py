@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.cli import UsageError, flag, parse_config, run_cli
+from core.cli import UsageError, flag, parse_config, run_cli
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 

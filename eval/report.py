@@ -10,12 +10,12 @@ import matplotlib.pyplot as plt
 from apache_beam.io.filesystems import FileSystems
 from matplotlib.lines import Line2D
 
+from core.files import write_bytes
+from core.records import PAPER_DATASET
 from eval.clustering import ALGORITHMS, METRICS
 from eval.intervals import interval_text, value_text
 from model.config import NetworkKind
 from model.training.model_dir import History
-from pipeline.files import write_bytes
-from pipeline.records import PAPER_DATASET
 
 matplotlib.use("Agg")   # files, never a window: pyplot picks its backend at the first figure, so after its import
 
@@ -41,16 +41,9 @@ def read_jsonl(pattern: str) -> list[dict]:
 
 
 # What the eval commands write into their --output (one report folder may hold all of them): a
-# folder holding anything else, a model dir or a run, is refused (`model.training.storage.claim_folder`).
+# folder holding anything else, a model dir or a run, is refused (`core.folders.claim_folder`).
 REPORT_WRITES = ("report.", "summary.", "scb", "triplets", "sick", "learning_curves", "qs3m", "embeddings", "onnx",
                  "beam-temp-")
-
-
-def claim_report_folder(output: str) -> None:
-    """Claims `--output` for the eval commands, which replace their own files as they write them."""
-    from model.training.storage import claim_folder
-
-    claim_folder(output, "eval", REPORT_WRITES, "--output", None)
 
 
 def write_text(path: str, text: str) -> None:

@@ -27,9 +27,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from core.cli import flag, parse_config, parse_first, run_cli
+from core.files import is_remote
+from core.folders import claim_folder, reading
 from model.encoding.encoders import Methods, check_encoder_specs, method_names
-from pipeline.cli import flag, parse_config, parse_first, run_cli
-from pipeline.files import is_remote
 
 VARIANTS = ("all", "openers")
 ARTICLES_READ = "scb_eval_articles_read"   # the job's counter of SCB lines read, checked against the manifest
@@ -72,12 +73,12 @@ import numpy as np  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
+from core import jobserver, records  # noqa: E402
+from core.counters import NAMESPACE, job_totals  # noqa: E402
+from core.progress import progress_bar, timed, workers_end_on_interrupt  # noqa: E402
+from core.published import ManifestError, Run, check_record_count  # noqa: E402
+from core.splits import stable_hash  # noqa: E402
 from eval.intervals import comparisons, mean_interval  # noqa: E402
-from pipeline import jobserver, records  # noqa: E402
-from pipeline.counters import NAMESPACE, job_totals  # noqa: E402
-from pipeline.progress import progress_bar, timed, workers_end_on_interrupt  # noqa: E402
-from pipeline.published import ManifestError, Run, check_record_count  # noqa: E402
-from pipeline.splits import stable_hash  # noqa: E402
 
 
 def variant_subset(record: records.ScbRecord, variant: str) -> np.ndarray:
@@ -370,7 +371,7 @@ def job_profile(pipeline_result, methods: list[str]) -> dict:
     reports without a value adds nothing (the profile is a measurement, not a reconciled count)."""
     from apache_beam.metrics.metric import MetricsFilter
 
-    from pipeline.counters import reported_value
+    from core.counters import reported_value
 
     def distribution(metric) -> tuple[int, int]:   # (sum, count)
         value = reported_value(metric)
@@ -493,12 +494,12 @@ def run(config: ScbConfig, beam_args: list[str] | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     config, beam_args = parse_args(argv)
-    from eval.report import claim_report_folder, scb_markdown
+    from eval.report import REPORT_WRITES, scb_markdown
 
-    with Run.open(config.data).reading():
+    with reading(Run.open(config.data)):
         check_scb_input(config.data)
         check_encoder_specs(config.methods.specs())
-        claim_report_folder(config.output)
+        claim_folder(config.output, "eval", REPORT_WRITES, "--output", None)
         result = run(config, beam_args)   # which refuses kept results of another key before any work
 
     print(scb_markdown(result))

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.folders import claim_folder
+from core.progress import progress_bar
 from model.encoding.encoders import EncoderSpec, Methods, load_encoders
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.progress import progress_bar
 
 CLASSES = np.arange(1, 6)
 SICK_SPLITS = ("TRAIN", "TRIAL", "TEST")
@@ -247,9 +248,9 @@ def parse_args(argv: list[str] | None) -> SickConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
-    from eval.report import claim_report_folder, sick_markdown
+    from eval.report import REPORT_WRITES, sick_markdown
 
-    claim_report_folder(config.output)
+    claim_folder(config.output, "eval", REPORT_WRITES, "--output", None)
     result = run(config)
 
     print(sick_markdown(result))

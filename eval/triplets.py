@@ -18,15 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core import records
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.folders import claim_folder, reading
+from core.progress import progress_bar
+from core.published import Run, check_record_count
+from core.records import PAPER_DATASET, TRIPLET_DATASETS
+from core.splits import SPLITS
 from eval.intervals import comparisons, proportion_interval
 from model.encoding.encoders import EncoderSpec, Methods, check_encoder_specs, load_encoders
 from model.similarity import REPORTED, Similarity
-from pipeline import records
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.progress import progress_bar
-from pipeline.published import Run, check_record_count
-from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
-from pipeline.splits import SPLITS
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,12 @@ def main(argv: list[str] | None = None) -> dict:
     check_encoder_specs(config.methods.specs())
     from apache_beam.io.filesystems import FileSystems
 
-    from eval.report import claim_report_folder, triplets_markdown
+    from eval.report import REPORT_WRITES, triplets_markdown
     from model.training.shards import open_run
 
-    with open_run(config.data).reading():
+    with reading(open_run(config.data)):
         triplets = read_test_triplets(config)
-        claim_report_folder(config.output)
+        claim_folder(config.output, "eval", REPORT_WRITES, "--output", None)
         result = run(config, triplets)
 
     print(triplets_markdown(result))

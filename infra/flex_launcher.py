@@ -6,7 +6,7 @@ package (importable on workers) rather than in `__main__`.
 """
 import sys
 
-from pipeline.cli import run_cli
+from core.cli import run_cli
 from pipeline.run import main
 
 if __name__ == "__main__":

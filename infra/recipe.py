@@ -15,11 +15,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.records import PAPER_DATASET, TITLES_DATASET
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.records import PAPER_DATASET, TITLES_DATASET
 
 # No shuffle buffer: the pipeline writes each split in a fixed pseudo-random order of article
-# chunks (`pipeline.order`), and the trainer streams it shard by shard, so memory and the time to
+# chunks (`pipeline.write.order`), and the trainer streams it shard by shard, so memory and the time to
 # the first step do not grow with the data. (When the shards held each article's triplets in
 # page-id order, these recipes needed a buffer of the whole split, 1.1 M triplets and ~2 GB, and
 # minutes to fill it.)

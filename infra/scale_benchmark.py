@@ -26,10 +26,10 @@ import sys
 import tempfile
 import time
 
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.files import is_remote
+from core.records import PAPER_DATASET
 from model.training.model_dir import ModelDir
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.files import is_remote
-from pipeline.records import PAPER_DATASET
 
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*first training step after")
 MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
@@ -57,7 +57,7 @@ class ScaleBenchmarkConfig:
 
 def repeated_run(data: str, dataset: str, times: int, folder: str) -> str:
     """A run folder whose train split is `data`'s, `times` over (hard links under new names)."""
-    from pipeline.published import MANIFEST, Manifest, Run, Shard
+    from core.published import MANIFEST, Manifest, Run, Shard
 
     run = Run.open(data)
 

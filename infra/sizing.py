@@ -5,7 +5,7 @@
 
 `--dry-run true` prints the two runs it would make and exits. Otherwise it runs `pipeline.run`
 (DirectRunner, one process, minutes) on the embedded excerpt and on a multistream dump
-COPIES times its size (its pages repeated with new ids and titles by `pipeline.multistream`), so
+COPIES times its size (its pages repeated with new ids and titles by `pipeline.read.multistream`), so
 start-up cost cancels out of the marginal cost per article and per compressed MB. Costs are CPU
 seconds of this process (all its threads), not wall time, so other load on the machine does not
 inflate them. The full dump's
@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from pipeline.cli import UsageError, flag, parse_config, run_cli
+from core.cli import UsageError, flag, parse_config, run_cli
 
 ID_STRIDE = 10_000_000  # page ids of copy N: id + N * ID_STRIDE (the excerpt's ids are below 31,000)
 
@@ -42,8 +42,8 @@ class Measurement:
 
 def build_copies(copies: int, folder: str) -> str:
     """The embedded excerpt repeated `copies` times as a multistream dump (with its index)."""
-    from pipeline.dump_writers import dump_parts, renumber_page, write_multistream_dump
-    from pipeline.dumps import embedded_dump_path
+    from pipeline.read.dump_writers import dump_parts, renumber_page, write_multistream_dump
+    from pipeline.read.dumps import embedded_dump_path
 
     header, page_iter = dump_parts(embedded_dump_path())
     pages = list(page_iter)
@@ -55,7 +55,7 @@ def build_copies(copies: int, folder: str) -> str:
 
 def measure(dump: str | None, output: str) -> Measurement:
     from pipeline import run as pipeline_run
-    from pipeline.dumps import embedded_dump_path
+    from pipeline.read.dumps import embedded_dump_path
 
     argv = ["--output", output, "--runner", "DirectRunner"] + (["--input", dump] if dump else [])
     cpu_before = time.process_time()

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import yaml
 
+from core.cli import UsageError, build_config, config_parser, dataflow_option_errors, flag, flag_fields, run_cli
+from core.records import PAPER_DATASET, TRIPLET_DATASETS
 from infra.recipe import RECIPES
 from model.training.model_dir import ModelDir
-from pipeline.cli import UsageError, build_config, config_parser, dataflow_option_errors, flag, flag_fields, run_cli
-from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent

@@ -123,7 +123,7 @@ def require_tensorflow_keras(command: str) -> None:
     TensorFlow for a command whose Keras code runs under TensorFlow alone (it builds a strings-in
     SavedModel, or trains outside `model.train`); called before Keras loads. Only `model.train
     --backend jax` trains under JAX."""
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     if not tensorflow_installed():
         why = f"{WITHOUT_TENSORFLOW}=1 runs it as if TensorFlow were not installed" if without_tensorflow() else (

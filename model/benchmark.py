@@ -62,9 +62,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from core.cli import UsageError, flag, parse_config, parse_first, run_cli
+from core.records import PAPER_DATASET
 from model.config import InputConfig, NetworkConfig, OptimizerConfig, TrainConfig
-from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
-from pipeline.records import PAPER_DATASET
 
 MEASURES = ("train", "input")
 INPUT_ENCODERS = ("minilm", "mpnet")   # the transformers' tokenizers (minilm-sen, mpnet-sen)

@@ -1,4 +1,4 @@
-"""TrainConfig: every knob of `python -m model.train`, one CLI flag per field (`pipeline.cli.
+"""TrainConfig: every knob of `python -m model.train`, one CLI flag per field (`core.cli.
 parse_config`: `model_dir` -> `--model-dir`, booleans take true/false), grouped by concern:
 
 * `inputs` (InputConfig): what is read and how it becomes batches: the pipeline output and
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from core.cli import config_flags, config_from_flags, flag, parse_config
+from core.records import PAPER_DATASET, TRIPLET_DATASETS
 from model.checkpoints import CHECKPOINTS
 from model.similarity import Similarity
-from pipeline.cli import config_flags, config_from_flags, flag, parse_config
-from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS
 
 DISTRIBUTION_STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu", "data-parallel")
 # `--backend`: the Keras backend the trainer runs under (KERAS_BACKEND, set before Keras loads).

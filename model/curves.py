@@ -16,8 +16,8 @@ import sys
 import textwrap
 from dataclasses import dataclass
 
+from core.cli import UsageError, flag, parse_config, run_cli
 from model.training.model_dir import HISTORY, LOGS, ModelDir
-from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ of the kept sections; id `article_id:section:paragraph`), the latter two listed 
 manifest. Output: `DIR/embeddings-NNNNN-of-MMMMM.parquet` with columns `id` (string), `text`
 (string) and `embedding` (fixed-size list of float32, the encoder's width), written by Beam's
 `WriteToParquet` (pyarrow). A JSON line that is not JSON, lacks the text field, breaks the
-run's record contract (`pipeline.records`), or whose text or id is not valid Unicode (a lone
+run's record contract (`core.records`), or whose text or id is not valid Unicode (a lone
 surrogate such as JSON's `\\ud800`, which UTF-8 cannot encode) is counted (`embed_lines_set_aside`)
 and set aside in `DIR/dead_letters-*.jsonl` with its file and reason, never fatal; the summary
 line names them.
@@ -27,9 +27,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from core.cli import UsageError, flag, parse_config, parse_first, run_cli
+from core.records import PASSAGES, SCB
 from model.training.model_dir import ENCODER
-from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
-from pipeline.records import PASSAGES, SCB
 
 SOURCES = (SCB, PASSAGES)
 PROG = "python -m model.embed"

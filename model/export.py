@@ -34,12 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
+from core.folders import COMMAND_CLAIM, claim_folder, end_claim
 from model.checkpoints import CHECKPOINTS
 from model.encoding.trained_net import rebuilt, recorded_config
 from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
 from model.similarity import Similarity
 from model.training.model_dir import BEST_WEIGHTS, ENCODER, SERVING
-from pipeline.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
 
 SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in ENCODER (model.formats.saved_model)
 ONNX = "onnx"                 # `--format`: an ONNX folder (model.formats.onnx_export)
@@ -77,10 +78,9 @@ class ExportConfig:
 def export_model_dir(config: ExportConfig) -> str:
     """Rebuilds the model dir's network from its recorded flags, loads its best checkpoint (or
     `--weights`) and writes `--format`: a sentence-transformers folder at `--output`, claimed
-    (`model.training.storage.claim_folder`: a folder holding anything an export does not write is refused,
+    (`core.folders.claim_folder`: a folder holding anything an export does not write is refused,
     an earlier export replaced only with `--overwrite`), or the model dir's own ENCODER."""
     from model.training.model_dir import BEST_WEIGHTS, ModelDir
-    from model.training.storage import claim_folder
 
     if config.output:   # a file where the folder goes: refused first, before the model dir is read
         refuse_file_as_folder("--output", config.output)
@@ -115,28 +115,13 @@ def export_model_dir(config: ExportConfig) -> str:
     folder = checkpoint_dir(flags["encoder"], train_config.network.checkpoint)
     write_sentence_transformers(encoder, folder, config.output,
                                 max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
-    return end_claim(config.output)
-
-
-def end_claim(output: str) -> str:
-    """Replaces the live claim of the written folder `output` by one naming only the command and
-    when it ended (no host, no pid: the folder is published as it is); `claim_folder` still takes
-    it as model.export's (`--overwrite` replaces the folder) and as ended. Returns `output`."""
-    import json
-    import time
-
-    from model.training.model_dir import COMMAND_CLAIM
-    from pipeline.files import write_complete
-
-    ended = {"command": "model.export", "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_complete(f"{output.rstrip('/')}/{COMMAND_CLAIM}", json.dumps(ended).encode())
-    return output
+    return end_claim(config.output, "model.export")
 
 
 def is_off_the_shelf(model_dir: str) -> bool:
     """Whether `model_dir` is `model.pretrained`'s: a checkpoint's export, no recorded training."""
-    from model.training.model_dir import COMMAND_CLAIM, INPUTS
-    from pipeline.files import read_json_object
+    from core.files import read_json_object
+    from model.training.model_dir import INPUTS
 
     claim = os.path.join(model_dir, COMMAND_CLAIM)
     return (not os.path.exists(os.path.join(model_dir, INPUTS)) and os.path.exists(claim)
@@ -191,7 +176,6 @@ def export_onnx(config: ExportConfig) -> str:
     """Writes the ONNX folder at `--output`, claimed as the sentence-transformers export's is."""
     from model.formats.onnx_export import export_entries, write_onnx_folder
     from model.net.backbone import checkpoint_dir
-    from model.training.storage import claim_folder
 
     assert config.output is not None   # __post_init__
     if not os.path.isdir(config.model_dir):
@@ -202,14 +186,14 @@ def export_onnx(config: ExportConfig) -> str:
     write_onnx_folder(backbone, os.path.join(checkpoint_dir(checkpoint), "vocab.txt"), config.output,
                       max_tokens=max_tokens, similarity=similarity, quantize=config.quantize, projection=projection,
                       source=os.path.basename(config.model_dir.rstrip("/")))
-    return end_claim(config.output)
+    return end_claim(config.output, "model.export")
 
 
 def scb_sentences(data: str, limit: int) -> list[str]:
     """The first `limit` distinct sentences of a run's SCB articles, as the pipeline wrote them."""
-    from pipeline.files import read_bytes
-    from pipeline.published import Run
-    from pipeline.records import SCB, ScbRecord
+    from core.files import read_bytes
+    from core.published import Run
+    from core.records import SCB, ScbRecord
 
     sentences: dict[str, None] = {}
     for path in Run.open(data).paths(SCB):

@@ -2,7 +2,7 @@
 
     python -m model.pretrained --model-dir DIR [--encoder minilm|mpnet] [--checkpoint FOLDER] [--max-tokens 64]
 
-Claims DIR as its own (`model.training.model_dir.COMMAND_CLAIM`: a trained model dir, or any
+Claims DIR as its own (`model.training.core.folders.COMMAND_CLAIM`: a trained model dir, or any
 folder holding other files, is refused) and writes its ENCODER (SavedModel: 1-D tf.string ->
 {"embeddings": [n, d]}), the very export `model.train --encoder minilm` writes after
 fine-tuning, with zero training steps: the off-the-shelf baseline is scored through the same
@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from core.cli import flag, parse_config, run_cli
 from model.config import NetworkKind
 from model.training.model_dir import ENCODER
-from pipeline.cli import flag, parse_config, run_cli
 
 # The `--encoder` values that are checkpoints.
 CHECKPOINTS = tuple(kind.value for kind in NetworkKind if kind.pretrained)
@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> str:
 
     require_tensorflow_keras("model.pretrained")
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
+    from core.folders import claim_folder
+    from core.storage import staged
     from model.formats.saved_model import ExportableEncoder
     from model.net.backbone import build_transformer_encoder, checkpoint_dir
     from model.net.transformer import token_ids
     from model.training.model_dir import ModelDir
-    from model.training.storage import claim_folder, staged
 
     checkpoint_dir(config.encoder, config.checkpoint)   # an absent checkpoint is refused before the claim
     claim_folder(config.model_dir, "model.pretrained", (ENCODER,), "--model-dir", config.overwrite)

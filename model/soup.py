@@ -30,6 +30,9 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from core.cli import UsageError, flag, parse_config, parse_first, run_cli
+from core.files import is_remote
+from core.folders import reading
 from model.training.model_dir import (
     CHECKPOINTS,
     ENCODER,
@@ -40,8 +43,6 @@ from model.training.model_dir import (
     VERTEX_MODEL,
     ModelDir,
 )
-from pipeline.cli import UsageError, flag, parse_config, parse_first, run_cli
-from pipeline.files import is_remote
 
 if TYPE_CHECKING:
     import numpy as np
@@ -119,9 +120,9 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
+    from core.folders import claim_folder
     from model.encoding.trained_net import recorded_config
     from model.training.model_dir import BEST_WEIGHTS
-    from model.training.storage import claim_folder
 
     recorded = [recorded_config(path) for path in config.model_dirs]
     recipe = one_recipe([flags for flags, _ in recorded], config.model_dirs)
@@ -140,12 +141,12 @@ def soup(config: SoupConfig) -> dict:
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
     import numpy as np
 
+    from core.files import write_complete
     from model.encoding.trained_net import network_of
     from model.formats.trained import export_in_tensorflow, export_sentence_transformers
     from model.net.wordpieces import wordpieces
     from model.training.arrays import TripletInput
     from model.training.shards import open_run
-    from pipeline.files import write_complete
 
     if train_config.network.kind.reads_word_vectors:
         raise UsageError("--model-dir: a soup of BiLSTM runs is not made (each has its own vocabulary); soups are "
@@ -155,7 +156,7 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
     untrained = [np.asarray(weight) for weight in model.get_weights()]
     model.optimizer.build(model.trainable_variables)   # the checkpoints hold its state too
     runs = []
-    with run.reading():
+    with reading(run):
         network = train_config.network
         source = TripletInput(train_config, run, wordpieces(train_config.inputs.max_tokens, network.encoder,
                                                             network.checkpoint))

@@ -21,15 +21,15 @@ import logging
 import os
 import sys
 
+from core.cli import parse_first, refuse_file_as_folder, run_cli
 from model.config import TrainConfig, parse_args
-from pipeline.cli import parse_first, refuse_file_as_folder, run_cli
 
 
 def use_backend(config: TrainConfig) -> None:
     """Sets KERAS_BACKEND to `--backend` before Keras loads (Keras reads it once, at its import).
     A UsageError where another backend was chosen: KERAS_BACKEND set otherwise, or Keras
     already loaded under another backend (an in-process caller)."""
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     backend = config.runtime.backend
     if "keras" in sys.modules:
@@ -55,9 +55,9 @@ def use_backend(config: TrainConfig) -> None:
 def refuse_without_tensorflow(config: TrainConfig) -> None:
     """A UsageError, before any work, for a run that needs TensorFlow where it is not installed
     (an accelerator image): a transformer under JAX trains without it, taught by a model dir too."""
+    from core.cli import UsageError
     from model import tensorflow_installed
     from model.training.shards import needs_tensorflow
-    from pipeline.cli import UsageError
 
     needs = "--backend tensorflow" if config.runtime.backend != "jax" else needs_tensorflow(config)
     if needs and not tensorflow_installed():

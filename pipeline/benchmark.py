@@ -40,8 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.records import SENTENCE_DATASETS
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.records import SENTENCE_DATASETS
 
 GOALS = {"pipeline_vs_segment_wiki": ("<=", 1.0), "pipeline_vs_bzcat": ("<=", 10.0),
          "rss_16x_vs_1x": ("<=", 1.2), "speedup_2_vs_1_workers": (">=", 1.6)}
@@ -101,8 +101,8 @@ def measure(name: str, command: list[str]) -> Measurement:
 
 def build_inputs(workdir: Path, config: BenchmarkConfig) -> dict[str, str]:
     """The 1x excerpt and, built from it, the scaled plain and multistream dumps."""
-    from pipeline import dump_writers, multistream
-    from pipeline.dumps import embedded_dump_path, page_id_and_title
+    from pipeline.read import dump_writers, multistream
+    from pipeline.read.dumps import embedded_dump_path, page_id_and_title
 
     source = embedded_dump_path()
     header, page_iter = dump_writers.dump_parts(source)
@@ -160,7 +160,7 @@ def run_read_only(input_path: str, beam_args: list[str]) -> None:
     """The reader alone: ReadDumpPages into a count of pages (what decoding costs)."""
     import apache_beam as beam
 
-    from pipeline.read import ReadDumpPages
+    from pipeline.read.pages import ReadDumpPages
 
     with beam.Pipeline(argv=["--runner", "DirectRunner", *beam_args]) as pipeline:
         read = pipeline | ReadDumpPages(input_path)
@@ -171,10 +171,10 @@ def stage_seconds(input_path: str) -> dict[str, float]:
     """Each per-page stage timed alone, in this process, over the dump's article pages."""
     import mwparserfromhell
 
-    from pipeline.dumps import Page, decode_pages
-    from pipeline.mwtokens import tokenize
-    from pipeline.sentences import SentenceSplitter
-    from pipeline.wikitext import ParsedPage, parse_wikitext
+    from pipeline.parse.mwtokens import tokenize
+    from pipeline.parse.sentences import SentenceSplitter
+    from pipeline.parse.wikitext import ParsedPage, parse_wikitext
+    from pipeline.read.dumps import Page, decode_pages
 
     def timed(work) -> float:
         started = time.perf_counter()
@@ -222,12 +222,18 @@ def profile_pipeline(input_path: str, output: Path, top: int) -> dict:
                                "function": name} for own, cum, calls, name in rows[:top]]}
 
 
+# The job's own code and the shared base it stands on, named by module in a profile.
+PROJECT_PACKAGES = tuple(Path(__file__).resolve().parents[1] / name for name in ("pipeline", "core"))
+
+
 def _library_of(filename: str) -> str:
     for marker in ("site-packages/", "dist-packages/"):
         if marker in filename:
             return filename.split(marker, 1)[1].split("/", 1)[0]
-    if Path(filename).parent == Path(__file__).parent:
-        return "pipeline." + Path(filename).stem
+    source = Path(filename).resolve()
+    for package in PROJECT_PACKAGES:
+        if source.is_relative_to(package):
+            return ".".join(source.relative_to(package.parent).with_suffix("").parts)
     if filename.endswith((".pyx", ".pxd")):  # Cython modules name themselves relative to their package
         return filename.split("/", 1)[0] if "/" in filename else "cython (spaCy)"
     if filename.startswith("~") or filename.startswith("<"):
@@ -317,7 +323,7 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
 
 
 def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
-    from pipeline.mwtokens import C_TOKENIZER
+    from pipeline.parse.mwtokens import C_TOKENIZER
 
     workdir = Path(config.workdir or tempfile.mkdtemp(prefix="wikisim-benchmark-"))
     workdir.mkdir(parents=True, exist_ok=True)

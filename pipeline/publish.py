@@ -21,7 +21,7 @@ import dataclasses
 import sys
 import time
 
-from pipeline.cli import DataLossError, UsageError, flag, parse_config, run_cli
+from core.cli import DataLossError, UsageError, flag, parse_config, run_cli
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +57,9 @@ def submission(out: str) -> tuple[dict, dict] | None:
     UsageError naming the folder when it holds no submitted job."""
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.files import read_json_object
-    from pipeline.published import LOCK, MANIFEST, submitted_job
+    from core.files import read_json_object
+    from core.folders import LOCK, submitted_job
+    from core.published import MANIFEST
 
     if not FileSystems.exists(f"{out}/{LOCK}"):
         if FileSystems.exists(f"{out}/{MANIFEST}"):
@@ -82,9 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"pipeline.publish: {out} is published already")
         return {}
     job, run = found
-    from pipeline import outputs
+    from core import folders
+    from core.cli import config_from_flags
     from pipeline import run as pipeline_run
-    from pipeline.cli import config_from_flags
 
     run_config = config_from_flags(pipeline_run.PipelineConfig, run["config"])
     if run_config.output.rstrip("/") != out:
@@ -100,13 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
     except Exception as error:   # Beam's DataflowRuntimeException: the job failed or was cancelled
         if not result.is_in_terminal_state():
             raise   # the job may still run: the folder stays locked by it
-        outputs.end_unpublished(out, f"Dataflow job {job['id']} ended {result.state}")
+        folders.end_unpublished(out, f"Dataflow job {job['id']} ended {result.state}")
         raise JobFailedError(f"Dataflow job {job['id']} ended {result.state}, not done: {out} is not published "
                              f"(--overwrite can replace it); {str(error).splitlines()[0][:200]}") from error
     try:
         stats = pipeline_run.finish(result, run_config, run["input"], run["runner"], time.time() - job["submitted"])
     except BaseException as error:
-        outputs.end_unpublished(out, str(error)[:300])
+        folders.end_unpublished(out, str(error)[:300])
         raise
     pipeline_run.publish(run_config, stats["counters"])
     return stats

@@ -18,17 +18,17 @@ import io
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from pipeline import counters as counter_names
-from pipeline import progress, records
-from pipeline.cli import DataLossError, UsageError, flag, is_dataflow, is_local, parse_config, run_cli
-from pipeline.files import is_remote
-from pipeline.rules import RuleConfig
-from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
-from pipeline.splits import SPLITS
-from pipeline.triplets import NegativeStrategy
+from core import counters as counter_names
+from core import folders, progress, published, records
+from core.cli import DataLossError, UsageError, flag, is_dataflow, is_local, parse_config, run_cli
+from core.files import is_remote
+from core.records import NegativeStrategy
+from core.splits import SPLITS
+from pipeline.parse.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
+from pipeline.triplets.rules import RuleConfig
 
 if TYPE_CHECKING:   # Beam loads after the flags parse (main): --help and a bad flag answer without it
     import apache_beam as beam
@@ -104,7 +104,7 @@ class PipelineConfig:
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
-        from pipeline.outputs import check_output_path
+        from core.folders import check_output_path
 
         check_output_path(self.output)
         try:
@@ -161,13 +161,15 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
     indexes ([] when one has none), which give the number of pages to read."""
     import apache_beam as beam
 
-    from pipeline import transforms
-    from pipeline.read import ReadDumpPages
+    from pipeline.read.pages import ReadDumpPages
+    from pipeline.triplets import transforms as triplet_transforms
+    from pipeline.write import transforms as write_transforms
 
     out = config.output.rstrip("/")
     reader = ReadDumpPages(input_pattern, config.index, config.page_shards, progress_folder)
-    read = pipeline | "ReadDump" >> reader   # one page per page id (`pipeline.dedupe`)
-    built = read["pages"] | "BuildArticles" >> transforms.BuildArticles(config.seed, config.spacy_model, config.rules)
+    read = pipeline | "ReadDump" >> reader   # one page per page id (`pipeline.read.dedupe`)
+    built = read["pages"] | "BuildArticles" >> triplet_transforms.BuildArticles(config.seed, config.spacy_model,
+                                                                                 config.rules)
     articles = built["articles"]
 
     for strategy in config.negative_strategies():
@@ -175,30 +177,31 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
         (
             articles
             | f"Triplets[{dataset}]"
-            >> transforms.SentenceTriplets(strategy, config.seed, config.rules, config.other_article_bucket_size)
-            | f"Write[{dataset}]" >> transforms.WriteTripletSplits(out, dataset, config.seed)
+            >> triplet_transforms.SentenceTriplets(strategy, config.seed, config.rules,
+                                                   config.other_article_bucket_size)
+            | f"Write[{dataset}]" >> write_transforms.WriteTripletSplits(out, dataset, config.seed)
         )
     (
         articles
-        | f"Triplets[{records.TITLES_DATASET}]" >> transforms.TitleTriplets()
-        | f"Write[{records.TITLES_DATASET}]" >> transforms.WriteTripletSplits(out, records.TITLES_DATASET,
+        | f"Triplets[{records.TITLES_DATASET}]" >> triplet_transforms.TitleTriplets()
+        | f"Write[{records.TITLES_DATASET}]" >> write_transforms.WriteTripletSplits(out, records.TITLES_DATASET,
                                                                              config.seed)
     )
     (
         articles
-        | "Scb" >> transforms.ScbRecords(config.rules)
-        | "WriteScb" >> transforms.WriteJsonLines(f"{out}/{records.SCB}/part", counter_names.SCB_ARTICLES)
+        | "Scb" >> write_transforms.ScbRecords(config.rules)
+        | "WriteScb" >> write_transforms.WriteJsonLines(f"{out}/{records.SCB}/part", counter_names.SCB_ARTICLES)
     )
     (
         articles
-        | "Passages" >> transforms.PassageRecords()
-        | "WritePassages" >> transforms.WriteJsonLines(f"{out}/{records.PASSAGES}/part",
+        | "Passages" >> write_transforms.PassageRecords()
+        | "WritePassages" >> write_transforms.WriteJsonLines(f"{out}/{records.PASSAGES}/part",
                                                       counter_names.PASSAGES_ARTICLES)
     )
     (
         (read[records.DEAD_LETTERS], built[records.DEAD_LETTERS])
         | "AllDeadLetters" >> beam.Flatten()
-        | "WriteDeadLetters" >> transforms.WriteJsonLines(f"{out}/{records.DEAD_LETTERS}/part",
+        | "WriteDeadLetters" >> write_transforms.WriteJsonLines(f"{out}/{records.DEAD_LETTERS}/part",
                                                          counter_names.DEAD_LETTERS_WRITTEN)
     )
     return reader.indexes()
@@ -206,7 +209,7 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
 
 def expected_counters(config: PipelineConfig) -> list[str]:
     """Counters stats.json always lists, at 0 when nothing incremented them."""
-    from pipeline import transforms
+    from pipeline.triplets import transforms as triplet_transforms
 
     datasets = config.triplet_datasets()
     return [
@@ -217,7 +220,7 @@ def expected_counters(config: PipelineConfig) -> list[str]:
         *counter_names.PAGE_OUTCOMES,
         *(counter_names.split_counter(dataset, split) for dataset in datasets for split in SPLITS),
         counter_names.TRIPLET_SLOTS,
-        *(transforms.unfilled_slots_counter(strategy) for strategy in config.negative_strategies()),
+        *(triplet_transforms.unfilled_slots_counter(strategy) for strategy in config.negative_strategies()),
         counter_names.SCB_ARTICLES,
         counter_names.PASSAGES_ARTICLES,
         counter_names.DEAD_LETTERS_WRITTEN,
@@ -238,11 +241,11 @@ def counters_of(result, config: PipelineConfig, runner: str | None = None) -> di
 
 def triplet_slots_filled(counters: dict[str, int], strategy: NegativeStrategy) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
-    from pipeline import transforms
+    from pipeline.triplets import transforms as triplet_transforms
 
     dataset = records.DATASET_OF_STRATEGY[strategy]
     written = sum(counters.get(counter_names.split_counter(dataset, split), 0) for split in SPLITS)
-    return written + counters.get(transforms.unfilled_slots_counter(strategy), 0)
+    return written + counters.get(triplet_transforms.unfilled_slots_counter(strategy), 0)
 
 
 def reconciliation(counters: dict[str, int], strategies: tuple[NegativeStrategy, ...]) -> dict:
@@ -356,8 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
     import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-    from pipeline import jobserver
-    from pipeline.dumps import embedded_dump_path
+    from core import jobserver
+    from pipeline.read.dumps import embedded_dump_path
 
     options = PipelineOptions(beam_args)
     runner = options.view_as(StandardOptions).runner
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict:
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
     jobserver.prepare_portable_run(options)
-    with progress.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
+    with folders.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
         workers_here = is_local(runner) or jobserver.sdk_workers_in_launcher(options)   # Flink [local]: LOOPBACK
         folder = progress.progress_folder() if workers_here else None
         pipeline = beam.Pipeline(options=options)
@@ -375,22 +378,30 @@ def main(argv: list[str] | None = None) -> dict:
         return _run(pipeline, config, input_pattern, runner, folder, indexes)
 
 
+def _pages_in(indexes: list[str]) -> Callable[[], int] | None:
+    """What counts the pages the run reads (its progress bar's total), where every input has an index."""
+    if not indexes:
+        return None
+    from pipeline.read.multistream import read_index
+    return lambda: sum(1 for index in indexes for _ in read_index(index))
+
+
 def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: str | None,
          folder: str | None, indexes: list[str]) -> dict:
     """Claims the output, runs the built job, reconciles its counters and publishes the run, or
     ends it unpublished (the lock released, what it wrote recorded for --overwrite). With
     `--wait false` it returns once the job is submitted, the folder still locked (`submitted`)."""
-    from pipeline import jobserver, outputs
+    from core import jobserver
 
     out = config.output.rstrip("/")
     started = time.perf_counter()
-    outputs.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
+    folders.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
     try:
         shown: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         log_path = None
         if folder:   # Beam's logs to a file, a progress bar on the terminal
-            log_path = f"{out}/{outputs.LOG}" if not is_remote(out) else f"{folder}.log"
-            shown = progress.show_progress(folder, indexes, log_path)
+            log_path = f"{out}/{published.RUN_LOG}" if not is_remote(out) else f"{folder}.log"
+            shown = progress.show_progress(folder, _pages_in(indexes), log_path)
         # A job server Beam would start here (Prism's, Flink's) runs for this run only: it ends with it, a
         # SIGKILL of this process included, and answers for the job's counters until finish() read them.
         with jobserver.local_job_server(pipeline.options, log_path), jobserver.job_failures(pipeline.options, log_path):
@@ -405,7 +416,7 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
                     raise
             stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
-        outputs.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
+        folders.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
         raise
     publish(config, stats["counters"])
     said = log_line(log_path)
@@ -431,7 +442,7 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
     """What follows a job that ended (`result`, a Beam PipelineResult): its counters reconciled,
     stats.json and the plot written, the summary printed; InputLossError when it lost more of
     its input than allowed or its counts do not reconcile (the run then stays unpublished)."""
-    from pipeline import files, outputs
+    from core import files
 
     out = config.output.rstrip("/")
     counters = counters_of(result, config, runner)
@@ -445,8 +456,8 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
     }
     plot = triplets_plot_png(counters, config.triplet_datasets())
     with writes_of(out):
-        files.write_bytes(f"{out}/{outputs.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
-        files.write_bytes(f"{out}/{outputs.TRIPLETS_PLOT}", plot)
+        files.write_bytes(f"{out}/{published.STATS}", json.dumps(stats, indent=2, sort_keys=True).encode())
+        files.write_bytes(f"{out}/{published.TRIPLETS_PLOT}", plot)
     print(summary_table(counters))
     print(f"pages read {stats['reconciliation']['pages_read']}, reconciled: {stats['reconciliation']['balanced']}; "
           f"wall time {stats['wall_seconds']} s; outputs in {out}")
@@ -458,33 +469,31 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
 
 def publish(config: PipelineConfig, counters: dict[str, int]) -> None:
     """Writes the manifest (checked against the counters) and releases the folder: the run is published."""
-    from pipeline import outputs
-    from pipeline.order import order_record
+    from pipeline.write.order import order_record
 
     out = config.output.rstrip("/")
     triplet_folders = [folder for folder in output_counters(config) if folder.split("/")[0] in records.TRIPLET_DATASETS]
     with writes_of(out):
-        outputs.publish_manifest(out, output_records(counters, config),
+        folders.publish_manifest(out, output_records(counters, config),
                                  dict.fromkeys(triplet_folders, order_record(config.seed)))
 
 
 def submitted(result, pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
               runner: str | None) -> dict:
     """`--wait false`: the Dataflow job `result` is submitted. Its id, project and region and
-    this run's flags go into the folder's lock (`pipeline.published.submitted_job`), which then
+    this run's flags go into the folder's lock (`core.folders.submitted_job`), which then
     stays, held by the job: readers and other runs refuse the folder until `pipeline.publish`
     publishes it (or releases it, once the job failed). Prints the job's id. When the lock
     cannot be written the job is cancelled: no job may write a folder nothing holds."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-    from pipeline import outputs
-    from pipeline.cli import config_flags
+    from core.cli import config_flags
 
     out = config.output.rstrip("/")
     cloud = pipeline.options.view_as(GoogleCloudOptions)
     job = {"id": result.job_id(), "project": cloud.project, "region": cloud.region, "submitted": time.time()}
     try:
-        outputs.record_submitted_job(out, job, {"config": config_flags(config), "input": input_pattern,
+        folders.record_submitted_job(out, job, {"config": config_flags(config), "input": input_pattern,
                                                 "runner": runner})
     except BaseException:
         result.cancel()

@@ -6,9 +6,9 @@ import os
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 
-from pipeline.dumps import Page
-from pipeline.read import ReadDumpPages
-from pipeline.transforms import DATASET_OF_STRATEGY
+from core.records import DATASET_OF_STRATEGY
+from pipeline.read.dumps import Page
+from pipeline.read.pages import ReadDumpPages
 
 # pipeline.run writes only the paper's adjacent triplets-sen by default; tests that check the
 # ablation datasets or compare whole outputs ask for every negative strategy.

@@ -4,7 +4,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from pipeline.outputs import write_manifest
+from core.folders import write_manifest
 
 # Three sections per article, each about one clearly different theme, so every reasonable
 # method separates them; the first sentence of each paragraph is an opener.

@@ -7,8 +7,8 @@ import random
 
 import tensorflow as tf
 
-from pipeline.order import order_record
-from pipeline.outputs import write_manifest
+from core.folders import write_manifest
+from pipeline.write.order import order_record
 
 TOPICS = {
     "football": "football goal player team match league coach stadium season scored referee striker".split(),

@@ -1,7 +1,8 @@
 """The codebase's shape, read from the source (no imports): the stages depend one way
-(pipeline <- model <- eval <- infra), no module imports itself back through others (function-
-level imports included), the pipeline never imports TensorFlow, and each contract (split names,
-dataset names, feature keys) is defined once, by its producer."""
+(core <- pipeline <- model <- eval <- infra; the shared base `core` under them all), no module
+imports itself back through others (function-level imports included), neither the pipeline nor
+core imports TensorFlow, and each contract (split names, dataset names, feature keys) is defined
+once, by its producer."""
 import ast
 import graphlib
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ("pipeline", "model", "eval", "infra")
+STAGES = ("core", "pipeline", "model", "eval", "infra")
 TENSORFLOW = ("tensorflow", "tensorflow_text", "keras", "tensorflow_hub")
 
 
@@ -71,6 +72,32 @@ def _room(module: str) -> str | None:
     return next((room for room in MODEL_ROOMS if module == room or module.startswith(room + ".")), None)
 
 
+# `pipeline/` is the Beam job alone, in the rooms of its stages (docs/pipeline.md): read (dump ->
+# pages), parse (wikitext -> sentences), triplets (the paper's rules), write (the run's files); its
+# entry points (`pipeline.run` launches and watches, `pipeline.publish`, `pipeline.benchmark`) on top.
+PIPELINE_ROOMS = ("pipeline.read", "pipeline.parse", "pipeline.triplets", "pipeline.write")
+# What the other stages may use of the job: its launch (`pipeline.run`, e.g. a Flex Template's
+# launcher), and the embedded dump and the dump writers that size a run (`infra.sizing`).
+PIPELINE_FOR_OTHERS = ("pipeline", "pipeline.run", "pipeline.read.dumps", "pipeline.read.dump_writers")
+
+
+def test_pipeline_is_the_job_in_the_rooms_of_its_stages():
+    top = sorted(module for module in SOURCES if module.startswith("pipeline.") and module.count(".") == 1)
+    assert top == ["pipeline.benchmark", "pipeline.parse", "pipeline.publish", "pipeline.read", "pipeline.run",
+                   "pipeline.triplets", "pipeline.write"]
+    upward = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() for target in targets
+                    if module.startswith(PIPELINE_ROOMS) and target.startswith("pipeline.")
+                    and not target.startswith(PIPELINE_ROOMS))
+    assert upward == []   # a room never imports an entry point
+
+
+def test_the_other_stages_use_the_pipeline_only_to_run_it():
+    reached = sorted(f"{module} -> {target}" for module, targets in GRAPH.items()
+                     if module.split(".")[0] in ("model", "eval", "infra")
+                     for target in targets if target.split(".")[0] == "pipeline" and target not in PIPELINE_FOR_OTHERS)
+    assert reached == []
+
+
 def test_model_is_grouped_into_its_rooms():
     top = sorted(module for module in SOURCES if module.count(".") == 1 and module.startswith("model.")
                  and _room(module) is None and module not in MODEL_SHARED)
@@ -95,18 +122,20 @@ def test_the_shared_facts_of_model_import_no_room():
 
 
 def test_the_pipeline_never_imports_tensorflow():
-    offending = sorted(f"{module} -> {name}" for module in SOURCES if module.startswith("pipeline")
+    offending = sorted(f"{module} -> {name}" for module in SOURCES if module.split(".")[0] in ("core", "pipeline")
                        for name in _imports(module) if name.split(".")[0] in TENSORFLOW)
     assert offending == []
 
 
 CONTRACTS = {
-    "pipeline.splits": ("SPLITS",),
-    "pipeline.triplets": ("NegativeStrategy", "TripletKind", "Triplet"),
-    "pipeline.records": ("TRIPLET_DATASETS", "SENTENCE_DATASETS", "DATASET_OF_STRATEGY", "TITLES_DATASET",
-                         "PAPER_DATASET", "ROLES", "TRIPLET_FEATURES", "BYTES_FEATURES", "INT64_FEATURES", "ScbRecord",
-                         "PassagesRecord", "RecordError", "SCB", "PASSAGES", "DEAD_LETTERS"),
-    "pipeline.published": ("MANIFEST", "MANIFEST_VERSION", "Manifest", "Run", "LOCK", "READERS"),
+    "core.splits": ("SPLITS",),
+    "pipeline.triplets.make": ("Triplet",),
+    "core.records": ("NegativeStrategy", "TripletKind", "TRIPLET_DATASETS", "SENTENCE_DATASETS",
+                     "DATASET_OF_STRATEGY", "TITLES_DATASET", "PAPER_DATASET", "ROLES", "TRIPLET_FEATURES",
+                     "BYTES_FEATURES", "INT64_FEATURES", "ScbRecord", "PassagesRecord", "RecordError", "SCB",
+                     "PASSAGES", "DEAD_LETTERS"),
+    "core.published": ("MANIFEST", "MANIFEST_VERSION", "Manifest", "Run"),
+    "core.folders": ("LOCK", "READERS", "COMMAND_CLAIM"),
 }
 
 
@@ -123,15 +152,15 @@ def test_each_contract_is_defined_once_by_its_producer(name, owner):
 def _contract_literals() -> dict[str, str]:
     """{literal: its one defining module}: the dataset names, the negative strategies, the manifest's
     file name and the triplet features a consumer could spell out instead of importing."""
-    from pipeline import published, records
-    from pipeline.triplets import NegativeStrategy
+    from core import published, records
+    from core.records import NegativeStrategy
 
-    literals = dict.fromkeys(records.TRIPLET_DATASETS, "pipeline.records")
-    literals[published.MANIFEST] = "pipeline.published"
-    literals |= dict.fromkeys((strategy.value for strategy in NegativeStrategy), "pipeline.triplets")
+    literals = dict.fromkeys(records.TRIPLET_DATASETS, "core.records")
+    literals[published.MANIFEST] = "core.published"
+    literals |= dict.fromkeys((strategy.value for strategy in NegativeStrategy), "core.records")
     # Every feature name but the generic words that also name other things (a title, an article id).
     literals |= dict.fromkeys((name for name in records.TRIPLET_FEATURES
-                               if name not in ("title", "kind", "strategy", "article_id")), "pipeline.records")
+                               if name not in ("title", "kind", "strategy", "article_id")), "core.records")
     return literals
 
 
@@ -151,4 +180,18 @@ def test_the_job_does_not_load_the_dump_writers():
         if module not in loaded:
             loaded.add(module)
             todo += GRAPH[module]
-    assert "pipeline.read" in loaded and "pipeline.dump_writers" not in loaded
+    assert "pipeline.read.pages" in loaded and "pipeline.read.dump_writers" not in loaded
+
+
+# Folders are owned in one place: `core.folders` claims, locks, leases and tells a live owner from
+# a dead one for run folders, model dirs, exports, reports and temporary folders; `model.training.claim`
+# adds what a model dir's claim checks of the training's inputs.
+FOLDER_OWNERS = ("core.folders", "model.training.claim")
+OWNING = {"claim", "claiming", "lease", "lock", "owner", "alive", "stale", "tempdir", "reading"}
+
+
+def test_folders_are_claimed_leased_and_owned_in_one_module_and_the_trainers_claim():
+    owning = sorted(f"{module}.{node.name}" for module, tree in TREES.items() if module not in FOLDER_OWNERS
+                    for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and OWNING & set(node.name.lower().split("_")))
+    assert owning == []

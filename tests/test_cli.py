@@ -1,4 +1,4 @@
-"""Every command is built the one way (`pipeline.cli.parse_config`): dashed flags, each with help,
+"""Every command is built the one way (`core.cli.parse_config`): dashed flags, each with help,
 `python -m` usage, old underscore spellings accepted, refusals as `UsageError` (one line, exit 2)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.cli import UsageError, config_flags, config_from_flags, config_parser, flag, parse_config
+from core.cli import UsageError, config_flags, config_from_flags, config_parser, flag, parse_config
 
 COMMANDS = {   # python -m module -> its config class
     "pipeline.run": "PipelineConfig", "pipeline.benchmark": "BenchmarkConfig",
@@ -121,8 +121,8 @@ def test_negatives_naming_no_strategy_or_an_unknown_one_are_refused(negatives):
 
 
 def test_negatives_are_parsed_into_strategies_once_each_in_order():
+    from core.records import NegativeStrategy
     from pipeline.run import PipelineConfig
-    from pipeline.triplets import NegativeStrategy
 
     config = PipelineConfig(input="x", output="y", negatives=" other_article,adjacent,other_article ")
     assert config.negative_strategies() == (NegativeStrategy.OTHER_ARTICLE, NegativeStrategy.ADJACENT)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_cli import COMMANDS, _config
 
-from pipeline.cli import config_parser
+from core.cli import config_parser
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = sorted([*COMMANDS, "model.qs3m.train"])
@@ -44,8 +44,8 @@ def test_every_module_that_runs_a_command_is_listed():
     found = {".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__main__")
              for stage in ("pipeline", "model", "eval", "infra") for path in (REPO / stage).rglob("*.py")
              if "run_cli(" in path.read_text()}
-    # pipeline.cli defines run_cli; the Flex Template's entry file is run as a file (test_cli).
-    assert found - {"pipeline.cli", "infra.flex_launcher"} == set(ENTRY_POINTS)
+    # core.cli defines run_cli; the Flex Template's entry file is run as a file (test_cli).
+    assert found - {"core.cli", "infra.flex_launcher"} == set(ENTRY_POINTS)
 
 
 @pytest.mark.parametrize("command", ENTRY_POINTS)
@@ -137,7 +137,7 @@ def test_an_unknown_runner_is_one_line_before_anything_is_written(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("command", ["pipeline.run", "eval.all"])   # one shared check (pipeline.cli)
+@pytest.mark.parametrize("command", ["pipeline.run", "eval.all"])   # one shared check (core.cli)
 def test_dataflow_without_its_options_is_one_line_before_anything_is_written(tmp_path, command):
     out = tmp_path / "out"
     # An empty gcloud configuration, so no region comes from this machine's gcloud

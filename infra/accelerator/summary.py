@@ -18,9 +18,9 @@ import os
 import sys
 from dataclasses import dataclass
 
+from core.cli import UsageError, flag, parse_config, run_cli
 from model.checkpoints import CHECKPOINTS
 from model.training.model_dir import HISTORY, ModelDir
-from pipeline.cli import UsageError, flag, parse_config, run_cli
 
 # quality_run.sh's names: each model's method name in the reports (the student's is its int8
 # export, also that folder's name) and its model dir.

@@ -13,16 +13,16 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from core import jobserver, records
+from core.cli import UsageError, refuse_file_as_folder
+from core.counters import NAMESPACE, job_totals
+from core.folders import claim_folder, reading
+from core.progress import workers_end_on_interrupt
+from core.published import Run
+from core.records import DEAD_LETTERS, SCB
+from core.splits import stable_hash
 from model.encoding.embedding_cache import parquet_schema
 from model.encoding.encoder import not_utf8
-from model.training.storage import claim_folder
-from pipeline import jobserver, records
-from pipeline.cli import UsageError, refuse_file_as_folder
-from pipeline.counters import NAMESPACE, job_totals
-from pipeline.progress import workers_end_on_interrupt
-from pipeline.published import Run
-from pipeline.records import DEAD_LETTERS, SCB
-from pipeline.splits import stable_hash
 
 SENTENCES_EMBEDDED = "embed_sentences"   # the job's counter of sentences (or paragraphs) embedded
 LINES_SET_ASIDE = "embed_lines_set_aside"   # input lines that break their format, in DIR/dead_letters-*
@@ -174,7 +174,7 @@ def embed_corpus(args: Any, beam_args: list[str]) -> dict:
     if args.input and not FileSystems.match([args.input])[0].metadata_list:
         raise UsageError(f"--input {args.input} matches no file")
     refuse_file_as_folder("--output", args.output)
-    with Run.open(args.data).reading() if args.data else contextlib.nullcontext():   # a lease while reading it
+    with reading(Run.open(args.data)) if args.data else contextlib.nullcontext():   # a lease while reading it
         if args.data:
             Run.open(args.data).verify(args.source)     # a published run holding the whole source
         dim = embedding_width(args.model_dir)     # a missing encoder is FileNotFoundError: one line, exit 2

@@ -24,12 +24,12 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from tqdm import tqdm
 
+from core.files import write_bytes
+from core.splits import stable_hash
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
 from model.encoding.trained_net import runs_as_net
 from model.training.model_dir import ENCODER, ModelDir
-from pipeline.files import write_bytes
-from pipeline.splits import stable_hash
 
 # Where an evaluation keeps its embeddings, under its --output.
 EMBEDDINGS_FOLDER = "embeddings"

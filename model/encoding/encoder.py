@@ -8,7 +8,7 @@ TensorFlow; `load_encoder` and the spec `onnx:DIR` (`model.encoding.encoders`) l
 job then uses it as the SavedModel export. Like a SavedModel, a graph is code: load only exports
 you trust.
 A remote export (`gs://...`) is first downloaded to a local temporary directory through Beam
-FileSystems (`model.training.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
+FileSystems (`core.storage`: TensorFlow's GCS filesystem cannot reach the test emulator).
 
 A model dir is code, not data: a SavedModel's graph runs whatever ops it holds when it is loaded
 and called (it could read or write files: `tf.io.write_file`), so load only exports you trust,
@@ -30,12 +30,12 @@ from typing import Literal, Protocol, overload, runtime_checkable
 
 import numpy as np
 
+from core.files import is_remote
+from core.storage import download_tree
 from model.formats.onnx_export import CONFIG_FILE, FORMAT, OUTPUT
 from model.net.wordpieces import WordPieces
 from model.similarity import Similarity, unit_rows
 from model.training.model_dir import ENCODER
-from model.training.storage import download_tree
-from pipeline.files import is_remote
 
 SIGNATURE = "serving_default"
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")   # sentence-transformers' `precision`
@@ -260,7 +260,7 @@ class SavedModelEncoder(ExportedEncoder):
 def read_settings(folder: str) -> dict:
     """The folder's `onnx.json`, checked to be this format's (`JsonFileError`, one line naming it,
     otherwise); FileNotFoundError where there is none."""
-    from pipeline.files import JsonFileError, read_json_object
+    from core.files import JsonFileError, read_json_object
 
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.exists(path):
@@ -296,7 +296,7 @@ def onnx_session(graph: str, threads: int, shown: str | None = None):
     import onnxruntime
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
 
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     try:
         return onnxruntime.InferenceSession(graph, session_options(threads), providers=["CPUExecutionProvider"])

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.cli import UsageError, flag
+from core.files import exists
+from core.records import PAPER_DATASET, TITLES_DATASET
 from model.encoding.encoder import OnnxEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
 from model.encoding.trained_net import load_trained, runs_as_net
 from model.training.model_dir import ENCODER, ModelDir
-from pipeline.cli import UsageError, flag
-from pipeline.files import exists
-from pipeline.records import PAPER_DATASET, TITLES_DATASET
 
 if TYPE_CHECKING:   # TfidfEncoder's sparse rows; SciPy ships no types, so mypy reads this class as Any
     from scipy.sparse import csr_matrix

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from pipeline.cli import is_direct
+from core.cli import is_direct
 
 if TYPE_CHECKING:
     from model.encoding.encoders import EncoderSpec

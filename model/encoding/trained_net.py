@@ -13,12 +13,12 @@ import os
 
 import numpy as np
 
+from core.cli import UsageError
+from core.files import is_remote
 from model.config import TrainConfig
 from model.encoding.encoder import ExportedEncoder, SavedModelEncoder
 from model.similarity import Similarity
 from model.training.model_dir import ENCODER, INPUTS, ModelDir
-from pipeline.cli import UsageError
-from pipeline.files import is_remote
 
 WIDTH_STEP = 16   # ids are padded to a multiple of this: few shapes for JAX to compile
 

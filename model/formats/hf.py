@@ -136,13 +136,13 @@ def export_entries() -> tuple[str, ...]:
 def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_tokens: int, similarity: str,
                                 card: str) -> str:
     """Writes the folder's files into the existing folder `output`, each whole (a temporary file,
-    then a rename: `pipeline.files.write_complete`, mode 0644) and `modules.json`, what
+    then a rename: `core.files.write_complete`, mode 0644) and `modules.json`, what
     sentence-transformers reads first, last: a killed export is never a loadable half.
     `checkpoint`: the pre-trained checkpoint's folder, whose `config.json` (with the backbone's
     layer count) and tokenizer files the fine-tuned model keeps. Returns `output`."""
     from safetensors.numpy import save
 
-    from pipeline.files import read_json_object, write_complete
+    from core.files import read_json_object, write_complete
 
     backbone = backbone_of(encoder)
     files: dict[str, bytes] = {}
@@ -174,8 +174,8 @@ def report_scores(report: str | None, method: str) -> list[str]:
     triplets.json and scb.json), with their 95 % intervals; a file that is not such a report
     is a JsonFileError naming it, and a report without `method`'s rows a UsageError naming the
     methods it has: a card never silently lacks the scores it was asked for."""
-    from pipeline.cli import UsageError
-    from pipeline.files import JsonFileError, read_json_object
+    from core.cli import UsageError
+    from core.files import JsonFileError, read_json_object
 
     if not report:
         return []
@@ -244,7 +244,7 @@ def _front_matter(encoder: str) -> str:
 
 def _trained_on(history: History | None, flags: dict) -> str:
     """What the card says the run was trained on: the dataset's splits and the dump, by the run's
-    own record (`pipeline.published.Run.provenance`), never a local path; only what is recorded."""
+    own record (`core.published.Run.provenance`), never a local path; only what is recorded."""
     counts = {split: history.expected_records(split) if history else None for split in ("train", "validation", "test")}
     splits = ", ".join(f"{count:,} {split}" for split, count in counts.items() if isinstance(count, int))
     source = (history.trained_on if history else None) or {}

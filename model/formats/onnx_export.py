@@ -228,9 +228,9 @@ def write_onnx_folder(backbone, vocabulary_path: str, output: str, *, max_tokens
     """Writes the folder's files into the existing folder `output`, each whole (`write_complete`,
     0644), `onnx.json` last. `backbone`: the network's keras-hub BertBackbone, weights loaded;
     `projection`: a distilled student's Dense layer after pooling, or None."""
+    from core.files import write_complete
     from model.formats.hf import hf_bert_weights
     from model.net.wordpieces import WordPieces
-    from pipeline.files import write_complete
 
     norm = backbone.get_layer("embeddings_layer_norm")
     dense = None if projection is None else (np.asarray(projection.kernel.numpy(), np.float32),

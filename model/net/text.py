@@ -43,7 +43,7 @@ def tokenize(sentences: list[str]) -> list[list[str]]:
 
 def count_words(triplets: Iterable[dict], batch_size: int = 1024) -> collections.Counter:
     """Token counts over every sentence of the triplets (dicts of `ROLES`: the vocabulary's source)."""
-    from pipeline.records import ROLES
+    from core.records import ROLES
 
     counts: collections.Counter = collections.Counter()
     iterator = iter(triplets)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.cli import UsageError
+from core.cli import UsageError
 
 LOG = logging.getLogger(__name__)
 

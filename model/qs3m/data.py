@@ -9,11 +9,11 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from core import records
+from core.splits import stable_hash
 from model.encoding.encoder import SentenceEncoder
 from model.qs3m.network import model_inputs
 from model.qs3m.pairs import Pair, Query, query_from_record
-from pipeline import records
-from pipeline.splits import stable_hash
 
 QUERY_REPRESENTATIONS = {"T": "title", "D": "lead paragraphs", "P": "mean of passages"}
 
@@ -25,7 +25,7 @@ def passages_files(source: str) -> list[str]:
     published run is read) or a glob of JSON-lines files."""
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.published import MANIFEST, Run
+    from core.published import MANIFEST, Run
 
     if FileSystems.exists(f"{source.rstrip('/')}/{MANIFEST}"):
         run = Run.open(source)

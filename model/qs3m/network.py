@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipeline.files import read_bytes, write_bytes
+from core.files import read_bytes, write_bytes
 
 MODEL_KINDS = ("qs3m", "qss", "qs3m-noq")
 MODEL_LABELS = {"qs3m": "QS3M", "qss": "QSS", "qs3m-noq": "QS3M-no-q"}

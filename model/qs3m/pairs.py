@@ -1,6 +1,6 @@
 """Queries and balanced passage pairs for QS3M, as pure functions over the passages contract.
 
-A query is one article of `<out>/passages/*.jsonl.gz` (`pipeline.records.PassagesRecord`): its passages are the
+A query is one article of `<out>/passages/*.jsonl.gz` (`core.records.PassagesRecord`): its passages are the
 paragraphs of its sections, its true clusters are the top-level sections (flat benchmark) or
 the full heading paths (hierarchical benchmark), and its lead paragraphs are kept apart as the
 query description D. Nothing here reads files or touches TensorFlow, so it is all unit-testable.
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from pipeline.records import PassagesRecord
+from core.records import PassagesRecord
 
 LABELINGS = ("flat", "hierarchical")
 

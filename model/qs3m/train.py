@@ -14,12 +14,12 @@ import json
 import sys
 from typing import Any
 
+from core.cli import flag, parse_config, run_cli
+from core.files import write_bytes
 from model.encoding.encoder import SentenceEncoder
 from model.qs3m.data import QUERY_REPRESENTATIONS, QueryEmbeddings, embed_queries, pair_dataset, read_queries
 from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
 from model.qs3m.pairs import LABELINGS, Pair, sample_pairs
-from pipeline.cli import flag, parse_config, run_cli
-from pipeline.files import write_bytes
 
 # ---------------------------------------------------------------- training
 
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from model.encoding.encoders import EncoderSpec, load_encoders
 
     (encoder,) = load_encoders([EncoderSpec.parse(config.encoder)])
-    from pipeline.published import reading_if_run
+    from core.folders import reading_if_run
 
     with reading_if_run(config.passages):
         summary = train(config, encoder)

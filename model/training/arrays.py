@@ -2,8 +2,8 @@
 arrays, for every backend and strategy (big_vision's shape: one input pipeline on the host CPU,
 feeding any device).
 
-Records are read by `pipeline.tfrecord` (local, or through Beam's FileSystems for gs://) and
-parsed by the pipeline's own protobuf class of `tf.train.Example` (`pipeline.records.Example`):
+Records are read by `core.tfrecord` (local, or through Beam's FileSystems for gs://) and
+parsed by the pipeline's own protobuf class of `tf.train.Example` (`core.records.Example`):
 an unreadable record is skipped and a corrupt shard ends where it breaks, and `count_records`
 counts both beside training. The stream follows `shard_stream` (the shards in a seeded order per
 pass, each read front to back, a resumed run from its first record not trained on); `grouped`
@@ -37,6 +37,9 @@ from typing import Any, Protocol
 import keras
 import numpy as np
 
+from core.published import Run
+from core.records import ROLES, SECTION_OF_ROLE, TRIPLET_FEATURES, Example, FeatureType
+from core.tfrecord import CorruptRecordError, read_records
 from model.config import TrainConfig
 from model.training.input_worker import serve
 from model.training.shards import (
@@ -47,9 +50,6 @@ from model.training.shards import (
     shard_stream,
     triplet_split,
 )
-from pipeline.published import Run
-from pipeline.records import ROLES, SECTION_OF_ROLE, TRIPLET_FEATURES, Example, FeatureType
-from pipeline.tfrecord import CorruptRecordError, read_records
 
 LOG = logging.getLogger(__name__)
 Batch = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]   # (inputs, labels, sample weights)
@@ -73,7 +73,7 @@ def shard_records(path: str, skip: int = 0) -> Iterator[bytes]:
     """The serialised records of one gzip TFRecord shard (local, or through Beam's FileSystems),
     from record `skip` on. A corrupt or truncated shard ends where it breaks, with a warning: a
     damaged frame, a gzip stream cut short or failing its CRC, or damaged deflate data
-    (`zlib.error`, not an OSError), as `pipeline.published.count_shard_records` reads one."""
+    (`zlib.error`, not an OSError), as `core.published.count_shard_records` reads one."""
     handle: Any
     if "://" in path:
         from apache_beam.io.filesystems import CompressionTypes, FileSystems
@@ -324,7 +324,7 @@ def grouped(triplets: Iterable[dict], size: int, tokenizer: Tokenizer, *, articl
             group_by_length: bool = True, shuffle_buffer: int = 0, seed: int = 0) -> Iterator[list[dict]]:
     """The triplets of each batch of `size`. With `article_chunk` > 0, blocks of that many
     consecutive triplets side by side: the pipeline wrote each article's triplets in chunks of 16
-    (`pipeline.order`), so a batch holds about `size / article_chunk` articles whose shared
+    (`pipeline.write.order`), so a batch holds about `size / article_chunk` articles whose shared
     sentences are encoded once; a `shuffle_buffer` (triplets) shuffles whole blocks. With
     `article_chunk` 0, triplets one by one (shuffled alike) and with `group_by_length` in
     `length_groups`. The split's order was drawn when it was written, so the stream needs no

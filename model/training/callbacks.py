@@ -22,6 +22,9 @@ import keras
 import numpy as np
 from keras.src.saving import saving_lib
 
+from core.cli import DataLossError
+from core.files import replace_folder, write_complete
+from core.storage import TreeMirror
 from model.training.model_dir import (
     BACKUP,
     BACKUP_EPOCHS,
@@ -31,9 +34,6 @@ from model.training.model_dir import (
     BEST_WEIGHTS,
     BEST_WEIGHTS_PARTIAL,
 )
-from model.training.storage import TreeMirror
-from pipeline.cli import DataLossError
-from pipeline.files import replace_folder, write_complete
 
 
 def optimizer_step(model: keras.Model) -> int:
@@ -52,7 +52,7 @@ class NoRoomError(DataLossError):
 @contextlib.contextmanager
 def room_in(folder: str):
     """A write into `folder` that fails for want of room (NO_ROOM): NoRoomError naming the folder,
-    one `error:` line (`pipeline.cli.run_cli`), not h5py's traceback of the OSError. The backup
+    one `error:` line (`core.cli.run_cli`), not h5py's traceback of the OSError. The backup
     and the best checkpoint are replaced whole, so the same command resumes once there is room."""
     try:
         yield
@@ -166,7 +166,7 @@ class AtomicBackup(keras.callbacks.Callback):
     optimizer's state and step), the epochs completed and their record (`read_backup_state`: the
     epoch-end logs of every completed epoch, the points of `curve`, a LearningCurve placed before
     it in the callbacks so that an epoch's point is in that epoch's backup), replaced whole
-    (`pipeline.files.replace_folder`). The record goes on from the backup found in `folder` when it is created
+    (`core.files.replace_folder`). The record goes on from the backup found in `folder` when it is created
     (the one the run resumes from), so a resumed run's backups, and its history, hold every epoch
     since the first run began. Keras' BackupAndRestore writes its weights file in place, so a
     kill mid-write left a truncated file that every rerun failed to load. The trainer restores a

@@ -8,12 +8,12 @@ import os
 import shutil
 from enum import Enum
 
+from core.files import read_json_object, write_complete
+from core.folders import claim_is_live, owner_record
+from core.published import Run
 from model.config import TrainConfig
 from model.training.model_dir import CLAIM, RUN_ENTRIES
 from model.training.shards import TripletDataError, TripletDataLoss, open_run
-from model.training.storage import claim_is_live
-from pipeline.files import read_json_object, write_complete
-from pipeline.published import Run, owner_record
 
 # What a model dir's state (vocabulary, backups, checkpoints) was built from: a rerun or a resumed
 # run must see the same, or it would silently continue on other data or another id space.
@@ -54,8 +54,7 @@ def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None)
     inputs, with the first difference named, unless `--overwrite`, which deletes what a run wrote
     (RUN_ENTRIES) and nothing else. The claim decides under an exclusive flock of the folder.
     `run`: the data, opened (by default, opened here)."""
-    from model.training.storage import refuse_links
-    from pipeline.outputs import claiming
+    from core.folders import claiming, refuse_links
 
     digest = (run or open_run(config.inputs.data)).sha256
     flags = recorded_flags(config)

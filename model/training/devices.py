@@ -4,19 +4,16 @@ JAX `KerasDevices` (`keras.distribution`). Nothing here loads TensorFlow under J
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import glob
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import types
 from typing import TYPE_CHECKING, TypeAlias
 
+from core.folders import owned_tempdir
 from model.config import TrainConfig
 from model.training.shards import needs_tensorflow
 
@@ -66,7 +63,7 @@ class KerasDevices:
             tf.config.set_visible_devices([], "GPU")
         self.processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or 1)
         if self.processes > 1 and (name != "data-parallel" or not article_chunks):
-            from pipeline.cli import UsageError
+            from core.cli import UsageError
 
             raise UsageError(f"KERAS_DISTRIBUTION_NUM_PROCESSES={self.processes}: several processes train one model "
                              "with --distribution-strategy data-parallel and --article-chunk > 0 (the processes' "
@@ -106,7 +103,7 @@ def _seconds(variable: str, default: int) -> int:
     except ValueError:
         seconds = 0
     if seconds < 1:
-        from pipeline.cli import UsageError
+        from core.cli import UsageError
 
         raise UsageError(f"{variable}={os.environ[variable]}: a whole number of seconds >= 1")
     return seconds
@@ -245,7 +242,7 @@ def agree_on_flags(flags: dict, process_id: int, processes: int) -> None:
     differ are a UsageError here, in every process, naming them."""
     from jax._src import distributed
 
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     client = distributed.global_state.client
     assert client is not None, "agree_on_flags runs after join_processes"
@@ -297,65 +294,10 @@ def is_chief(strategy: Strategy) -> bool:
         resolver.task_type == "worker" and resolver.task_id == 0)
 
 
-# Beside a worker's temporary folder `F`: `.F.alive`, a file the worker holds an exclusive lock on
-# while it lives (outside the folder, which is the worker's model dir and holds training files only).
-ALIVE = ".alive"
-
-
-def _alive_file(folder: str) -> str:
-    return os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}{ALIVE}")
-
-
-@contextlib.contextmanager
-def worker_temp_dir(strategy: tf.distribute.Strategy):
+def worker_temp_dir(strategy: tf.distribute.Strategy) -> contextlib.AbstractContextManager[str]:
     """The folder a non-chief worker writes to, Keras' multi-worker saving rule (every worker runs
     the same callbacks and saves, but only the chief's files count: the others write to a
     temporary folder of their own): `workertemp_<task id>-*` in the system's temporary folder
-    (TMPDIR), outside the model dir, so nothing of the worker's lands there.
-
-    It is deleted at the end; a killed worker cannot delete its own (a transformer's backups: half
-    a GB), so the worker holds a lock on the folder's ALIVE file while it lives, which the kernel
-    releases however the process ends, and every worker starting in the same TMPDIR first deletes
-    the folders whose lock nobody holds (`remove_dead_worker_dirs`)."""
-    task_id = strategy.cluster_resolver.task_id
-    parent = tempfile.gettempdir()
-    remove_dead_worker_dirs(parent)
-    alive, starting = tempfile.mkstemp(prefix=f".workertemp_{task_id}-", suffix=".starting", dir=parent)
-    folder = os.path.join(parent, os.path.basename(starting)[1:-len(".starting")])
-    try:
-        fcntl.flock(alive, fcntl.LOCK_EX)   # locked before it takes its name: no sweep finds it unlocked
-        os.mkdir(folder, 0o700)
-        os.rename(starting, _alive_file(folder))
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-        for path in (starting, _alive_file(folder)):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-        os.close(alive)
-
-
-def remove_dead_worker_dirs(parent: str) -> list[str]:
-    """Deletes the `workertemp_*` folders in `parent` whose worker is gone (nobody holds the lock
-    on their ALIVE file: `worker_temp_dir`); returns them. Folders without one (of an older
-    trainer) are left alone."""
-    removed = []
-    for path in glob.glob(os.path.join(parent, f".workertemp_*{ALIVE}")):
-        try:
-            alive = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(alive, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:   # held: its worker lives
-            continue
-        finally:
-            os.close(alive)
-        folder = os.path.join(parent, os.path.basename(path)[1:-len(ALIVE)])
-        shutil.rmtree(folder, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(path)
-        removed.append(folder)
-    if removed:
-        LOG.info("deleted %d temporary folder(s) of killed workers: %s", len(removed), ", ".join(removed))
-    return removed
+    (TMPDIR), outside the model dir, so nothing of the worker's lands there; deleted at the end,
+    and a killed worker's by the next one to start (`core.folders.owned_tempdir`)."""
+    return owned_tempdir(f"workertemp_{strategy.cluster_resolver.task_id}-")

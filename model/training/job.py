@@ -9,7 +9,7 @@ run of N epochs trains at most one epoch's steps more than an unbroken one. With
 epochs (`--steps none`) the interrupted pass restarts. The time budget counts from each start.
 
 A remote model dir (`gs://...`, any Beam FileSystems scheme) is staged in a local directory
-(`model.training.storage`): its contents are downloaded first, so a preempted job resumes from its
+(`core.storage`): its contents are downloaded first, so a preempted job resumes from its
 backup; every new backup is mirrored up as soon as it is written (with the previous epoch's
 checkpoint and logs); everything is uploaded at the end.
 """
@@ -29,6 +29,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from core.files import write_complete
+from core.folders import reading
+from core.published import Run
+from core.splits import SPLITS
+from core.storage import TreeMirror, staged
 from model.checkpoints import CHECKPOINTS as PRETRAINED
 from model.config import TrainConfig
 from model.similarity import Similarity
@@ -58,11 +63,7 @@ from model.training.model_dir import (
 )
 from model.training.plots import plot_history, plot_learning_curve
 from model.training.shards import TripletDataError, open_run, triplet_split
-from model.training.storage import TreeMirror, staged
 from model.training.vocabulary import build_vocabulary, embedding_matrix
-from pipeline.files import write_complete
-from pipeline.published import Run
-from pipeline.splits import SPLITS
 
 if TYPE_CHECKING:   # annotations only: the callbacks load Keras, which `_fit` imports when it runs
     from model.net.text import WordIds
@@ -96,7 +97,7 @@ def run_job(config: TrainConfig, started: float, extra_callbacks: list | None, l
     strategy = strategy_of(config)
     chief = is_chief(strategy)
     # A reader's lease on the data for the whole run: no pipeline.run --overwrite replaces it meanwhile.
-    with run.reading(), staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
+    with reading(run), staged(config.runtime.model_dir, push=chief) as (model_dir, mirror):
         if chief:
             return _train(Job(config, run, strategy, model_dir, mirror, load_teacher, export), extra_callbacks,
                           started)
@@ -185,8 +186,8 @@ def restored_state(model, backup_dir: str) -> dict:
     `model` (the weights and the optimizer's state; "step" is the optimizer's step); without one,
     the state of a run at its start. Read before `fit` so the training stream continues at the
     first batch not yet trained on."""
+    from core.files import recover_folder
     from model.training.callbacks import optimizer_step, read_backup_state
-    from pipeline.files import recover_folder
 
     recover_folder(backup_dir)
     state = read_backup_state(backup_dir)
@@ -261,7 +262,7 @@ def _train(job: Job, extra_callbacks: list | None, started: float, resume_from: 
     remote one. `resume_from`: a non-chief worker's view of the chief's model dir (RESUME_ENTRIES)."""
     LOG.info("strategy %s, %d replica(s), global batch %d", type(job.strategy).__name__, job.replicas,
              job.global_batch)
-    teacher = _claim(job, resume_from)
+    teacher = _prepare(job, resume_from)
     data = _data(job, teacher)
     encoder, model, initial_weights = _model(job, data)
     data = released(job.config, data)
@@ -271,7 +272,7 @@ def _train(job: Job, extra_callbacks: list | None, started: float, resume_from: 
     return summary
 
 
-def _claim(job: Job, resume_from: str | None) -> Teacher | None:
+def _prepare(job: Job, resume_from: str | None) -> Teacher | None:
     """Checks the data and loads the teacher (`--teacher`), then claims the model dir (a non-chief
     worker copies the chief's RESUME_ENTRIES into its own): what can be refused is refused before
     anything is written. Returns the teacher, or None."""

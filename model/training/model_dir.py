@@ -1,7 +1,7 @@
 """A model dir: the one hand-off between a trainer (`model.train` under any backend, `model.soup`,
 `model.pretrained`) and every reader of it (`eval.all` and its report, `model.export`,
 `model.curves`, the model card, `infra.scale_benchmark`). Its files are
-named here once; each is written whole (`pipeline.files.write_complete`) and read back by
+named here once; each is written whole (`core.files.write_complete`) and read back by
 one typed reader (`read_json_object`), so a truncated or foreign file is one `error:` line naming
 it, and a reader never meets a history without a field it relies on.
 
@@ -41,9 +41,6 @@ SERVING = "serving"        # `--serving-version N`: serving/N, the folder Tensor
 VERTEX_MODEL = "model"     # where Vertex AI looks for the model (AIP_MODEL_DIR)
 TRAINING_CURVE = "training_curve.png"
 LEARNING_CURVE = "learning_curve.png"
-# What every other writing command (`model.soup`, `model.pretrained`, `model.export`, an eval
-# report) records in the folder it claims (`model.training.storage.claim_folder`): whose it is.
-COMMAND_CLAIM = "claim.json"
 # What a training run writes into its model dir, and only that: `--overwrite` deletes these and
 # nothing else. `inputs.json` is the claim: a non-empty folder without it is not a model dir.
 CLAIM = INPUTS
@@ -160,19 +157,19 @@ class ModelDir:
         return self.file(SENTENCE_TRANSFORMERS)
 
     def has(self, name: str) -> bool:
-        from pipeline.files import exists
+        from core.files import exists
 
         return exists(self.file(name))
 
     def history(self) -> History | None:
         """HISTORY, checked to hold HISTORY_FIELDS; None where there is none (an untrained
         export: `model.pretrained`)."""
-        from pipeline.files import read_json_object
+        from core.files import read_json_object
 
         return History.of(read_json_object(self.file(HISTORY), HISTORY_FIELDS)) if self.has(HISTORY) else None
 
     def write_history(self, summary: dict) -> None:
-        from pipeline.files import write_complete
+        from core.files import write_complete
 
         errors = history_errors(summary)
         if errors:   # a trainer's bug, not an input: every reader would fail on it later
@@ -182,8 +179,8 @@ class ModelDir:
     def recorded_flags(self) -> dict:
         """The flags `inputs.json` records (`model.training.claim.recorded_flags`); a UsageError naming the
         folder when it has none (not a `model.train` model dir) or the file when it is not one."""
-        from pipeline.cli import UsageError
-        from pipeline.files import read_json_object
+        from core.cli import UsageError
+        from core.files import read_json_object
 
         if not self.has(INPUTS):
             raise UsageError(f"--model-dir {self.path}: no {INPUTS} (not a model.train model dir)")

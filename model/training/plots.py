@@ -22,12 +22,12 @@ def _pyplot():
 
 
 def _save_png(figure, path: str) -> None:
-    """The figure as a PNG at `path` (local or gs://), written whole (`pipeline.files.write_bytes`)."""
+    """The figure as a PNG at `path` (local or gs://), written whole (`core.files.write_bytes`)."""
     import io
 
     import matplotlib.pyplot as plt
 
-    from pipeline.files import write_bytes
+    from core.files import write_bytes
 
     png = io.BytesIO()
     figure.savefig(png, format="png", dpi=100)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from core import records
+from core.cli import DataLossError, UsageError
+from core.published import MANIFEST, ManifestError, Output, Run
+from core.records import ROLES, SECTION_OF_ROLE
 from model.config import TrainConfig
-from pipeline import records
-from pipeline.cli import DataLossError, UsageError
-from pipeline.published import MANIFEST, ManifestError, Output, Run
-from pipeline.records import ROLES, SECTION_OF_ROLE
 
 LOG = logging.getLogger(__name__)
 

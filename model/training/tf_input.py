@@ -7,15 +7,15 @@ from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
+from core import records
+from core.records import FeatureType
 from model.training.arrays import Batch, SplitBatches, TripletInput
-from pipeline import records
-from pipeline.records import FeatureType
 
 TF_DTYPES = {FeatureType.BYTES: tf.string, FeatureType.INT64: tf.int64}
 
 
 def triplet_feature_spec() -> dict:
-    """The `tf.io.parse_example` spec of every feature of the triplet contract (`pipeline.records.TRIPLET_FEATURES`)."""
+    """The `tf.io.parse_example` spec of every feature of the triplet contract (`core.records.TRIPLET_FEATURES`)."""
     return {name: tf.io.FixedLenFeature([], TF_DTYPES[kind]) for name, kind in records.TRIPLET_FEATURES.items()}
 
 

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from core.records import ROLES
 from model.config import NetworkKind, TrainConfig
 from model.net.head import pair_distances
 from model.net.network import LENGTH_SLICES
@@ -24,7 +25,6 @@ from model.training.job import build_models
 from model.training.shards import ARTICLE_ID, open_run
 from model.training.tf_input import dataset
 from model.training.vocabulary import build_vocabulary, embedding_matrix
-from pipeline.records import ROLES
 
 PAPER_EPOCH_TRIPLETS = 1_780_000
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.published import Run
 from model.config import TrainConfig
 from model.net.vectors import load_word_vectors
 from model.training.model_dir import VOCABULARY
-from pipeline.published import Run
 
 if TYPE_CHECKING:
     from model.net.text import WordIds

@@ -14,13 +14,13 @@ from eval_fixtures import count_scb_opens
 from scipy import sparse
 from test_eval_sick import write_sick_fixture
 
+from core.files import JsonFileError
 from eval import all as eval_all
 from eval import readme as eval_readme
 from eval import scb, triplets
 from eval.clustering import ALGORITHMS, clustering_metrics
 from model.encoding.encoders import EncoderSpec, load_encoders
 from model.training.model_dir import HISTORY, ModelDir
-from pipeline.files import JsonFileError
 
 
 def test_eval_all_on_the_embedded_pipeline_output(embedded_pipeline_output, tiny_model, tmp_path):

@@ -5,10 +5,10 @@ import sys
 import numpy as np
 import pytest
 
+from core.cli import run_cli
+from core.records import ScbRecord
 from eval.benchmark import clustering_markdown, clustering_seconds, main, matmul_peak_gflops, speed_ratio
 from eval.iclust import IclustConfig, iclust_with_updates
-from pipeline.cli import run_cli
-from pipeline.records import ScbRecord
 
 
 def test_clustering_seconds_times_each_variant_the_job_clusters_and_counts_iclusts_products():

@@ -75,8 +75,8 @@ def test_average_link_merges_by_the_mean_cosine_distance():
 def test_an_article_is_scored_per_variant_on_its_own_sentences_and_sections():
     """All sentences: k = 3 sections; openers only: the 4 openers, from 2 sections, so k = 2. The
     direction-true method recovers both; one that puts every sentence in one direction does not."""
+    from core.records import ScbRecord
     from eval.scb import score_article
-    from pipeline.records import ScbRecord
 
     labels, embeddings = _directions_with_norms()
     openers = np.isin(np.arange(len(labels)), [0, 1, 6, 7])   # sections 0 and 1 only

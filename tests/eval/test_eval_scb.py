@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from eval_fixtures import count_scb_opens, scb_article, write_scb
 
+from core import published, records
+from core.cli import UsageError
+from core.folders import write_manifest
 from eval import scb
 from eval.clustering import ALGORITHMS, METRICS
 from model.training.model_dir import ENCODER
-from pipeline import published, records
-from pipeline.cli import UsageError
-from pipeline.outputs import write_manifest
 
 
 def _check_scb_figure(result, n_articles):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from model_shards import write_triplet_shards
 
+from core import records
 from eval import triplets
-from pipeline import records
 
 ANCHOR = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 POSITIVE = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 1.0]])
@@ -190,8 +190,8 @@ def test_a_gs_path_whose_storage_does_not_answer_is_refused_after_a_bounded_wait
     import socket
     import time
 
-    from pipeline import published
-    from pipeline.cli import UsageError
+    from core import published
+    from core.cli import UsageError
 
     with socket.socket() as closed:   # a loopback port nothing listens on: refused at once, no network
         closed.bind(("127.0.0.1", 0))

@@ -239,7 +239,7 @@ def test_infra_readme_states_what_every_spec_runs():
 
 
 def test_a_recipe_of_another_dataset_is_refused(capsys):
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     with pytest.raises(UsageError, match="--recipe for --dataset triplets-titles must be one of triplets-titles"):
         submit.main(["train", "--dataset", "triplets-titles", "--recipe", "minilm-sen", *CLOUD, "--dry-run"])
@@ -288,7 +288,7 @@ def test_flex_template_metadata_is_dataflow_template_metadata():
     message = json_format.ParseDict(metadata, TemplateMetadata.pb(TemplateMetadata()))
     assert message.name
     names = {parameter.name for parameter in message.parameters}
-    from pipeline.cli import config_parser
+    from core.cli import config_parser
     from pipeline.run import PipelineConfig
 
     flags = {action.dest for action in config_parser(PipelineConfig, "", "")._actions if action.option_strings}
@@ -515,8 +515,8 @@ def test_the_scale_benchmarks_larger_dataset_lists_the_run_times_over_with_every
                                                                                            tmp_path):
     """`infra.scale_benchmark`'s N x run: the train split's shards and Parquet twins N times over
     (hard links), validation and test as they are; the trainer's size check passes on every split."""
+    from core.published import Run
     from infra.scale_benchmark import repeated_run
-    from pipeline.published import Run
 
     run = Run.open(str(embedded_pipeline_output))
     larger = Run.open(repeated_run(str(embedded_pipeline_output), "triplets-sen", 3, str(tmp_path / "3x")))

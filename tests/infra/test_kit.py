@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.cli import UsageError
 from infra.accelerator import kit
-from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 UNPACK = REPO / "infra" / "accelerator" / "unpack.py"
@@ -28,7 +28,7 @@ def unpack(*arguments: str) -> subprocess.CompletedProcess:
 
 def fake_run(folder: Path) -> Path:
     """A run folder of two triplet splits (a shard and its Parquet twin each), scb, another dataset
-    and passages the quality run does not read; the manifest as pipeline.outputs writes it."""
+    and passages the quality run does not read; the manifest as core.folders writes it."""
     rng = np.random.default_rng(0)
     outputs, files = {}, {}
     for output, names in {"triplets-sen/train": ["part-00000-of-00002.tfrecord.gz", "part-00001-of-00002.tfrecord.gz"],

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.cli import UsageError
 from model.checkpoints import CHECKPOINTS
 from model.training.model_dir import ENCODER, SENTENCE_TRANSFORMERS
-from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "infra" / "accelerator" / "quality_run.sh"

@@ -19,8 +19,8 @@ def _killed_run(model_dir, accuracies):
 
 
 def test_a_killed_runs_tensorboard_log_and_a_finished_runs_history(tmp_path, capsys):
+    from core.cli import UsageError
     from model.curves import curves_figure, main
-    from pipeline.cli import UsageError
 
     finished, killed = tmp_path / "finished", tmp_path / "killed"
     finished.mkdir()

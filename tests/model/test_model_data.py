@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
+from core.records import ROLES
 from model.net.text import ArrayIds, WordIds
 from model.training.arrays import LENGTH_BOUNDARIES, batch_arrays, grouped, shuffled
-from pipeline.records import ROLES
 
 WORDS = [f"w{i}" for i in range(40)]
 
@@ -219,9 +219,9 @@ def test_keras_metrics_weigh_every_triplet_alike_across_uneven_batches():
 def test_a_run_whose_triplets_carry_other_features_is_refused_naming_the_manifest(tmp_path):
     import json
 
+    from core.folders import write_manifest
+    from core.published import MANIFEST
     from model.training.shards import TripletDataError, list_shards
-    from pipeline.outputs import write_manifest
-    from pipeline.published import MANIFEST
 
     written = write_manifest(str(tmp_path), {"triplets-sen/train": 0}).to_json()
     assert list_shards(str(tmp_path), "triplets-sen", "train") == []

@@ -55,8 +55,8 @@ def test_encode_batches_by_length_and_returns_rows_in_the_input_order(tiny_model
 def test_embeds_from_and_to_gcs_with_a_model_on_gcs(tiny_model, gcs_emulator):
     import io
 
-    from model.training.storage import upload_tree
-    from pipeline.files import read_bytes, write_bytes
+    from core.files import read_bytes, write_bytes
+    from core.storage import upload_tree
 
     root = gcs_emulator()
     upload_tree(tiny_model, f"{root}/model")
@@ -104,7 +104,7 @@ def test_a_line_that_breaks_its_format_is_counted_and_set_aside():
     from apache_beam.testing import test_pipeline
     from apache_beam.testing.util import assert_that, equal_to
 
-    from pipeline.records import DEAD_LETTERS, SCB, ScbRecord
+    from core.records import DEAD_LETTERS, SCB, ScbRecord
 
     good = ScbRecord(article_id=4, title="T", sections=("a", "b"), sentences=("x.", "y."), labels=(0, 1),
                      openers=(True, True)).to_json()
@@ -119,7 +119,7 @@ def test_a_line_that_breaks_its_format_is_counted_and_set_aside():
                 label="DeadLetters")
     result = pipeline.run()
     result.wait_until_finish()
-    from pipeline.counters import job_totals
+    from core.counters import job_totals
 
     assert job_totals(result)[embed_job.LINES_SET_ASIDE] == 2
 
@@ -142,7 +142,7 @@ def test_a_used_output_folder_is_refused_unless_overwrite_which_deletes_only_the
                                                                                                     tmp_path):
     import pytest
 
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     source = tmp_path / "sentences.txt"
     source.write_text("The striker scored.\nBake the bread.\n")

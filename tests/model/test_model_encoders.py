@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import sparse
 
+from core.cli import UsageError
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import (
     ConcatEncoder,
@@ -97,7 +98,7 @@ def test_load_encoders_refuses_repeated_names_and_missing_models():
     assert [encoder.name for encoder in encoders] == ["tfidf"]
     with pytest.raises(EncoderSpecError, match=r"repeated: \['tfidf'\] \(specs \['tfidf', 'tfidf'\]\)"):
         load_encoders([EncoderSpec.parse("tfidf")] * 2)
-    with pytest.raises(FileNotFoundError, match="/no/such/model"):
+    with pytest.raises(UsageError, match="/no/such/model: no trained encoder there"):
         load_encoders([EncoderSpec.parse("saved:m=/no/such/model")])
 
 

@@ -1,5 +1,5 @@
 """A JAX transformer training (`model.train --backend jax`, reading NumPy arrays) under the faults
-every other command answers in one line (`pipeline.cli.run_cli`): Ctrl-C, a damaged gzip shard, a
+every other command answers in one line (`core.cli.run_cli`): Ctrl-C, a damaged gzip shard, a
 full disk. Each runs MiniLM on the tiny shards in its own process, as a user's shell would."""
 import gzip
 import os

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from core.cli import UsageError
 from model.config import ENCODERS, NetworkKind, TrainConfig, parse_args
 from model.encoding.encoder import SavedModelEncoder, SentenceEncoder
 from model.formats.saved_model import ExportableEncoder
@@ -25,7 +26,6 @@ from model.net.network import LENGTH_SLICES, build_sentence_encoder, build_tripl
 from model.net.text import WordIds
 from model.training.job import build_models
 from model.training.model_dir import ENCODER
-from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from core.cli import run_cli
+from core.folders import COMMAND_CLAIM
 from model.encoding.encoder import load_encoder
 from model.encoding.encoders import EncoderSpec, EncoderSpecError, SpecKind, as_encoder_spec, load_encoders
 from model.export import main as export
 from model.net.transformer import token_ids
 from model.net.wordpieces import wordpieces
-from model.training.model_dir import COMMAND_CLAIM
-from pipeline.cli import run_cli
 
 SENTENCES = ["The café in Zürich opened in 1901.", "A short one.", "",
              "Rivers of the world flow into seas and oceans of many kinds, " * 6]
@@ -28,11 +28,11 @@ def _cosines(left: np.ndarray, right: np.ndarray) -> np.ndarray:
 def _excerpt_sentences(pipeline_output) -> list[str]:
     """Every distinct sentence of the excerpt's run: its SCB articles' and its triplets' (every
     dataset and split), which together hold every sentence the pipeline kept."""
+    from core.published import Run
+    from core.records import ROLES
     from eval.scb import read_articles
     from model.training.arrays import split_triplets
     from model.training.shards import open_run
-    from pipeline.published import Run
-    from pipeline.records import ROLES
 
     sentences: dict[str, None] = {}
     for article in read_articles(str(pipeline_output)):
@@ -117,7 +117,7 @@ def test_the_committed_int8_encoder_loads_and_groups_a_sections_sentences():
 def test_a_cut_short_graph_or_an_empty_vocabulary_is_a_usage_error_naming_the_file(tmp_path, damage):
     """A copy of the committed int8 export, one file damaged: loading names that file in one line
     (a UsageError: run_cli's `error:` line), not ONNX Runtime's InvalidProtobuf or an IndexError."""
-    from pipeline.cli import UsageError
+    from core.cli import UsageError
 
     committed = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "results", "2019-gpu-eval",
                              "minilm-gpu-soup-int8")
@@ -206,8 +206,8 @@ def test_the_onnx_encoder_loads_and_encodes_without_tensorflow(onnx_exports):
 
 
 def test_a_folder_that_is_no_onnx_export_is_one_error_line(tmp_path, capsys):
+    from core.files import JsonFileError
     from eval.triplets import main as triplets
-    from pipeline.files import JsonFileError
 
     status = run_cli(triplets, ["--data", str(tmp_path / "no-run"), "--output", str(tmp_path / "out"),
                                 "--encoder", f"onnx:{tmp_path / 'missing'}"])

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
+from core import published
+from core.cli import UsageError, parse_config
+from core.records import PassagesRecord, RecordError
 from eval import qs3m as qs3m_eval
 from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m import data as qs3m_data
 from model.qs3m import network as qs3m_network
 from model.qs3m import train as qs3m
 from model.qs3m.pairs import query_from_record, sample_pairs
-from pipeline import published
-from pipeline.cli import UsageError, parse_config
-from pipeline.records import PassagesRecord, RecordError
 
 pytestmark = pytest.mark.slow   # QS3M training
 
@@ -129,7 +129,7 @@ def test_read_queries_sets_bad_lines_aside(passages_file, tmp_path):
 
 
 def test_read_queries_from_a_run_folder_streams_a_seeded_sample_of_a_split(passages_file, tmp_path):
-    from pipeline.outputs import write_manifest
+    from core.folders import write_manifest
 
     run = tmp_path / "run"
     (run / "passages").mkdir(parents=True)
@@ -287,7 +287,7 @@ def test_flags_mirror_the_config_and_bad_values_name_the_flag():
 def test_a_truncated_passages_file_fails_instead_of_training_on_part_of_it(passages_file, tmp_path):
     import gzip
 
-    from pipeline.outputs import write_manifest
+    from core.folders import write_manifest
 
     run = tmp_path / "run"
     (run / "passages").mkdir(parents=True)

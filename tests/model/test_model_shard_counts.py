@@ -10,11 +10,11 @@ import zlib
 import pytest
 from model_shards import write_triplet_shards
 
+from core.published import ShardError, count_shard_records
 from model.config import TrainConfig
 from model.net.wordpieces import wordpieces
 from model.training.arrays import TripletInput, shard_records
 from model.training.shards import open_run
-from pipeline.published import ShardError, count_shard_records
 
 DATASET = "triplets-sen"
 

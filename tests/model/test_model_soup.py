@@ -8,17 +8,10 @@ import sys
 import numpy as np
 import pytest
 
+from core.cli import UsageError
+from core.folders import COMMAND_CLAIM
 from model.soup import one_recipe, parse_args, souped
-from model.training.model_dir import (
-    BEST_WEIGHTS,
-    CHECKPOINTS,
-    COMMAND_CLAIM,
-    ENCODER,
-    HISTORY,
-    INPUTS,
-    SENTENCE_TRANSFORMERS,
-)
-from pipeline.cli import UsageError
+from model.training.model_dir import BEST_WEIGHTS, CHECKPOINTS, ENCODER, HISTORY, INPUTS, SENTENCE_TRANSFORMERS
 
 
 def test_the_soup_is_the_mean_of_the_runs_a_scale_of_the_way_from_the_untrained_net():

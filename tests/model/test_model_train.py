@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from model_shards import write_triplet_shards
 
+from core import published
+from core.cli import UsageError
 from model.config import TrainConfig, parse_args
 from model.encoding.encoder import SavedModelEncoder
 from model.training.arrays import split_triplets
@@ -34,8 +36,6 @@ from model.training.model_dir import (
     VOCABULARY,
 )
 from model.training.shards import TripletDataError, list_shards, open_run
-from pipeline import published
-from pipeline.cli import UsageError
 
 pytestmark = pytest.mark.slow   # real training runs
 
@@ -226,8 +226,8 @@ def test_model_dir_on_gcs_is_staged_locally_and_mirrored(shards, gcs_emulator, t
     import keras
     from apache_beam.io.filesystems import FileSystems
 
+    from core.storage import download_tree, list_tree
     from model.train import train
-    from model.training.storage import download_tree, list_tree
 
     remote = gcs_emulator() + "/model"
     seen = []
@@ -573,9 +573,9 @@ def test_a_run_refused_for_a_missing_dataset_leaves_nothing_behind(embedded_pipe
     import dataclasses
     import shutil
 
+    from core.cli import UsageError
+    from core.published import MANIFEST, Manifest, Run
     from model.train import train
-    from pipeline.cli import UsageError
-    from pipeline.published import MANIFEST, Manifest, Run
 
     data = tmp_path / "run-without-ablation"   # the run as pipeline.run writes it without --negatives same_article
     shutil.copytree(embedded_pipeline_output, data)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from core.cli import UsageError
 from model.training.model_dir import ENCODER, INPUTS, ModelDir
-from pipeline.cli import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 

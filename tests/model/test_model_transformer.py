@@ -43,9 +43,9 @@ def reference_tokenizer():
 
 def real_sentences(pipeline_output, limit=1500) -> list[str]:
     """Kept sentences of the excerpt's SCB articles (plain JSON lines, as the pipeline writes them)."""
+    from core.files import read_bytes
+    from core.records import ScbRecord
     from eval.scb import scb_files
-    from pipeline.files import read_bytes
-    from pipeline.records import ScbRecord
 
     sentences = []
     for path in scb_files(str(pipeline_output)):

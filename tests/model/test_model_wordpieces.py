@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from core.records import ROLES, TRIPLET_DATASETS
+from core.splits import SPLITS
 from model.net.transformer import token_ids
 from model.net.wordpieces import wordpieces
 from model.training.arrays import split_triplets
 from model.training.shards import open_run
-from pipeline.records import ROLES, TRIPLET_DATASETS
-from pipeline.splits import SPLITS
 
 HARD = ["Café au lait in São Paulo…", "Die Straße in Zürich.", "東京は日本の首都です。", "Party 🎉🎈 tonight!",
         "مرحبا بالعالم", "שלום עולם", "ǅemal from İstanbul, ﬁne ligatures", "a\u00a0b\u200bc\ufffd d\te\nf",

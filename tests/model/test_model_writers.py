@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from model_shards import write_triplet_shards
 
+from core.folders import COMMAND_CLAIM, owner_record
 from model.config import TrainConfig
-from model.training.model_dir import BEST_WEIGHTS, CHECKPOINTS, COMMAND_CLAIM, HISTORY, INPUTS, LOGS, VOCABULARY
+from model.training.model_dir import BEST_WEIGHTS, CHECKPOINTS, HISTORY, INPUTS, LOGS, VOCABULARY
 from model.training.shards import TripletDataError
-from pipeline.published import owner_record
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -49,7 +49,7 @@ def shards(tmp_path_factory):
 @pytest.fixture
 def sleeper():
     """A live process of this host, and its owner record as it would write it."""
-    from pipeline.published import _process_start
+    from core.folders import _process_start
 
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     start = _process_start(process.pid)
@@ -187,8 +187,8 @@ def test_export_faults_are_one_error_line_and_write_nothing(exportable, tmp_path
 
 
 def test_export_keeps_the_users_files_and_replaces_its_own_only_with_overwrite(fine_tuned, tmp_path):
+    from core.cli import UsageError
     from model.export import main as export
-    from pipeline.cli import UsageError
 
     model_dir, _ = fine_tuned
     mine = tmp_path / "mine"

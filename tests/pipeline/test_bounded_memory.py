@@ -1,6 +1,6 @@
 """A run's memory does not grow with the dump: no shuffle of the job carries a page or a triplet
 (Beam's local runners hold a shuffle whole in one process); the write-time order comes from runs
-sorted by each worker (`pipeline.runs`), which give the shards sorting the whole split gives; and
+sorted by each worker (`pipeline.write.runs`), which give the shards sorting the whole split gives; and
 the pipeline benchmark reports peak RSS as a ratio between two dump sizes."""
 import random
 
@@ -9,11 +9,13 @@ import pytest
 from apache_beam.portability import common_urns
 from apache_beam.testing import test_pipeline
 
-from pipeline import order, records, run, runs
-from pipeline.dumps import embedded_dump_path
-from pipeline.splits import SPLITS
-from pipeline.transforms import WriteTripletSplits
-from pipeline.triplets import NegativeStrategy, Triplet, TripletKind
+from core.records import NegativeStrategy, TripletKind
+from core.splits import SPLITS
+from pipeline import run
+from pipeline.read.dumps import embedded_dump_path
+from pipeline.triplets.make import Triplet
+from pipeline.write import examples, order, runs
+from pipeline.write.transforms import WriteTripletSplits
 
 
 def _keyed_chunks(n_articles: int, seed: int = 1) -> list[tuple[int, list[bytes]]]:
@@ -49,7 +51,7 @@ def _batches() -> dict[str, list[tuple[int, list[bytes]]]]:
                        TripletKind.SEN, NegativeStrategy.ADJACENT, article, split, 1, 2, article, 0, 1, 0)
 
     sizes = {"train": 120, "validation": 20, "test": 20}
-    return {split: [(article, records.triplet_examples([triplet(article, split, n)
+    return {split: [(article, examples.triplet_examples([triplet(article, split, n)
                                                         for n in range(rng.randint(1, 60))]))
                     for article in range(1000 * index, 1000 * index + sizes[split])]
             for index, split in enumerate(SPLITS)}

@@ -10,11 +10,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from pipeline import dataset_info, outputs, parquet
-from pipeline.published import LOCK, READERS, Run, ShardError
-from pipeline.records import PAPER_DATASET, TRIPLET_DATASETS, TRIPLET_FEATURES, FeatureType
-from pipeline.splits import SPLITS
-from pipeline.tfrecord import read_records
+from core import dataset_info, folders, parquet
+from core.folders import LOCK, READERS
+from core.published import Run, ShardError
+from core.records import PAPER_DATASET, TRIPLET_DATASETS, TRIPLET_FEATURES, FeatureType
+from core.splits import SPLITS
+from core.tfrecord import read_records
 
 
 def _records(path) -> list[bytes]:
@@ -117,5 +118,5 @@ def test_verify_checks_the_parquet_twins_and_overwrite_deletes_every_form(embedd
         run.check_sizes(folder)
     twin.write_bytes(whole)
     assert (out / PAPER_DATASET / dataset_info.DATASET_INFO).exists()
-    outputs.claim_output(str(out), overwrite=True, folders=["scb"])   # what the run listed, every form, goes
+    folders.claim_output(str(out), overwrite=True, folders=["scb"])   # what the run listed, every form, goes
     assert [path.name for path in out.rglob("*") if path.is_file()] == [LOCK]

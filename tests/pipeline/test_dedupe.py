@@ -1,4 +1,4 @@
-"""A page id read twice goes on once, decided from page ids before the read (`pipeline.dedupe`):
+"""A page id read twice goes on once, decided from page ids before the read (`pipeline.read.dedupe`):
 real excerpt pages planted twice or three times, in other streams and in the same one, in a
 multistream dump with its index and in a plain dump without one."""
 import itertools
@@ -6,9 +6,9 @@ import itertools
 import pytest
 from dump_support import run_read
 
-from pipeline import dedupe, dump_writers
-from pipeline.dumps import Page, embedded_dump_path, page_id_and_title
-from pipeline.multistream import ReadUnit
+from pipeline.read import dedupe, dump_writers
+from pipeline.read.dumps import Page, embedded_dump_path, page_id_and_title
+from pipeline.read.multistream import ReadUnit
 
 PAGES, PER_STREAM = 12, 4
 RETITLED, TWICE_MORE = 2, 5     # positions: one copy under a title that sorts first, one copied twice

@@ -7,8 +7,8 @@ import itertools
 import pytest
 from dump_support import as_tuples, run_read
 
-from pipeline import dump_writers
-from pipeline.dumps import Page, decode_pages, embedded_dump_path, page_id_and_title
+from pipeline.read import dump_writers
+from pipeline.read.dumps import Page, decode_pages, embedded_dump_path, page_id_and_title
 
 pytestmark = pytest.mark.slow   # pipeline runs on faulty dumps
 

@@ -7,8 +7,8 @@ import mwxml
 import pytest
 from dump_support import as_tuples, run_read
 
-from pipeline import dump_writers
-from pipeline.dumps import (
+from pipeline.read import dump_writers
+from pipeline.read.dumps import (
     DumpInputError,
     Page,
     bz2_chunks,
@@ -20,7 +20,7 @@ from pipeline.dumps import (
     read_ahead,
     split_pages,
 )
-from pipeline.read import ReadDumpPages
+from pipeline.read.pages import ReadDumpPages
 
 
 def reference_pages(path: str) -> list[tuple]:

@@ -19,8 +19,9 @@ import pytest
 from apache_beam.options.pipeline_options import FlinkRunnerOptions, JobServerOptions, PipelineOptions, PortableOptions
 from dump_support import ALL_NEGATIVES
 
-from pipeline import jobserver, published, run
-from pipeline.cli import UsageError
+from core import jobserver, published
+from core.cli import UsageError
+from pipeline import run
 
 REPO = Path(__file__).resolve().parents[2]
 JAR = jobserver.JOB_SERVER_JARS["flink"]

@@ -7,8 +7,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from dump_support import ALL_NEGATIVES, as_tuples, run_read
 
-from pipeline import dump_writers, multistream
-from pipeline.dumps import decode_pages, embedded_dump_path
+from pipeline.read import dump_writers, multistream
+from pipeline.read.dumps import decode_pages, embedded_dump_path
 
 pytestmark = pytest.mark.slow   # pipeline runs on multistream dumps
 

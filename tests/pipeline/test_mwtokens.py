@@ -6,8 +6,8 @@ import mwparserfromhell
 import pytest
 from mwparserfromhell.parser.builder import Builder
 
-from pipeline.dumps import Page, decode_pages, embedded_dump_path
-from pipeline.mwtokens import same_tokenizer_as_the_library, tokenize
+from pipeline.parse.mwtokens import same_tokenizer_as_the_library, tokenize
+from pipeline.read.dumps import Page, decode_pages, embedded_dump_path
 
 
 def _real_pages(count: int) -> list[str]:

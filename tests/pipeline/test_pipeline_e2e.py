@@ -21,15 +21,15 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, SetupOptions, StandardOptions
 from dump_support import ALL_NEGATIVES
 
+from core.cli import UsageError
+from core.counters import PAGE_OUTCOMES
+from core.records import SENTENCE_DATASETS
+from core.splits import SPLITS, split_of
 from model.training.tf_input import triplet_feature_spec
 from pipeline import run
-from pipeline.cli import UsageError
-from pipeline.counters import PAGE_OUTCOMES
-from pipeline.dumps import DumpInputError, embedded_dump_path
-from pipeline.records import SENTENCE_DATASETS
-from pipeline.rules import is_removed_section
-from pipeline.sentences import SentenceSplitter
-from pipeline.splits import SPLITS, split_of
+from pipeline.parse.sentences import SentenceSplitter
+from pipeline.read.dumps import DumpInputError, embedded_dump_path
+from pipeline.triplets.rules import is_removed_section
 
 pytestmark = pytest.mark.slow   # whole pipeline runs
 

@@ -1,7 +1,10 @@
 """Each paper rule on its own, then their composition on a small hand-written article."""
 import pytest
 
-from pipeline.rules import (
+from core.splits import split_of
+from pipeline.parse.sentences import SentenceSplitter
+from pipeline.parse.wikitext import parse_wikitext
+from pipeline.triplets.rules import (
     KeptSentence,
     RuleConfig,
     build_article,
@@ -12,9 +15,6 @@ from pipeline.rules import (
     scb_eligible,
     sentence_length_ok,
 )
-from pipeline.sentences import SentenceSplitter
-from pipeline.splits import split_of
-from pipeline.wikitext import parse_wikitext
 
 
 @pytest.mark.parametrize(
@@ -147,7 +147,7 @@ def test_the_sentence_splitter_bounds_its_vocabulary_without_changing_sentences(
 def test_the_tokenizer_cache_changes_no_sentence_of_real_paragraphs():
     from itertools import islice
 
-    from pipeline.dumps import Page, decode_pages, embedded_dump_path
+    from pipeline.read.dumps import Page, decode_pages, embedded_dump_path
 
     pages = (page for page in decode_pages(embedded_dump_path())
              if isinstance(page, Page) and page.namespace == 0 and not page.redirect)

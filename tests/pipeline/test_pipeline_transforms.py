@@ -20,10 +20,14 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing import test_pipeline  # the module: pytest would try to collect a class named Test*
 from apache_beam.testing.util import BeamAssertException, assert_that, equal_to
 
-from pipeline import counters, records, triplets
-from pipeline.dumps import Page, dead_letter, decode_pages, embedded_dump_path
-from pipeline.records import DATASET_OF_STRATEGY, DEAD_LETTERS
-from pipeline.rules import (
+from core import counters, records
+from core.records import DATASET_OF_STRATEGY, DEAD_LETTERS
+from core.splits import SPLITS, split_of
+from pipeline.parse.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
+from pipeline.parse.wikitext import parse_wikitext
+from pipeline.read.dumps import Page, dead_letter, decode_pages, embedded_dump_path
+from pipeline.triplets import make as triplets
+from pipeline.triplets.rules import (
     RuleConfig,
     build_article,
     paragraph_openers,
@@ -31,19 +35,9 @@ from pipeline.rules import (
     scb_eligible,
     triplet_slots,
 )
-from pipeline.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
-from pipeline.splits import SPLITS, split_of
-from pipeline.transforms import (
-    BuildArticles,
-    PassageRecords,
-    ScbRecords,
-    SentenceTriplets,
-    TitleTriplets,
-    WriteJsonLines,
-    WriteTripletSplits,
-    unfilled_slots_counter,
-)
-from pipeline.wikitext import parse_wikitext
+from pipeline.triplets.transforms import BuildArticles, SentenceTriplets, TitleTriplets, unfilled_slots_counter
+from pipeline.write import examples
+from pipeline.write.transforms import PassageRecords, ScbRecords, WriteJsonLines, WriteTripletSplits
 
 SEED = 3
 RULES = RuleConfig()
@@ -191,7 +185,7 @@ def test_build_articles_gives_the_rules_articles_and_counts_every_page_once(real
         counters.ARTICLES_USED: n_articles,
         counters.ARTICLES_TOO_FEW_SECTIONS: counts[counters.ARTICLES_TOO_FEW_SECTIONS],
         counters.PAGES_NON_ARTICLE: non_article,
-        counters.PAGES_DUPLICATE_ID: 0,   # counted by the read (`pipeline.dedupe`), before BuildArticles
+        counters.PAGES_DUPLICATE_ID: 0,   # counted by the read (`pipeline.read.dedupe`), before BuildArticles
         counters.PAGES_REDIRECT: redirects,
         counters.PARSE_ERRORS: 1,
         counters.PARAGRAPHS_TOO_LONG: 1,
@@ -262,7 +256,7 @@ def test_sentence_triplets_are_the_rules_triplets_of_each_article_in_its_split(a
     make = {"adjacent": triplets.adjacent_triplets, "same_article": triplets.same_article_triplets}[strategy]
     made = [make(article, SEED, RULES) for article in articles]
     expected = {split: [record for article, (triplets_of, _) in zip(articles, made) if article.split == split
-                        for record in records.triplet_examples(triplets_of)] for split in SPLITS}
+                        for record in examples.triplet_examples(triplets_of)] for split in SPLITS}
     unfilled = sum(n for _, n in made)
     assert unfilled and all(expected.values())   # the inputs leave slots unfilled and fill every split
 
@@ -285,7 +279,7 @@ def test_other_article_triplets_draw_from_other_articles_of_the_bucket(articles,
                                             SEED, RULES)
             for article in shipped]
     expected = {split: [record for article, (triplets_of, _) in zip(articles, made) if article.split == split
-                        for record in records.triplet_examples(triplets_of)] for split in SPLITS}
+                        for record in examples.triplet_examples(triplets_of)] for split in SPLITS}
     no_donor = sum(n for _, n in made)
     alone = [n for n in collections.Counter(bucket_of.values()).values() if n == 1]
     assert all(expected.values()) and bool(no_donor) == bool(alone) == (bucket_size == 2)
@@ -302,7 +296,7 @@ def test_other_article_triplets_draw_from_other_articles_of_the_bucket(articles,
 @pytest.mark.slow   # seconds: a Beam pipeline
 def test_title_triplets_pair_each_sections_first_sentence_with_its_title_against_a_neighbours(articles):
     expected = {split: [record for article in articles if article.split == split
-                        for record in records.triplet_examples(triplets.title_triplets(article))] for split in SPLITS}
+                        for record in examples.triplet_examples(triplets.title_triplets(article))] for split in SPLITS}
     by_id = {article.article_id: article for article in articles}
 
     def titles_of_neighbours(found):
@@ -349,9 +343,9 @@ def _write(batches: dict, folder, seed: int = 0) -> None:
 @pytest.mark.slow   # seconds of a real Beam or tf.data run: the full tier
 def test_write_triplet_splits_writes_each_split_in_its_key_order_and_an_empty_split_as_an_empty_shard(articles,
                                                                                                      tmp_path):
-    from pipeline import order
+    from pipeline.write import order
 
-    batches = {split: [(article.article_id, records.triplet_examples(triplets.title_triplets(article)))
+    batches = {split: [(article.article_id, examples.triplet_examples(triplets.title_triplets(article)))
                        for article in articles if article.split == split] for split in SPLITS}
     batches["validation"] = []
     _write(batches, tmp_path)
@@ -370,7 +364,7 @@ def test_write_triplet_splits_writes_each_split_in_its_key_order_and_an_empty_sp
 
 @pytest.mark.slow   # seconds: the full tier (the fast tier stays under 3 minutes)
 def test_the_write_order_depends_on_the_seed_and_the_data_not_on_the_input_order(articles, tmp_path):
-    batches = {split: [(article.article_id, records.triplet_examples(triplets.title_triplets(article)))
+    batches = {split: [(article.article_id, examples.triplet_examples(triplets.title_triplets(article)))
                        for article in articles if article.split == split] for split in SPLITS}
     _write(batches, tmp_path / "a")
     _write({split: list(reversed(batches[split])) for split in SPLITS}, tmp_path / "b")
@@ -386,7 +380,7 @@ def test_the_write_order_depends_on_the_seed_and_the_data_not_on_the_input_order
 
 
 def test_a_split_is_cut_into_shards_by_its_size():
-    from pipeline import order
+    from pipeline.write import order
 
     assert order.shard_count(0, 0) == 1
     assert order.shard_count(300 << 10, 40) == 1                      # the demo: under a MiB
@@ -409,7 +403,7 @@ def test_scb_records_are_the_test_articles_with_the_rules_number_of_sections(art
 
     p = test_pipeline.TestPipeline()
     found = p | beam.Create(articles) | ScbRecords(rules)
-    assert_that(found, all_of(equal_to([records.ScbRecord.from_article(article) for article in eligible])))
+    assert_that(found, all_of(equal_to([examples.scb_record(article) for article in eligible])))
     result = run(p)
     n_articles, n_eligible = len(articles), len(eligible)
     assert counter(result, counters.SCB_ARTICLES_NOT_ELIGIBLE) == n_articles - n_eligible
@@ -421,14 +415,14 @@ def test_passage_records_of_every_article_are_written_as_json_lines_and_counted(
     """PassageRecords and its writer: each article's passages record, one JSON line each."""
     p = test_pipeline.TestPipeline()
     passages = p | beam.Create(articles) | PassageRecords()
-    assert_that(passages, all_of(equal_to([records.PassagesRecord.from_article(article) for article in articles])))
+    assert_that(passages, all_of(equal_to([examples.passages_record(article) for article in articles])))
     _ = passages | WriteJsonLines(str(tmp_path / "passages" / "part"), counters.PASSAGES_ARTICLES)
     result = run(p)
     lines = []
     for shard in sorted((tmp_path / "passages").glob("part-*-of-*.jsonl.gz")):
         with gzip.open(shard, "rt", encoding="utf-8") as handle:
             lines += handle.read().splitlines()
-    assert sorted(lines) == sorted(records.PassagesRecord.from_article(article).to_json() for article in articles)
+    assert sorted(lines) == sorted(examples.passages_record(article).to_json() for article in articles)
     assert sorted(json.loads(line)["article_id"] for line in lines) == sorted(a.article_id for a in articles)
     n_articles = len(articles)
     assert counter(result, counters.PASSAGES_ARTICLES) == n_articles

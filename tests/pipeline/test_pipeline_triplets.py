@@ -5,11 +5,10 @@ import sys
 
 import tensorflow as tf
 
+from core import records
+from core.splits import split_of
 from model.training.tf_input import triplet_feature_spec
-from pipeline import records
-from pipeline.rules import Article, ArticleSection, KeptSentence, triplet_slots
-from pipeline.splits import split_of
-from pipeline.triplets import (
+from pipeline.triplets.make import (
     adjacent_triplets,
     n_other_article_buckets,
     other_article_bucket,
@@ -17,6 +16,8 @@ from pipeline.triplets import (
     same_article_triplets,
     title_triplets,
 )
+from pipeline.triplets.rules import Article, ArticleSection, KeptSentence, triplet_slots
+from pipeline.write import examples
 
 
 def _section(article_id: int, index: int, paragraphs: int) -> ArticleSection:
@@ -151,7 +152,7 @@ def test_split_is_deterministic_about_80_10_10_and_depends_on_the_seed():
 
 def test_triplet_examples_parse_back_with_the_contract_features():
     triplet = adjacent_triplets(_article(8), seed=0)[0][0]
-    parsed = tf.io.parse_single_example(records.triplet_examples([triplet])[0], triplet_feature_spec())
+    parsed = tf.io.parse_single_example(examples.triplet_examples([triplet])[0], triplet_feature_spec())
     for name in records.BYTES_FEATURES:
         assert parsed[name].numpy().decode("utf-8") == getattr(triplet, name)
     for name in records.INT64_FEATURES:
@@ -173,7 +174,7 @@ def test_triplet_examples_are_byte_identical_to_tensorflows_own_serialisation():
                          for name in records.INT64_FEATURES})
         return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString(deterministic=True)
 
-    assert records.triplet_examples(made) == [tensorflows(triplet) for triplet in made]
+    assert examples.triplet_examples(made) == [tensorflows(triplet) for triplet in made]
 
 
 def test_the_pipeline_does_not_import_tensorflow():
@@ -184,7 +185,7 @@ def test_the_pipeline_does_not_import_tensorflow():
 
 def test_scb_record_labels_index_sections_and_flag_openers():
     article = _article(9)
-    record = records.ScbRecord.from_article(article)
+    record = examples.scb_record(article)
     assert record.sections == tuple(s.title for s in article.sections)
     assert len(record.sentences) == len(record.labels) == len(record.openers)
     for sentence, label, opener in zip(record.sentences, record.labels, record.openers):

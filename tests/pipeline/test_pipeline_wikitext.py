@@ -4,9 +4,9 @@ import gc
 import mwparserfromhell
 import pytest
 
-from pipeline.collector import collector_paused
-from pipeline.sentences import SentenceSplitter
-from pipeline.wikitext import parse_wikitext
+from pipeline.parse.collector import collector_paused
+from pipeline.parse.sentences import SentenceSplitter
+from pipeline.parse.wikitext import parse_wikitext
 
 PAGE = """{{Infobox country|name=Freedonia|capital=Fredville|population=12,000}}
 {{Use British English|date=May 2016}}

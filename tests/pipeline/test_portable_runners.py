@@ -19,9 +19,10 @@ from apache_beam.portability.api import beam_job_api_pb2, metrics_pb2
 from apache_beam.runners.portability.portable_runner import PortableMetrics
 from dump_support import ALL_NEGATIVES
 
-from pipeline import jobserver, published, run
-from pipeline.cli import UsageError
-from pipeline.counters import NAMESPACE, CountersMissingError, job_totals
+from core import jobserver, published
+from core.cli import UsageError
+from core.counters import NAMESPACE, CountersMissingError, job_totals
+from pipeline import run
 
 REPO = Path(__file__).resolve().parents[2]
 PRISM = REPO / ".cache" / "prism" / f"v{apache_beam.__version__}" / "prism"
@@ -161,7 +162,7 @@ def test_an_external_worker_pool_nothing_listens_at_is_one_error_before_any_work
      "connection; nothing was published (the runner's log: OUT/pipeline.log)"),
 ])
 def test_a_failed_portable_job_is_one_line_naming_the_runner_and_its_log(failure, line):
-    from pipeline.cli import DataLossError
+    from core.cli import DataLossError
 
     options = PipelineOptions(["--runner", "FlinkRunner"])
     with pytest.raises(DataLossError) as raised, jobserver.job_failures(options, "OUT/pipeline.log"):

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import dump_writers, outputs, published, run
-from pipeline.dumps import embedded_dump_path
+from core import folders, published
+from pipeline import run
+from pipeline.read import dump_writers
+from pipeline.read.dumps import embedded_dump_path
 
 pytestmark = pytest.mark.slow   # pipeline runs in subprocesses
 
@@ -48,7 +50,7 @@ def test_a_published_run_has_a_manifest_of_every_shard_and_a_reused_output_is_re
     assert train_records == stats["counters"]["triplets-sen/train"] > 0
     assert all(Path(path).exists() for path in train_shards)
     assert opened.output("scb").records == stats["counters"]["scb_articles"]
-    assert not (out / outputs.LOCK).exists()
+    assert not (out / folders.LOCK).exists()
     # A second run into the same folder (e.g. with another worker count) refuses before any work.
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     result = _cli("--output", str(out), "--input", str(dump), *FAST)
@@ -70,14 +72,14 @@ def test_a_published_run_has_a_manifest_of_every_shard_and_a_reused_output_is_re
 def test_a_folder_being_written_or_holding_other_files_is_refused(tmp_path):
     busy = tmp_path / "busy"
     busy.mkdir()
-    (busy / outputs.LOCK).write_text("{}")          # a run is writing here (or died here)
-    with pytest.raises(outputs.OutputInUseError, match="lock"):
-        outputs.claim_output(str(busy), overwrite=False, folders=["scb"])
+    (busy / folders.LOCK).write_text("{}")          # a run is writing here (or died here)
+    with pytest.raises(folders.OutputInUseError, match="lock"):
+        folders.claim_output(str(busy), overwrite=False, folders=["scb"])
     other = tmp_path / "other"
     other.mkdir()
     (other / "thesis.tex").write_text("mine")
-    with pytest.raises(outputs.OutputInUseError, match="thesis.tex"):
-        outputs.claim_output(str(other), overwrite=True, folders=["scb"])
+    with pytest.raises(folders.OutputInUseError, match="thesis.tex"):
+        folders.claim_output(str(other), overwrite=True, folders=["scb"])
     assert (other / "thesis.tex").read_text() == "mine"
 
 
@@ -86,16 +88,16 @@ def test_a_lock_of_a_dead_process_is_stale_and_replaced_only_with_overwrite(tmp_
     dead.wait()
     out = tmp_path / "out"
     out.mkdir()
-    (out / outputs.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "folders": ["scb"],
-                                                "files": [outputs.LOG]}))
+    (out / folders.LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "folders": ["scb"],
+                                                "files": [published.RUN_LOG]}))
     (out / "scb" / "beam-temp-part-1234").mkdir(parents=True)               # what the dead run left
     (out / "scb" / "beam-temp-part-1234" / "a.jsonl.gz").write_bytes(b"partial")
-    (out / outputs.LOG).write_text("log")
-    with pytest.raises(outputs.OutputInUseError, match="stale"):
-        outputs.claim_output(str(out), overwrite=False, folders=["scb"])
-    outputs.claim_output(str(out), overwrite=True, folders=["scb"])
-    assert sorted(os.listdir(out)) == [outputs.LOCK]                          # exactly what its lock lists, gone
-    assert json.loads((out / outputs.LOCK).read_text())["pid"] == os.getpid()
+    (out / published.RUN_LOG).write_text("log")
+    with pytest.raises(folders.OutputInUseError, match="stale"):
+        folders.claim_output(str(out), overwrite=False, folders=["scb"])
+    folders.claim_output(str(out), overwrite=True, folders=["scb"])
+    assert sorted(os.listdir(out)) == [folders.LOCK]                          # exactly what its lock lists, gone
+    assert json.loads((out / folders.LOCK).read_text())["pid"] == os.getpid()
 
 
 def test_a_stale_index_fails_the_run_naming_the_cause(small_multistream, tmp_path):
@@ -154,7 +156,7 @@ def test_an_unusable_output_is_one_error_line_before_any_work(small_multistream,
 
 
 def test_a_page_without_its_own_id_is_not_named_by_its_revision_id():
-    from pipeline.dumps import page_id_and_title
+    from pipeline.read.dumps import page_id_and_title
 
     page = b"<page><title>No id</title><ns>0</ns><revision><id>987</id><text>x</text></revision></page>"
     assert page_id_and_title(page) == (None, "No id")
@@ -169,7 +171,7 @@ def test_a_second_run_into_a_folder_being_written_refuses_and_the_first_complete
     first = subprocess.Popen([sys.executable, "-m", "pipeline.run", "--output", str(out), "--seed", "0", *FAST],
                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)   # the whole excerpt
     deadline = time.monotonic() + 300
-    while not (out / outputs.LOCK).exists():
+    while not (out / folders.LOCK).exists():
         assert first.poll() is None and time.monotonic() < deadline, "the first run never took the folder"
         time.sleep(0.2)
     second = _cli("--output", str(out), "--input", str(dump), "--seed", "1", *FAST)
@@ -190,10 +192,10 @@ def test_a_local_run_shows_pages_read_of_the_index_total_and_keeps_beam_logs_in_
     assert result.returncode == 0, result.stderr[-2000:]
     *_, bar, said = result.stderr.replace("\r", "\n").strip().splitlines()
     assert bar.startswith("read: 100%") and f" {PAGES}/{PAGES} " in bar   # the total from the index
-    assert said.startswith("pipeline: Beam's log (") and said.endswith(f" lines) in {out / outputs.LOG}")
+    assert said.startswith("pipeline: Beam's log (") and said.endswith(f" lines) in {out / published.RUN_LOG}")
     assert "apache_beam" not in result.stderr                                # worker logs are not on the terminal
-    assert "Worker:" in (out / outputs.LOG).read_text()                      # but in the run's log file
-    assert json.loads((out / outputs.STATS).read_text())["counters"]["pages_read"] == PAGES
+    assert "Worker:" in (out / published.RUN_LOG).read_text()                      # but in the run's log file
+    assert json.loads((out / published.STATS).read_text())["counters"]["pages_read"] == PAGES
 
 
 def test_a_plain_xml_dump_cut_inside_a_page_is_a_loss_and_publishes_nothing(tmp_path):
@@ -204,7 +206,7 @@ def test_a_plain_xml_dump_cut_inside_a_page_is_a_loss_and_publishes_nothing(tmp_
     out = tmp_path / "out"
     result = _cli("--output", str(out), "--input", str(cut), *FAST)
     assert result.returncode == 1 and "unknown number of pages" in result.stderr.strip().splitlines()[-1]
-    assert not (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert not (out / published.MANIFEST).exists() and not (out / folders.LOCK).exists()
     whole = tmp_path / "whole.xml"
     whole.write_bytes(xml)
     assert _cli("--output", str(tmp_path / "whole"), "--input", str(whole), *FAST).returncode == 0
@@ -220,7 +222,7 @@ def test_a_dump_without_an_article_exits_1_naming_the_counters_and_publishes_not
     result = _cli("--output", str(out), "--input", str(dump), *FAST)
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "no article was kept" in last and f"pages_redirect {len(redirects)}" in last
-    assert not (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert not (out / published.MANIFEST).exists() and not (out / folders.LOCK).exists()
 
 
 def test_a_write_that_fails_for_lack_of_space_is_one_error_line_and_releases_the_lock(small_multistream, tmp_path):
@@ -237,7 +239,7 @@ def test_a_write_that_fails_for_lack_of_space_is_one_error_line_and_releases_the
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and last.startswith(f"error: writing {out} failed") and "File too large" in last
     assert "Traceback" not in result.stderr
-    assert not (out / outputs.LOCK).exists() and not (out / published.MANIFEST).exists()
+    assert not (out / folders.LOCK).exists() and not (out / published.MANIFEST).exists()
     rerun = _cli("--output", str(out), "--input", str(dump), *FAST)         # no lock left: --overwrite not forced
     assert rerun.returncode == 2 and "already holds a run" in rerun.stderr
 
@@ -339,11 +341,11 @@ def test_an_index_that_does_not_reconcile_exits_1_and_publishes_nothing(small_mu
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert last.startswith("error: ") and ("do not reconcile" in last or "pages its index lists" in last), last
-    assert not (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
-    assert (out / outputs.UNPUBLISHED).exists() and (out / outputs.STATS).exists()   # kept for inspection
+    assert not (out / published.MANIFEST).exists() and not (out / folders.LOCK).exists()
+    assert (out / folders.UNPUBLISHED).exists() and (out / published.STATS).exists()   # kept for inspection
     rerun = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)    # replaced by a good run
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert not (out / outputs.UNPUBLISHED).exists() and (out / published.MANIFEST).exists()
+    assert not (out / folders.UNPUBLISHED).exists() and (out / published.MANIFEST).exists()
 
 
 def test_a_glob_that_matches_one_dump_twice_is_refused(small_multistream, tmp_path):
@@ -384,8 +386,9 @@ def test_overwrite_refuses_while_a_reader_holds_the_run_and_the_reader_is_not_mi
     manifest = (out / published.MANIFEST).read_bytes()
     reader = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from pipeline.published import Run
-        with Run.open({str(out)!r}).reading() as run:
+        from core.folders import reading
+        from core.published import Run
+        with reading(Run.open({str(out)!r})) as run:
             print("reading", flush=True)
             sys.stdin.readline()        # reads until told to stop
             run.verify("triplets-sen/train")
@@ -393,7 +396,7 @@ def test_overwrite_refuses_while_a_reader_holds_the_run_and_the_reader_is_not_mi
     assert reader.stdout.readline().strip() == "reading"
     result = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)
     assert result.returncode == 2 and "is being read" in result.stderr.strip().splitlines()[-1]
-    assert (out / published.MANIFEST).read_bytes() == manifest and not (out / outputs.LOCK).exists()
+    assert (out / published.MANIFEST).read_bytes() == manifest and not (out / folders.LOCK).exists()
     reader.stdin.write("done\n")
     reader.stdin.flush()
     assert reader.wait(timeout=120) == 0, reader.stderr.read()[-2000:]
@@ -422,7 +425,7 @@ def _run_holding_its_lock(out, env: dict, output) -> subprocess.Popen:
                            stdout=output, stderr=output, text=True, env=env,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
-    while not (out / outputs.LOCK).exists():
+    while not (out / folders.LOCK).exists():
         assert run.poll() is None and time.monotonic() < deadline, "the run never took the folder"
         time.sleep(0.1)
     time.sleep(1)
@@ -440,8 +443,8 @@ def test_ctrl_c_is_one_line_exit_130_with_the_lock_released_and_no_temporary_fol
     _, stderr = launcher.communicate(timeout=120)
     assert launcher.returncode == 130 and stderr.strip().splitlines()[-1] == "interrupted", stderr[-2000:]
     assert "Traceback" not in stderr
-    assert not (out / outputs.LOCK).exists() and not (out / published.MANIFEST).exists()
-    assert json.loads((out / outputs.UNPUBLISHED).read_text())["why"] == "interrupted"
+    assert not (out / folders.LOCK).exists() and not (out / published.MANIFEST).exists()
+    assert json.loads((out / folders.UNPUBLISHED).read_text())["why"] == "interrupted"
     assert os.listdir(temporary) == []
     refused = subprocess.run([sys.executable, "-m", "pipeline.run", "--output", str(tmp_path / "x[1]"), *FAST],
                              cwd=REPO, capture_output=True, text=True, env={**os.environ, "TMPDIR": str(temporary)})
@@ -470,16 +473,16 @@ def test_a_full_disk_that_fails_the_unpublished_record_keeps_the_lock_and_overwr
     dump, _ = small_multistream
     out = tmp_path / ("o" * 200)
     config, _ = run.parse_args(["--output", str(out), *FAST])
-    folders = list(run.output_counters(config))
-    lock = json.dumps(published.owner_record(folders=folders, files=outputs.run_files(folders)))
+    output_folders = list(run.output_counters(config))
+    lock = json.dumps(folders.owner_record(folders=output_folders, files=folders.run_files(output_folders)))
     args = [sys.executable, "-m", "pipeline.run", "--output", str(out), "--input", str(dump), *FAST]
     full = subprocess.run(args, cwd=REPO, capture_output=True, text=True, preexec_fn=_limited(len(lock) + 150))
     last = full.stderr.strip().splitlines()[-1]
     assert full.returncode == 1 and last.startswith(f"error: writing {out} failed") and "File too large" in last
     assert "Traceback" not in full.stderr
     left = _left(out)
-    assert outputs.LOCK in left and outputs.UNPUBLISHED not in left and not any(".partial" in name for name in left)
-    assert json.loads(left[outputs.LOCK])["folders"] == list(run.output_counters(config))
+    assert folders.LOCK in left and folders.UNPUBLISHED not in left and not any(".partial" in name for name in left)
+    assert json.loads(left[folders.LOCK])["folders"] == list(run.output_counters(config))
     # No room even for the next run's lock: one line, exit 2, the dead run's lock kept as it was.
     no_room = subprocess.run([*args, "--overwrite"], cwd=REPO, capture_output=True, text=True, preexec_fn=_limited(64))
     assert no_room.returncode == 2 and "Traceback" not in no_room.stderr
@@ -487,7 +490,7 @@ def test_a_full_disk_that_fails_the_unpublished_record_keeps_the_lock_and_overwr
     assert _left(out) == left
     rerun = _cli("--output", str(out), "--input", str(dump), "--overwrite", *FAST)     # room again
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert (out / published.MANIFEST).exists() and not (out / outputs.LOCK).exists()
+    assert (out / published.MANIFEST).exists() and not (out / folders.LOCK).exists()
     assert not any("beam-temp" in name for name in _left(out)) and published.Run.open(str(out)).verify("scb") == 0
 
 
@@ -505,8 +508,8 @@ def test_a_full_disk_when_the_run_writes_its_own_files_after_the_job_is_one_erro
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert last.startswith(f"error: writing {out} failed") and "File too large" in last
     left = _left(out)
-    assert outputs.STATS in left and outputs.TRIPLETS_PLOT not in left and not any(".partial" in n for n in left)
-    assert outputs.UNPUBLISHED in left and outputs.LOCK not in left
+    assert published.STATS in left and published.TRIPLETS_PLOT not in left and not any(".partial" in n for n in left)
+    assert folders.UNPUBLISHED in left and folders.LOCK not in left
 
 
 def test_temporaries_an_older_version_left_beside_its_records_are_its_own_but_a_users_file_is_not(tmp_path):
@@ -518,22 +521,22 @@ def test_temporaries_an_older_version_left_beside_its_records_are_its_own_but_a_
     out = tmp_path / "out"
     (out / "scb").mkdir(parents=True)
     (out / "scb" / "part-00000-of-00001.jsonl.gz").write_bytes(b"partial")
-    (out / outputs.LOG).write_text("log")
-    record = {"host": socket.gethostname(), "pid": dead.pid, "folders": ["scb"], "files": list(outputs.RUN_FILES)}
-    (out / f"{outputs.UNPUBLISHED}.{dead.pid}-0a1b2c3d.partial").write_text(json.dumps(record))
+    (out / published.RUN_LOG).write_text("log")
+    record = {"host": socket.gethostname(), "pid": dead.pid, "folders": ["scb"], "files": list(published.RUN_FILES)}
+    (out / f"{folders.UNPUBLISHED}.{dead.pid}-0a1b2c3d.partial").write_text(json.dumps(record))
     (out / f"{published.MANIFEST}.{dead.pid}-89abcdef.partial").write_bytes(b"")     # cut short: empty
-    (out / f"{outputs.STATS}.{dead.pid}-01234567.partial").write_bytes(b"{")
-    mine = out / f"{outputs.UNPUBLISHED}.mine.partial"          # not a temporary of the run's: the user's
+    (out / f"{published.STATS}.{dead.pid}-01234567.partial").write_bytes(b"{")
+    mine = out / f"{folders.UNPUBLISHED}.mine.partial"          # not a temporary of the run's: the user's
     mine.write_text("keep")
-    with pytest.raises(outputs.OutputInUseError, match=r"_UNPUBLISHED\.mine\.partial"):
-        outputs.claim_output(str(out), overwrite=True, folders=["scb"])
+    with pytest.raises(folders.OutputInUseError, match=r"_UNPUBLISHED\.mine\.partial"):
+        folders.claim_output(str(out), overwrite=True, folders=["scb"])
     assert len(os.listdir(out)) == 6
     mine.unlink()
-    with pytest.raises(outputs.OutputInUseError, match="already holds a run"):
-        outputs.claim_output(str(out), overwrite=False, folders=["scb"])
-    outputs.claim_output(str(out), overwrite=True, folders=["scb"])
-    assert sorted(os.listdir(out)) == [outputs.LOCK]
-    assert json.loads((out / outputs.LOCK).read_text())["files"] == list(outputs.RUN_FILES)
+    with pytest.raises(folders.OutputInUseError, match="already holds a run"):
+        folders.claim_output(str(out), overwrite=False, folders=["scb"])
+    folders.claim_output(str(out), overwrite=True, folders=["scb"])
+    assert sorted(os.listdir(out)) == [folders.LOCK]
+    assert json.loads((out / folders.LOCK).read_text())["files"] == list(published.RUN_FILES)
 
 
 def _in_mount_namespace(shell: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -588,7 +591,7 @@ def test_a_foreign_shard_of_the_same_size_is_refused_naming_the_shard(tmp_path, 
     shard.parent.mkdir()
     shard.write_bytes(_gzip_of_size(b"".join(b'{"article": %d}\n' % i for i in range(5)), 120))
     (tmp_path / "scb" / "part-00001-of-00002.jsonl.gz").write_bytes(_gzip_of_size(b'{"article": 9}\n', 120))
-    outputs.write_manifest(str(tmp_path), {"scb": 6})
+    folders.write_manifest(str(tmp_path), {"scb": 6})
     assert published.Run.open(str(tmp_path)).verify("scb") == 0
     shard.write_bytes(_gzip_of_size(b'{"article": 7}\n{"article": 8}\n', 120))    # another run's, same size
     with pytest.raises(published.ShardError, match=rf"^{re.escape(str(shard))}: 2 records where the run wrote 5, at"):

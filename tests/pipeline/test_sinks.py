@@ -1,12 +1,12 @@
-"""pipeline.sinks writes the files Beam's own sinks write, byte for byte, in blocks."""
+"""pipeline.write.sinks writes the files Beam's own sinks write, byte for byte, in blocks."""
 import glob
 import gzip
 
 import apache_beam as beam
 import pytest
 
-from pipeline import sinks
-from pipeline.sinks import BlockWriter
+from pipeline.write import sinks
+from pipeline.write.sinks import BlockWriter
 
 
 def _records(n: int) -> list[bytes]:

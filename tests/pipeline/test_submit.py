@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import outputs, publish, published, run
-from pipeline.cli import config_parser, run_cli
+from core import folders, published
+from core.cli import config_parser, run_cli
+from pipeline import publish, run
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = {"id": "2026-11-27_01_02_03-1234567890", "project": "my-project", "region": "europe-west4", "submitted": 0.0}
@@ -54,9 +55,9 @@ def test_wait_false_under_a_local_runner_or_a_bad_value_is_one_error_line_before
 def _submit_and_exit(out: Path) -> None:
     """A process that claims `out` and records a submitted job in its lock, as `run.submitted`
     does once Dataflow accepted the job, then exits."""
-    script = (f"from pipeline import outputs\n"
-              f"outputs.claim_output({str(out)!r}, False, ['scb'])\n"
-              f"outputs.record_submitted_job({str(out)!r}, {JOB!r}, "
+    script = (f"from core import folders\n"
+              f"folders.claim_output({str(out)!r}, False, ['scb'])\n"
+              f"folders.record_submitted_job({str(out)!r}, {JOB!r}, "
               f"{{'config': {{'output': {str(out)!r}}}, 'input': 'gs://b/dump', 'runner': 'DataflowRunner'}})\n")
     subprocess.run([sys.executable, "-c", script], cwd=REPO, check=True, timeout=120)
 
@@ -64,13 +65,13 @@ def _submit_and_exit(out: Path) -> None:
 def test_a_submitted_jobs_lock_holds_the_folder_after_the_submitting_process_is_gone(tmp_path, capsys):
     out = tmp_path / "out"
     _submit_and_exit(out)
-    lock = json.loads((out / outputs.LOCK).read_text())
-    assert published.process_alive(lock) is False and published.submitted_job(lock) == JOB
-    owner = published.live_lock_owner(str(out))
+    lock = json.loads((out / folders.LOCK).read_text())
+    assert folders.process_alive(lock) is False and folders.submitted_job(lock) == JOB
+    owner = folders.live_lock_owner(str(out))
     assert owner.startswith(f"Dataflow job {JOB['id']} in my-project/europe-west4, submitted with --wait false")
     assert f"python -m pipeline.publish --output {out}" in owner
-    with pytest.raises(outputs.OutputInUseError, match=f"being written by another run \\(Dataflow job {JOB['id']}"):
-        outputs.claim_output(str(out), overwrite=True, folders=["scb"])   # --overwrite too: the job writes there
+    with pytest.raises(folders.OutputInUseError, match=f"being written by another run \\(Dataflow job {JOB['id']}"):
+        folders.claim_output(str(out), overwrite=True, folders=["scb"])   # --overwrite too: the job writes there
     with pytest.raises(published.ManifestError, match="has no manifest.json"):
         published.Run.open(str(out))                                    # not readable as published
     moved = tmp_path / "moved"
@@ -83,14 +84,14 @@ def test_publish_refuses_a_folder_without_a_submitted_job_and_leaves_a_published
     assert run_cli(publish.main, ["--output", str(tmp_path / "none")]) == 2
     assert "no run submitted with --wait false is there" in capsys.readouterr().err
     waiting = tmp_path / "waiting"                   # a run that waits for its job holds its own lock
-    outputs.claim_output(str(waiting), False, ["scb"])
+    folders.claim_output(str(waiting), False, ["scb"])
     assert run_cli(publish.main, ["--output", str(waiting)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "its _RUNNING lock names no submitted Dataflow job" in err
-    outputs.end_unpublished(str(waiting), "test")
+    folders.end_unpublished(str(waiting), "test")
     done = tmp_path / "done"
     (done / "scb").mkdir(parents=True)
     (done / "scb" / "part-00000-of-00001.jsonl.gz").write_bytes(gzip.compress(b"{}\n"))
-    outputs.write_manifest(str(done), {"scb": 1})
+    folders.write_manifest(str(done), {"scb": 1})
     assert run_cli(publish.main, ["--output", str(done), "--wait", "false"]) == 0
     assert capsys.readouterr().out == f"pipeline.publish: {done} is published already\n"
