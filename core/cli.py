@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast, get_type_hints, overload
 
+from core.runner import Runner
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -322,28 +324,6 @@ BEAM_OPTIONS_EPILOG = (
 )
 
 
-def runner_kind(runner: str | None) -> str:
-    """`--runner`'s class name, lower case, without `Runner` (`DataflowRunner`, `dataflow` and a
-    dotted path to it are all `dataflow`); "" when none is given."""
-    return str(runner or "").rsplit(".", 1)[-1].lower().removesuffix("runner")
-
-
-def is_direct(runner: str | None) -> bool:
-    """Whether `--runner` is the DirectRunner (none given, `DirectRunner`, `direct`, its dotted path)."""
-    return runner_kind(runner) in ("", "direct")
-
-
-def is_local(runner: str | None) -> bool:
-    """Whether `--runner` runs the job's workers on this machine: the DirectRunner in any of its
-    forms, or Prism (its workers are local processes; Flink, Spark and Dataflow run theirs elsewhere)."""
-    return runner_kind(runner) in ("", "direct", "bundlebaseddirect", "switchingdirect", "prism")
-
-
-def is_dataflow(runner: str | None) -> bool:
-    """Whether `--runner` names Dataflow's runner (`DataflowRunner`, `dataflow`, its dotted path)."""
-    return runner_kind(runner) in ("dataflow", "testdataflow")
-
-
 def dataflow_option_errors(beam_args: list[str]) -> list[str]:
     """Beam's own validation of Dataflow's options (PipelineOptionsValidator), with no call to the
     cloud: `--dry_run` skips the bucket look-ups, and with neither a temp nor a staging location
@@ -407,7 +387,7 @@ def check_beam_flags(beam_args: list[str], prog: str) -> None:
         if runner.lower() not in {name.lower() for name in names} | {name.lower().removesuffix("runner")
                                                                       for name in names}:
             raise UsageError(f"--runner {runner}: not a Beam runner (one of {', '.join(sorted(set(names)))})")
-    if is_dataflow(runner):
+    if Runner(runner).is_dataflow:
         errors = dataflow_option_errors(beam_args)
         if errors:   # Beam's messages, its option names spelt as flags
             named = [re.sub(r"option: (\w+)", r"option --\1", error).rstrip(".") for error in errors]

@@ -6,6 +6,7 @@ below or from `READ_REASON_PREFIX`); the rules' own per-section and per-sentence
 `job_totals` reads the namespace back from a finished job (pipeline.run, eval.scb).
 """
 from core.cli import DataLossError
+from core.records import NegativeStrategy
 
 NAMESPACE = "wikisim"   # the Beam metrics namespace of every counter below
 
@@ -45,6 +46,11 @@ DEAD_LETTERS_WRITTEN = "dead_letters_written"
 def no_opener_counter(rule: str) -> str:
     """Slots of negative rule `rule` left without a triplet because the chosen section has no opener."""
     return f"triplets_{rule}_no_opener_negative"
+
+
+def unfilled_slots_counter(strategy: NegativeStrategy) -> str:
+    """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
+    return NO_DONOR if strategy == NegativeStrategy.OTHER_ARTICLE else no_opener_counter(strategy)
 
 
 def split_counter(dataset: str, split: str) -> str:

@@ -359,7 +359,6 @@ class FolderBusyError(UsageError):
     """A run is writing the folder a reader asked for, or a reader holds the folder a run would replace."""
 
 @contextlib.contextmanager
-
 def reading(run: Run) -> Iterator[Run]:
     """Holds a reader's lease on the run's folder while the block reads it: a `pipeline.run
     --overwrite` refuses the folder meanwhile, and a run still being written is refused here."""
@@ -623,24 +622,31 @@ def end_claim(output: str, command: str) -> str:
 
 # ------------------------------------------------------------------ a run's own temporary folder
 
-@contextlib.contextmanager
+_PRIVATE_TEMPDIRS: list[str] = []   # this process's `private_tempdir`s, innermost last
 
+
+@contextlib.contextmanager
 def private_tempdir() -> Iterator[str]:
     """A temporary folder of this run's own, made the process's (and its worker processes')
     TMPDIR while the block runs, then removed: Beam's local runners leave empty `tmp*`,
     `beam-temp*` and `beam-requirements-cache` folders in the system's temporary folder on
     every run, which piled up. A run killed before it removes its folder (SIGKILL, a lost
-    machine) leaves it; the next run removes it (`remove_dead_runs_folders`)."""
-
+    machine) leaves it; the next run removes it (`remove_dead_runs_folders`). Entered again
+    inside its block (a command's job inside its run), it is the same folder."""
+    if _PRIVATE_TEMPDIRS and tempfile.tempdir == _PRIVATE_TEMPDIRS[-1]:   # inside one already: the same
+        yield _PRIVATE_TEMPDIRS[-1]
+        return
     remove_dead_runs_folders(tempfile.gettempdir())
     previous_env, previous_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
     folder = tempfile.mkdtemp(prefix=f"wikisim-run-{os.getpid()}-")
     with contextlib.suppress(OSError):   # no room: without it, the pid in the folder's name tells its run
         write_complete(os.path.join(folder, RUN_OWNER), json.dumps(owner_record()).encode())
     os.environ["TMPDIR"], tempfile.tempdir = folder, folder
+    _PRIVATE_TEMPDIRS.append(folder)
     try:
         yield folder
     finally:
+        _PRIVATE_TEMPDIRS.pop()
         tempfile.tempdir = previous_tempdir
         if previous_env is None:
             os.environ.pop("TMPDIR", None)

@@ -44,14 +44,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from core.cli import runner_kind
+from core.cli import DataLossError, UsageError
 from core.files import is_remote
+from core.folders import private_tempdir
+from core.progress import workers_end_on_interrupt
+from core.runner import Runner
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 10.0   # a job service's (or worker pool's) answer before any work
 JOB_WAIT_S = 30 * 24 * 3600   # Beam's deadline of the launcher's wait on a portable job (`prepare_portable_run`)
-PORTABLE_RUNNERS = ("prism", "portable", "flink", "spark")   # `runner_kind`s of Beam's job-service runners
 # Where `make flink` and `make spark` put Beam's Java job servers (infra/flink/pom.xml and
 # infra/spark/pom.xml: their versions, and why those).
 JOB_SERVER_JARS = {runner: Path(__file__).resolve().parents[1] / ".cache" / runner / f"beam-{runner}-job-server.jar"
@@ -81,11 +83,11 @@ JOB_SERVER_JVM_PROPERTIES = {
 def _beam_job_server(options: Any) -> Any:
     """Beam's job server for the runner `options` name, when Beam would start one here as a
     subprocess; None otherwise (an in-process runner, a remote service, or `--job_endpoint`)."""
-    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+    from apache_beam.options.pipeline_options import PortableOptions
 
     if options.view_as(PortableOptions).job_endpoint:
         return None
-    runner = runner_kind(options.view_as(StandardOptions).runner)
+    runner = Runner.of(options).kind
     if runner == "prism":
         from apache_beam.runners.portability.prism_runner import PrismJobServer
 
@@ -143,8 +145,6 @@ def _check_java_job_server(runner: str, options: Any) -> None:
         SparkRunnerOptions,
     )
 
-    from core.cli import UsageError
-
     portable = options.view_as(PortableOptions)
     if runner == "flink":
         master = options.view_as(FlinkRunnerOptions).flink_master
@@ -174,17 +174,17 @@ def _check_java_job_server(runner: str, options: Any) -> None:
 
 
 def prepare_portable_run(options: Any) -> None:
-    """Under a portable runner (PORTABLE_RUNNERS), before any work: Beam's `--job_server_timeout`
+    """Under a portable runner (`Runner.is_portable`), before any work: Beam's `--job_server_timeout`
     (the deadline of the launcher's stream of job states, so, on Prism, of the job) becomes
     JOB_WAIT_S unless the command line sets it; and a UsageError naming the flag for what would
     fail later: a `--job_endpoint` where no Beam job service answers (Beam would wait out that
     deadline to connect, or for ever on a port that accepts and never answers), a Prism binary or
     Java job server that is not built (`_check_prism`, `_check_java_job_server`), and an
     `--environment_config` its `--environment_type` cannot read (`_check_environment`)."""
-    from apache_beam.options.pipeline_options import PortableOptions, StandardOptions
+    from apache_beam.options.pipeline_options import PortableOptions
 
-    runner = runner_kind(options.view_as(StandardOptions).runner)
-    if runner not in PORTABLE_RUNNERS:
+    runner = Runner.of(options).kind
+    if not Runner(runner).is_portable:
         return
     if runner == "prism":
         _check_prism(options)
@@ -204,8 +204,6 @@ def _check_job_service(endpoint: str) -> None:
     answers (where Beam's launcher waited at "read: 0 pages" for its 30-day deadline)."""
     import grpc
     from apache_beam.portability.api import beam_job_api_pb2, beam_job_api_pb2_grpc
-
-    from core.cli import UsageError
 
     channel = grpc.insecure_channel(endpoint)
     try:
@@ -233,8 +231,6 @@ def _check_prism(options: Any) -> None:
     releases, which this project's machines cannot reach: a 31-frame traceback after the output
     folder was claimed)."""
     from apache_beam.options.pipeline_options import PortableOptions, PrismRunnerOptions
-
-    from core.cli import UsageError
 
     if options.view_as(PortableOptions).job_endpoint:
         return
@@ -265,8 +261,6 @@ def _check_environment(options: Any) -> None:
     import json
 
     from apache_beam.options.pipeline_options import PortableOptions
-
-    from core.cli import UsageError
 
     portable = options.view_as(PortableOptions)
     kind = (portable.environment_type or "").upper()
@@ -300,24 +294,21 @@ def job_failures(options: Any, log_path: str | None) -> Iterator[None]:
     nothing published) naming the runner, the failure's first line and the runner's log, where
     Beam raises a RuntimeError or a gRPC error with a multi-page traceback. Other errors pass."""
     import grpc
-    from apache_beam.options.pipeline_options import StandardOptions
 
-    from core.cli import DataLossError, UsageError
-
-    runner = options.view_as(StandardOptions).runner
+    runner = Runner.of(options)
     try:
         yield
     except (UsageError, DataLossError):
         raise
     except grpc.RpcError as error:
-        if runner_kind(runner) not in PORTABLE_RUNNERS:
+        if not runner.is_portable:
             raise
         code = error.code() if hasattr(error, "code") else None
         details = error.details() if hasattr(error, "details") else str(error)
         what = f"its job service stopped answering ({code.name if code else 'gRPC'}: {_first_line(details)})"
         raise DataLossError(f"the job on {runner}: {what}; nothing was published{_log_hint(log_path)}") from error
     except RuntimeError as error:
-        if runner_kind(runner) not in PORTABLE_RUNNERS or "failed in state" not in str(error):
+        if not runner.is_portable or "failed in state" not in str(error):
             raise
         state = str(error).split("failed in state", 1)[1]
         raise DataLossError(f"the job on {runner} failed in state {_first_line(state)[:300]}; nothing was "
@@ -343,8 +334,6 @@ def _die_with_parent() -> None:   # runs in the child between fork and exec
 def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str) -> None:
     """Returns once the job server `process` listens on `endpoint`; a DataLossError (one line, exit 1,
     nothing published) when it exits first or does not listen within START_TIMEOUT_S."""
-    from core.cli import DataLossError
-
     host, port = endpoint.rsplit(":", 1)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
@@ -362,15 +351,30 @@ def _wait_until_listening(process: subprocess.Popen, endpoint: str, command: str
 
 
 @contextlib.contextmanager
-def portable_job(options: Any, log_path: str | None = None) -> Iterator[None]:
-    """A Beam job of a command other than the pipeline (`eval.scb`, `model.embed`) on any runner,
-    as `pipeline.run` runs its own: the job server Beam would start here run for the block only
-    (`local_job_server`: left to Beam, a Prism job server outlived the job until the process
-    exited, and one per evaluation piled up in a long-lived process) and a failed portable job one
-    line (`job_failures`). Read the job's metrics inside the block: the job server answers for
-    them. `prepare_portable_run` must have seen `options` (before any work)."""
-    with local_job_server(options, log_path), job_failures(options, log_path):
-        yield
+def run_job(pipeline: Any, log_path: str | None = None, watching: tuple[contextlib.AbstractContextManager, ...] = (),
+            wait: bool = True) -> Iterator[Any]:
+    """The one way a command runs its built Beam job (`pipeline.run`, `model.embed`, `eval.scb`), on
+    any runner: in a temporary folder of the run's own (`core.folders.private_tempdir`), the job
+    server Beam would start here running for this job only (`local_job_server`: left to Beam, a
+    Prism job server outlived the job until the process exited), `watching` (a progress bar, the
+    run's write errors) around it, Ctrl-C ending local workers at once, a failed portable job one
+    line (`job_failures`), and a job left unfinished by an error or Ctrl-C cancelled
+    (`cancel_unfinished`). Yields the job's result once it ended (`wait` False: once submitted);
+    read its metrics inside the block, where the job server still answers for them.
+    `prepare_portable_run` must have seen the options (before any work)."""
+    options = pipeline.options
+    with private_tempdir(), local_job_server(options, log_path), job_failures(options, log_path):
+        with contextlib.ExitStack() as around:
+            for manager in (*watching, workers_end_on_interrupt(options)):
+                around.enter_context(manager)
+            result = pipeline.run()
+            if wait:
+                try:
+                    result.wait_until_finish()
+                except BaseException:   # a job that outlives this process ends before its caller goes on
+                    cancel_unfinished(result)
+                    raise
+        yield result
 
 
 def cancel_unfinished(result: Any) -> None:
@@ -407,10 +411,8 @@ rest.address: 127.0.0.1
 def _job_server_environment(options: Any) -> dict[str, str]:
     """The job server's environment: this process's, and for Flink's a FLINK_CONF_DIR holding
     FLINK_LOOPBACK_CONF (in the run's private TMPDIR) unless the user names one."""
-    from apache_beam.options.pipeline_options import StandardOptions
-
     environment = dict(os.environ)
-    if runner_kind(options.view_as(StandardOptions).runner) == "flink" and "FLINK_CONF_DIR" not in environment:
+    if Runner.of(options).kind == "flink" and "FLINK_CONF_DIR" not in environment:
         folder = tempfile.mkdtemp(prefix="flink-conf-")
         with open(os.path.join(folder, "flink-conf.yaml"), "w") as conf:
             conf.write(FLINK_LOOPBACK_CONF)

@@ -26,8 +26,8 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from core.cli import is_direct
 from core.files import write_complete
+from core.runner import Runner
 
 if TYPE_CHECKING:
     from apache_beam.options.pipeline_options import PipelineOptions
@@ -237,9 +237,7 @@ def workers_end_on_interrupt(options: PipelineOptions) -> Iterator[None]:
     import logging
     import signal
 
-    from apache_beam.options.pipeline_options import StandardOptions
-
-    if (not is_direct(options.view_as(StandardOptions).runner)
+    if (not Runner.of(options).is_direct
             or threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield

@@ -31,9 +31,11 @@ import posixpath
 import re
 from typing import Any
 
+from core import parquet
 from core.cli import DataLossError, UsageError
 from core.files import is_remote, read_bytes, read_json_object
 from core.records import TRIPLET_FEATURES
+from core.tfrecord import CorruptRecordError, read_records
 
 LOG = logging.getLogger(__name__)
 
@@ -221,9 +223,6 @@ def count_shard_records(path: str) -> tuple[int, str | None]:
 
     from apache_beam.io.filesystems import CompressionTypes, FileSystems
 
-    from core import parquet
-    from core.tfrecord import CorruptRecordError, read_records
-
     if path.endswith(parquet.SUFFIX):
         return parquet.count_rows(path)
     count = 0
@@ -311,7 +310,6 @@ def check_storage(path: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class Run:
     """A published pipeline run, opened once (`open`): its folder and its validated manifest."""
-
     root: str
     manifest: Manifest
     sha256: str   # of the manifest's bytes: what a model dir records of the data it was trained on

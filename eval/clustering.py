@@ -14,10 +14,8 @@ from sklearn.preprocessing import normalize
 from threadpoolctl import threadpool_limits
 
 from core.progress import timed
+from eval.config import METRICS
 from eval.iclust import IclustConfig, iclust_many
-
-ALGORITHMS = ("kmeans", "iclust", "average-link")
-METRICS = ("MI", "AMI", "RI", "ARI")
 
 
 def cosine_geometry(embeddings) -> tuple[np.ndarray, np.ndarray]:

@@ -48,7 +48,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from core.cli import UsageError
 from core.files import read_bytes, read_json_object, write_bytes
-from eval.clustering import ALGORITHMS
+from eval.config import ALGORITHMS
 from model.encoding.embedding_cache import EMBEDDINGS_FOLDER, encoder_fingerprint
 from model.encoding.encoders import EncoderSpec, method_names
 
@@ -267,8 +267,6 @@ def runs_ledger(output: str) -> Iterator[list[dict]]:
     `RUNS_FILE` is rewritten whole every HEARTBEAT_SECONDS, so a killed run counts to within
     that; the caller marks it `finished` before writing the report, and the yielded list is the
     ledger then."""
-    from core.files import read_bytes
-
     path = FileSystems.join(output, RUNS_FILE)
     earlier = json.loads(read_bytes(path)) if FileSystems.exists(path) else []
     entry = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -15,7 +15,6 @@ Writes `qs3m.json`, `qs3m.md` and `qs3m-<labeling>.png` (per-query ARI helps / h
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -23,45 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from core.cli import flag, parse_config, run_cli
+from core.cli import parse_config, run_cli
 from core.files import read_bytes
-from core.folders import claim_folder
+from core.folders import claim_folder, reading_if_run
 from core.progress import progress_bar
 from core.splits import SPLITS
+from eval.config import Qs3mEvalConfig
+from eval.evaluator import EvalResult, Figure, Inputs
+from eval.report import REPORT_WRITES, markdown_table, pyplot, write_result
 from model.encoding.encoder import SentenceEncoder
 from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m.data import QUERY_REPRESENTATIONS, embed_queries, read_queries
 from model.qs3m.network import MODEL_LABELS, load_model, similarity_matrix
 from model.qs3m.pairs import LABELINGS, Query
 
+NAME = "qs3m"
 REFERENCE = "embedding Euclidean"
-
-
-@dataclasses.dataclass(frozen=True)
-class Qs3mEvalConfig:
-    """Every flag of `python -m eval.qs3m`."""
-
-    passages: str = flag(help="a pipeline run folder (its manifest lists passages/) or a glob of passages files, "
-                              "local or gs://")
-    model_dir: str = flag(help="the --output of python -m model.qs3m")
-    output: str = flag(help="where qs3m.json, qs3m.md and qs3m-*.png go (local or gs://)")
-    split: str = flag("test", help="the article split whose queries are clustered")
-    encoder: str = flag("from-model", help="a model.encoding.encoders spec; from-model = the one the models were "
-                                                    "trained on")
-    lda_topics: int = flag(20, help="topics of the LDA baseline")
-    max_queries: int | None = flag(None, help="score a seeded sample of this many articles of --split; none = all")
-    corpus_queries: int | None = flag(2000, help="articles (a seeded sample of every split) that TF-IDF and LDA "
-                                                 "are fitted on; none = all")
-    seed: int = flag(0, help="seed of the clustering baselines and of the article samples")
-
-    def __post_init__(self):
-        if self.split not in SPLITS:
-            raise ValueError(f"--split must be one of {SPLITS}, got {self.split!r}")
-        for name in ("max_queries", "corpus_queries"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 or none, got {getattr(self, name)}")
-        if self.lda_topics < 2:
-            raise ValueError(f"--lda-topics must be >= 2, got {self.lda_topics}")
 
 
 # ---------------------------------------------------------------- clustering and scoring
@@ -166,8 +142,6 @@ def model_methods(model_dir: str, trained: dict[str, dict[str, Any]], embeddings
 
 def qs3m_markdown(results: dict[str, Any]) -> str:
     """Rows = methods; per benchmark the ARI, its difference to the reference and the t-test's p."""
-    from eval.report import markdown_table
-
     def ari_cell(row: dict[str, Any]) -> str:
         sem = f" ± {row['sem']:.3f}" if row["sem"] is not None else ""
         significant = row["p"] is not None and row["p"] < 0.05
@@ -195,10 +169,7 @@ def qs3m_markdown(results: dict[str, Any]) -> str:
 
 def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
     """PNG: for each method, per-query ARI minus the reference's, sorted; green helps, red hurts."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     methods = [method for method in per_query if method != REFERENCE]
     columns = min(4, max(1, len(methods)))
     rows = -(-len(methods) // columns) or 1
@@ -222,11 +193,32 @@ def helps_hurts_figure(per_query: dict[str, list[float]], title: str):
 
 # ---------------------------------------------------------------- evaluation
 
-def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
-    """Clusters every query of `config.split` with every method and writes JSON, Markdown and PNGs."""
-    from sklearn.metrics import adjusted_rand_score
+def run(config: Qs3mEvalConfig, inputs: Inputs) -> EvalResult:
+    """eval.all's QS3M step: `score` with the config's encoder (`encoder_of`; none of eval.all's
+    methods: the models score passages embedded by the encoder they were trained on)."""
+    return score(config, encoder_of(config))
 
-    from eval.report import write_figure, write_json, write_text
+
+def encoder_of(config: Qs3mEvalConfig) -> SentenceEncoder:
+    """`--encoder`, or the one the models were trained on (from-model)."""
+    spec = config.encoder
+    if spec == "from-model":
+        spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
+    (encoder,) = load_encoders([EncoderSpec.parse(spec)])
+    return encoder
+
+
+def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]:
+    """`score`, its JSON, Markdown and PNGs written to `config.output`; the JSON result."""
+    evaluation = score(config, encoder)
+    write_result(evaluation, config.output)
+    return evaluation.result
+
+
+def score(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> EvalResult:
+    """Clusters every query of `config.split` with every method: the result, its table and a
+    helps / hurts plot per benchmark."""
+    from sklearn.metrics import adjusted_rand_score
 
     trained = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["models"]
     articles_per_split = dict.fromkeys(SPLITS, 0)
@@ -251,7 +243,7 @@ def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]
         "articles_per_split": articles_per_split, "corpus_articles": corpus_articles,
         "dead_letters": dead_letters, "benchmarks": {},
     }
-    out = config.output.rstrip("/")
+    figures = []
     for labeling in LABELINGS:
         usable = [i for i, query in enumerate(queries) if query.num_clusters(labeling) >= 2]
         per_query = {method: [adjusted_rand_score(queries[i].labels(labeling),
@@ -264,22 +256,16 @@ def evaluate(config: Qs3mEvalConfig, encoder: SentenceEncoder) -> dict[str, Any]
             "per_query_ari": per_query,
         }
         if usable:
-            write_figure(f"{out}/qs3m-{labeling}.png", helps_hurts_figure(
-                per_query, f"{labeling} benchmark, {len(usable)} {config.split} queries: per-query ARI vs {REFERENCE}"))
-    write_json(f"{out}/qs3m.json", results)
-    write_text(f"{out}/qs3m.md", qs3m_markdown(results))
-    return results
+            title = f"{labeling} benchmark, {len(usable)} {config.split} queries: per-query ARI vs {REFERENCE}"
+            figures.append(Figure(f"qs3m-{labeling}.png", f"QS3M per-query ARI, {labeling}",
+                                  helps_hurts_figure(per_query, title)))
+    markdown = qs3m_markdown(results)
+    return EvalResult(NAME, results, markdown, tuple(figures), markdown)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = parse_config(Qs3mEvalConfig, argv, "python -m eval.qs3m", __doc__.splitlines()[0])
-    spec = config.encoder
-    if spec == "from-model":
-        spec = json.loads(read_bytes(f"{config.model_dir.rstrip('/')}/config.json"))["config"]["encoder"]
-    (encoder,) = load_encoders([EncoderSpec.parse(spec)])
-    from core.folders import reading_if_run
-    from eval.report import REPORT_WRITES
-
+    encoder = encoder_of(config)
     with reading_if_run(config.passages):
         claim_folder(config.output, "eval", REPORT_WRITES, "--output", None)
         results = evaluate(config, encoder)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.cli import UsageError, flag, parse_config, run_cli
+from eval.config import ALGORITHMS
+from eval.intervals import value_text
+from eval.report import markdown_table
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
@@ -29,10 +32,6 @@ class ReadmeConfig:
 
 def headline_markdown(report: dict, source: str) -> str:
     """One row per method: triplet accuracy (cosine, L1), SCB mean ARI (all sentences) per algorithm, SICK r."""
-    from eval.clustering import ALGORITHMS  # scikit-learn and matplotlib: after the flags parse
-    from eval.intervals import value_text
-    from eval.report import markdown_table
-
     triplets = {entry["method"]: entry for entry in report["triplets"]["methods"]}
     scb = {(entry["method"], entry["algorithm"]): entry for entry in report["scb"] if entry["variant"] == "all"}
     sick = {entry["method"]: entry for entry in (report.get("sick") or {}).get("methods", [])}

@@ -5,19 +5,13 @@ from __future__ import annotations
 import io
 import json
 
-import matplotlib
-import matplotlib.pyplot as plt
-from apache_beam.io.filesystems import FileSystems
-from matplotlib.lines import Line2D
-
 from core.files import write_bytes
 from core.records import PAPER_DATASET
-from eval.clustering import ALGORITHMS, METRICS
+from eval.config import ALGORITHMS, METRICS, VARIANTS
+from eval.evaluator import EvalResult
 from eval.intervals import interval_text, value_text
 from model.config import NetworkKind
 from model.training.model_dir import History
-
-matplotlib.use("Agg")   # files, never a window: pyplot picks its backend at the first figure, so after its import
 
 # Ein Dor et al. 2018, Table 3 (triplet accuracy on their triplets-sen test set), as quoted by the
 # sentence-transformers documentation of its wikipedia-sections models. Their numbers, on their
@@ -31,8 +25,21 @@ PAPER_TRIPLET_ACCURACY = {
 PAPER_LABEL = "paper (Ein Dor et al. 2018, Table 3; their data)"
 
 
+def pyplot():
+    """matplotlib's pyplot, drawing into files, never a window; loaded by the first figure, not
+    by the commands' imports (their --help loads no heavy library)."""
+    import matplotlib
+
+    matplotlib.use("Agg")   # pyplot picks its backend at the first figure, so before or after its import
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def read_jsonl(pattern: str) -> list[dict]:
     """All JSON lines of the files matching `pattern` (none match: an empty list)."""
+    from apache_beam.io.filesystems import FileSystems
+
     rows = []
     for metadata in sorted(FileSystems.match([pattern])[0].metadata_list, key=lambda m: m.path):
         with FileSystems.open(metadata.path) as handle:
@@ -57,8 +64,18 @@ def write_json(path: str, value) -> None:
 def write_figure(path: str, figure) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
+    pyplot().close(figure)
     write_bytes(path, buffer.getvalue())
+
+
+def write_result(evaluation: EvalResult, output: str) -> None:
+    """An evaluation's files in `output`: `<name>.json`, `<name>.md` and its figures' PNGs."""
+    from apache_beam.io.filesystems import FileSystems
+
+    write_json(FileSystems.join(output, f"{evaluation.name}.json"), evaluation.result)
+    write_text(FileSystems.join(output, f"{evaluation.name}.md"), evaluation.markdown)
+    for figure in evaluation.figures:
+        write_figure(FileSystems.join(output, figure.file), figure.figure)
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:
@@ -80,7 +97,7 @@ def scb_markdown(result: dict) -> str:
     """One table per variant: methods as rows, MI/AMI/RI/ARI under each algorithm (the paper's Table 4)."""
     parts = [f"## Sentence clustering benchmark ({result['articles']} articles, "
              f"{result['dead_letters']} malformed records set aside)\n"]
-    for variant in ("all", "openers"):
+    for variant in VARIANTS:
         entries = [entry for entry in result["summary"] if entry["variant"] == variant]
         if not entries:
             continue
@@ -107,7 +124,7 @@ def scb_markdown(result: dict) -> str:
 
 
 def scb_profile_markdown(result: dict) -> str:
-    """Where the SCB job's time went (`eval.scb.job_profile`): each method's encoding and each
+    """Where the SCB job's time went (`eval.scb_job.job_profile`): each method's encoding and each
     clustering step over all methods, in seconds summed over the workers, and per article this
     job clustered (a resumed job's kept articles cost it nothing)."""
     profile = result.get("profile")
@@ -138,7 +155,10 @@ def scb_ari_summary(result: dict) -> str:
 
 def scb_ari_figure(result: dict):
     """Box plots of per-article ARI per method; one panel per variant x algorithm."""
-    variants = [v for v in ("all", "openers") if any(row["variant"] == v for row in result["rows"])] or ["all"]
+    from matplotlib.lines import Line2D
+
+    plt = pyplot()
+    variants = [v for v in VARIANTS if any(row["variant"] == v for row in result["rows"])] or ["all"]
     figure, axes = plt.subplots(len(variants), len(ALGORITHMS), figsize=(4.2 * len(ALGORITHMS), 4.2 * len(variants)),
                                 squeeze=False, sharey=True, constrained_layout=True)
     methods = _methods_in_order(result, result["rows"])
@@ -164,11 +184,6 @@ def scb_ari_figure(result: dict):
                     "articles; box = quartiles, whiskers = 1.5 IQR)")
     return figure
 
-
-def write_scb_report(result: dict, output: str) -> None:
-    write_json(FileSystems.join(output, "scb.json"), result)
-    write_text(FileSystems.join(output, "scb.md"), scb_markdown(result))
-    write_figure(FileSystems.join(output, "scb_ari.png"), scb_ari_figure(result))
 
 
 def triplets_table(result: dict) -> str:
@@ -206,7 +221,7 @@ def differences_markdown(differences: list[dict], metric: str, items: str, colum
 
 def triplets_figure(result: dict):
     methods = [entry["method"] for entry in result["methods"]]
-    figure, axis = plt.subplots(figsize=(1.8 * len(methods) + 2, 3.6))
+    figure, axis = pyplot().subplots(figsize=(1.8 * len(methods) + 2, 3.6))
     positions = range(len(methods))
     width = 0.38
     for offset, distance, label in ((-width / 2, "cosine", "cosine"), (width / 2, "l1", "L1")):
@@ -224,11 +239,6 @@ def triplets_figure(result: dict):
     return figure
 
 
-def write_triplets_report(result: dict, output: str) -> None:
-    write_json(FileSystems.join(output, "triplets.json"), result)
-    write_text(FileSystems.join(output, "triplets.md"), triplets_markdown(result))
-    write_figure(FileSystems.join(output, "triplets_accuracy.png"), triplets_figure(result))
-
 
 def validation_n(history: History) -> int:
     """The validation triplets each point of a model's learning curve was scored on: its seeded
@@ -242,7 +252,7 @@ def learning_curves_figure(histories: dict[str, History]):
     against process CPU minutes (the `learning_curve` of each model dir's history), each with its
     untrained network as a dotted line of the same colour (for a fine-tuned checkpoint: the
     checkpoint off the shelf). Each model is validated on its own seeded sample and distance."""
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    figure, axes = pyplot().subplots(1, 2, figsize=(12, 4.4), sharey=True)
     for index, (name, history) in enumerate(histories.items()):
         color = f"C{index}"
         points = history.learning_curve
@@ -274,7 +284,7 @@ def sick_markdown(result: dict) -> str:
 
 def sick_figure(result: dict):
     methods = [entry["method"] for entry in result["methods"]]
-    figure, axis = plt.subplots(figsize=(1.6 * len(methods) + 2, 3.4))
+    figure, axis = pyplot().subplots(figsize=(1.6 * len(methods) + 2, 3.4))
     values = [entry["pearson"] for entry in result["methods"]]
     errors = [[value - entry["pearson_low"] for value, entry in zip(values, result["methods"])],
               [entry["pearson_high"] - value for value, entry in zip(values, result["methods"])]]
@@ -285,8 +295,3 @@ def sick_figure(result: dict):
     axis.tick_params(axis="x", rotation=20)
     return figure
 
-
-def write_sick_report(result: dict, output: str) -> None:
-    write_json(FileSystems.join(output, "sick.json"), result)
-    write_text(FileSystems.join(output, "sick.md"), sick_markdown(result))
-    write_figure(FileSystems.join(output, "sick_pearson.png"), sick_figure(result))

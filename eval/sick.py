@@ -21,31 +21,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.cli import UsageError, flag, parse_config, run_cli
+from core.cli import UsageError, parse_config, run_cli
 from core.folders import claim_folder
 from core.progress import progress_bar
-from model.encoding.encoders import EncoderSpec, Methods, load_encoders
+from eval.config import SickConfig
+from eval.evaluator import EvalResult, Figure, Inputs
+from eval.report import REPORT_WRITES, sick_figure, sick_markdown, write_result
+from model.encoding.encoders import load_encoders
 
+NAME = "sick"
 CLASSES = np.arange(1, 6)
 SICK_SPLITS = ("TRAIN", "TRIAL", "TEST")
 REQUIRED_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score", "SemEval_set")
-DEFAULT_C_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
 
 
 class SickInputError(UsageError):
     """The SICK file is missing or not the tab-separated SICK format."""
-
-
-@dataclass(frozen=True)
-class SickConfig:
-    """Flags of `python -m eval.sick` (and of eval.all's SICK step)."""
-
-    sick: str = flag(help="SICK.txt (tab-separated, with SemEval_set); local or gs://")
-    output: str = flag(help="where the results go; local or gs://")
-    methods: Methods = Methods()
-    c_grid: tuple[float, ...] = flag(DEFAULT_C_GRID, help="inverse regularisation strengths tried, chosen on TRIAL")
-    full_c_grid: bool = flag(False, help="fit every C of the grid (default: stop at the first C whose TRIAL r "
-                                         "falls below the best so far)")
 
 
 def read_sick(path: str) -> dict[str, dict[str, list]]:
@@ -227,19 +218,18 @@ def sick_sentences(splits: dict) -> list[str]:
     return list(dict.fromkeys(s for split in SICK_SPLITS for key in ("a", "b") for s in splits[split][key]))
 
 
-def run(config: SickConfig, specs: list[EncoderSpec] | None = None) -> dict:
-    """Scores every method (`specs`: eval.all's cached embeddings; default: the config's
-    encoders) and writes `<output>/sick.{json,md}` and the plot."""
-    from eval.report import write_sick_report
-
+def run(config: SickConfig, inputs: Inputs) -> EvalResult:
+    """Scores every method (`inputs.specs`: eval.all's cached embeddings; default: the config's
+    encoders): the result, its table and its plot."""
     splits = read_sick(config.sick)
-    encoders = load_encoders(config.methods.specs() if specs is None else specs)
+    encoders = load_encoders(config.methods.specs() if inputs.specs is None else inputs.specs)
     methods = [score_encoder(encoder, splits, config.c_grid, config.full_c_grid)
                for encoder in progress_bar(encoders, desc="SICK relatedness", unit="method")]
     result = {"sick": config.sick, "pairs": {split: len(splits[split]["score"]) for split in SICK_SPLITS},
               "c_grid": list(config.c_grid), "methods": methods}
-    write_sick_report(result, config.output)
-    return result
+    markdown = sick_markdown(result)
+    return EvalResult(NAME, result, markdown, (Figure("sick_pearson.png", "SICK Pearson r", sick_figure(result)),),
+                      markdown)
 
 
 def parse_args(argv: list[str] | None) -> SickConfig:
@@ -248,14 +238,13 @@ def parse_args(argv: list[str] | None) -> SickConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_args(argv)
-    from eval.report import REPORT_WRITES, sick_markdown
-
     claim_folder(config.output, "eval", REPORT_WRITES, "--output", None)
-    result = run(config)
+    evaluation = run(config, Inputs())
+    write_result(evaluation, config.output)
 
-    print(sick_markdown(result))
+    print(evaluation.markdown)
     print(f"SICK results in {config.output}")
-    return result
+    return evaluation.result
 
 
 if __name__ == "__main__":

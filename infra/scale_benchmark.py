@@ -28,7 +28,9 @@ import time
 
 from core.cli import UsageError, flag, parse_config, run_cli
 from core.files import is_remote
+from core.published import MANIFEST, Manifest, Run, Shard
 from core.records import PAPER_DATASET
+from infra.recipe import RECIPES
 from model.training.model_dir import ModelDir
 
 FIRST_STEP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*first training step after")
@@ -38,7 +40,6 @@ MAX_RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 @dataclasses.dataclass(frozen=True)
 class ScaleBenchmarkConfig:
     """Flags of `python -m infra.scale_benchmark`."""
-
     data: str = flag(help="a local pipeline run (its manifest lists the shards)")
     times: int = flag(8, help="how many times the train split the larger dataset holds")
     recipe: str = flag(PAPER_DATASET, help="make scale's training recipe (infra/recipe.py)")
@@ -57,8 +58,6 @@ class ScaleBenchmarkConfig:
 
 def repeated_run(data: str, dataset: str, times: int, folder: str) -> str:
     """A run folder whose train split is `data`'s, `times` over (hard links under new names)."""
-    from core.published import MANIFEST, Manifest, Run, Shard
-
     run = Run.open(data)
 
     def linked(shard: Shard, name: str) -> Shard:
@@ -108,7 +107,6 @@ def timed_training(data: str, model_dir: str, flags: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     config = parse_config(ScaleBenchmarkConfig, argv, "python -m infra.scale_benchmark", __doc__.split("\n\n")[0])
-    from infra.recipe import RECIPES
 
     recipe = RECIPES[config.recipe]
     flags = [*recipe.arguments(), "--dataset", recipe.dataset, "--steps", str(config.steps), "--epochs", "1",

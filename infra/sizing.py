@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from core.cli import UsageError, flag, parse_config, run_cli
+from pipeline import run as pipeline_run
 
 ID_STRIDE = 10_000_000  # page ids of copy N: id + N * ID_STRIDE (the excerpt's ids are below 31,000)
 
@@ -32,7 +33,6 @@ ID_STRIDE = 10_000_000  # page ids of copy N: id + N * ID_STRIDE (the excerpt's 
 @dataclass(frozen=True)
 class Measurement:
     """One timed pipeline run."""
-
     articles: int  # pages that were articles (used or left out by a rule), from stats.json
     pages: int
     compressed_mb: float
@@ -54,7 +54,6 @@ def build_copies(copies: int, folder: str) -> str:
 
 
 def measure(dump: str | None, output: str) -> Measurement:
-    from pipeline import run as pipeline_run
     from pipeline.read.dumps import embedded_dump_path
 
     argv = ["--output", output, "--runner", "DirectRunner"] + (["--input", dump] if dump else [])
@@ -100,7 +99,6 @@ def projection_lines(small: Measurement, big: Measurement, args: SizingConfig) -
 @dataclass(frozen=True)
 class SizingConfig:
     """Flags of `python -m infra.sizing`."""
-
     copies: int = flag(4, help="size of the larger run, in excerpts (>= 2: the slope needs two sizes)")
     dump_gb: float = flag(22.0, help="full dump, bz2 GB")
     articles: float = flag(6.8e6, help="articles in the full dump")

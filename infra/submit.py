@@ -28,6 +28,7 @@ from core.cli import UsageError, build_config, config_parser, dataflow_option_er
 from core.records import PAPER_DATASET, TRIPLET_DATASETS
 from infra.recipe import RECIPES
 from model.training.model_dir import ModelDir
+from pipeline.run import PipelineConfig
 
 INFRA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = INFRA_DIR.parent
@@ -54,7 +55,6 @@ TPU_MACHINE_PREFIXES = ("cloud-tpu", "ct5lp-", "ct6e-")
 @dataclass(frozen=True)
 class CloudConfig:
     """The variables every submission is filled from; the CLI flags mirror these fields."""
-
     project: str = flag(help="Google Cloud project id")
     region: str = flag(help="e.g. us-central1")
     bucket: str = flag(help="bucket name, without gs://")
@@ -89,7 +89,6 @@ class CloudConfig:
             raise UsageError(f"--recipe for --dataset {self.dataset} must be one of {', '.join(fitting)}, "
                              f"got {recipe!r}")
 
-
     @property
     def recipe_name(self) -> str:
         """The training recipe (infra/recipe.py): --recipe, or the one named after --dataset."""
@@ -99,7 +98,6 @@ class CloudConfig:
 @dataclass(frozen=True)
 class GcsLayout:
     """Where each stage reads and writes in the bucket (see infra/README.md)."""
-
     dump: str
     index: str | None
     vectors: str
@@ -350,8 +348,6 @@ def flex_metadata() -> dict:
     Cloud Storage parameters) plus an optional parameter for every other flag of `pipeline.run`,
     its help text taken from `PipelineConfig`, so the template exposes all of the pipeline's flags.
     Dataflow passes each as `--name=value`, which the pipeline's parser takes (underscore spelling)."""
-    from pipeline.run import PipelineConfig
-
     metadata = json.loads(FLEX_METADATA.read_text())
     named = {parameter["name"] for parameter in metadata["parameters"]}
     for field in flag_fields(PipelineConfig):

@@ -20,6 +20,8 @@ import logging
 import os
 import sys
 
+from core.cli import UsageError
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # Set to 1: every process of the project runs as on an image without TensorFlow (an accelerator's):
 # `import tensorflow` fails and `tensorflow_installed()` says no, so the commands take their
@@ -123,8 +125,6 @@ def require_tensorflow_keras(command: str) -> None:
     TensorFlow for a command whose Keras code runs under TensorFlow alone (it builds a strings-in
     SavedModel, or trains outside `model.train`); called before Keras loads. Only `model.train
     --backend jax` trains under JAX."""
-    from core.cli import UsageError
-
     if not tensorflow_installed():
         why = f"{WITHOUT_TENSORFLOW}=1 runs it as if TensorFlow were not installed" if without_tensorflow() else (
             "TensorFlow is not installed here")

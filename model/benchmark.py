@@ -62,9 +62,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from core.cli import UsageError, flag, parse_config, parse_first, run_cli
+from core.cli import UsageError, flag, parse_config, run_cli
 from core.records import PAPER_DATASET
+from model import KERAS_BACKEND_DEFAULTED, require_tensorflow_keras
 from model.config import InputConfig, NetworkConfig, OptimizerConfig, TrainConfig
+from model.net.wordpieces import wordpieces
+from model.training.shards import open_run
 
 MEASURES = ("train", "input")
 INPUT_ENCODERS = ("minilm", "mpnet")   # the transformers' tokenizers (minilm-sen, mpnet-sen)
@@ -125,9 +128,7 @@ def time_input(args: TrainerBenchmarkConfig, encoder: str, workers: int) -> floa
     """Training triplets/s of the input path alone (`TripletInput.training_batches`) with `encoder`'s
     tokenizer and `workers` input workers: the stream warmed (its first batch, which starts the
     workers, and as many as their queues hold), then the best of `rounds` passes of `triplets`."""
-    from model.net.wordpieces import wordpieces
-    from model.training.arrays import WORKER_BATCHES_AHEAD, TripletInput
-    from model.training.shards import open_run
+    from model.training.arrays import WORKER_BATCHES_AHEAD, TripletInput  # Keras: under the backend `main` chose
 
     config = TrainConfig.from_flags(data=args.data, model_dir="unused", dataset=args.dataset, encoder=encoder,
                                     batch_size=args.batch_size, max_tokens=args.max_tokens,
@@ -211,14 +212,10 @@ def main_input(args: TrainerBenchmarkConfig) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.measure == "input":   # no model: Keras only for its PyDataset, under NumPy where none is set
-        from model import KERAS_BACKEND_DEFAULTED
-
         if "keras" not in sys.modules and (KERAS_BACKEND_DEFAULTED or "KERAS_BACKEND" not in os.environ):
             os.environ["KERAS_BACKEND"] = "numpy"
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return main_input(args)
-    from model import require_tensorflow_keras
-
     require_tensorflow_keras("model.benchmark")
     import tensorflow as tf
 
@@ -257,6 +254,5 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
-    parse_first(parse_args)
+if __name__ == "__main__":
     sys.exit(run_cli(main))

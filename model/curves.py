@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from core.cli import UsageError, flag, parse_config, run_cli
 from model.training.model_dir import HISTORY, LOGS, ModelDir
+from model.training.plots import _pyplot, _save_png
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,6 @@ def run_curve(entry: str) -> tuple[str, list[dict]]:
 
 def curves_figure(curves: dict[str, list[dict]], title: str | None = None):
     """One validation accuracy curve per run against training triplets seen, on one axis."""
-    from model.training.plots import _pyplot
-
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.2))
     for label, points in curves.items():
@@ -87,8 +86,6 @@ def curves_figure(curves: dict[str, list[dict]], title: str | None = None):
 def main(argv: list[str] | None = None) -> dict:
     config = parse_config(CurvesConfig, argv, "python -m model.curves", __doc__.split("\n\n")[0])
     curves = dict(run_curve(entry) for entry in config.run)
-    from model.training.plots import _save_png
-
     _save_png(curves_figure(curves, config.title), config.output)
     seen = sorted({p["triplets_seen"] for points in curves.values() for p in points})
     print("triplets seen  " + "  ".join(f"{label:>24}" for label in curves))

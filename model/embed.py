@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from core.cli import UsageError, flag, parse_config, parse_first, run_cli
+from core.cli import UsageError, flag, parse_config, run_cli
 from core.records import PASSAGES, SCB
 from model.training.model_dir import ENCODER
 
@@ -67,11 +67,11 @@ def parse_flags(argv: list[str] | None) -> tuple[EmbedConfig, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from model.encoding.corpus import embed_corpus
+    config, beam_args = parse_flags(argv)
+    from model.encoding.corpus import embed_corpus  # Beam and the encoder: after the flags
 
-    return embed_corpus(*parse_flags(argv))
+    return embed_corpus(config, beam_args)
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before Beam and the encoder load
-    parse_first(parse_flags)
+if __name__ == "__main__":
     sys.exit(run_cli(main))

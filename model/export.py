@@ -28,19 +28,35 @@ recorded flags are the model dir's INPUTS (`recorded_config`).
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from core.cli import UsageError, flag, parse_config, refuse_file_as_folder, run_cli
+from core.files import read_bytes, read_json_object
 from core.folders import COMMAND_CLAIM, claim_folder, end_claim
+from core.published import Run
+from core.records import SCB, ScbRecord
+from model import keras_backend_here, require_tensorflow_keras, tensorflow_installed
 from model.checkpoints import CHECKPOINTS
+from model.encoding.encoder import SavedModelEncoder, load_encoder
 from model.encoding.trained_net import rebuilt, recorded_config
-from model.formats.hf import FORMATS, export_entries, model_card, report_scores, write_sentence_transformers
+from model.formats import onnx_export
+from model.formats.hf import (
+    FORMATS,
+    backbone_of,
+    export_entries,
+    model_card,
+    report_scores,
+    write_sentence_transformers,
+)
 from model.similarity import Similarity
-from model.training.model_dir import BEST_WEIGHTS, ENCODER, SERVING
+from model.training.model_dir import BEST_WEIGHTS, ENCODER, INPUTS, SERVING, ModelDir
 
 SAVED_MODEL = "saved-model"   # `--format`: the model dir's own strings-in ENCODER (model.formats.saved_model)
 ONNX = "onnx"                 # `--format`: an ONNX folder (model.formats.onnx_export)
@@ -80,8 +96,6 @@ def export_model_dir(config: ExportConfig) -> str:
     `--weights`) and writes `--format`: a sentence-transformers folder at `--output`, claimed
     (`core.folders.claim_folder`: a folder holding anything an export does not write is refused,
     an earlier export replaced only with `--overwrite`), or the model dir's own ENCODER."""
-    from model.training.model_dir import BEST_WEIGHTS, ModelDir
-
     if config.output:   # a file where the folder goes: refused first, before the model dir is read
         refuse_file_as_folder("--output", config.output)
     if config.format == ONNX:   # any transformer model dir, off the shelf too: its own checks
@@ -93,7 +107,7 @@ def export_model_dir(config: ExportConfig) -> str:
         raise UsageError(f"--model-dir {config.model_dir}: no {BEST_WEIGHTS}" if not config.weights
                          else f"--weights {weights}: no such file")
     if config.format == SAVED_MODEL:
-        from model.formats.saved_model import write_saved_models
+        from model.formats.saved_model import write_saved_models  # TensorFlow: this format alone needs it
 
         _, train_config, word_ids, encoder, _ = rebuilt(config.model_dir, weights)
         write_saved_models(train_config, word_ids, encoder, config.model_dir)
@@ -106,13 +120,11 @@ def export_model_dir(config: ExportConfig) -> str:
     name = os.path.basename(config.model_dir.rstrip("/"))
     report_lines = report_scores(config.report, name)
     claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
-    from model.net.backbone import checkpoint_dir
-
     _, train_config, _, encoder, _ = rebuilt(config.model_dir, weights)
     similarity = train_config.resolved("distance")
     card = model_card(history, history.config if history else flags, name, similarity,
                       train_config.inputs.max_tokens, report_lines, int(encoder.output_shape[-1]))
-    folder = checkpoint_dir(flags["encoder"], train_config.network.checkpoint)
+    folder = CHECKPOINTS[flags["encoder"]].folder(train_config.network.checkpoint)
     write_sentence_transformers(encoder, folder, config.output,
                                 max_tokens=train_config.inputs.max_tokens, similarity=similarity, card=card)
     return end_claim(config.output, "model.export")
@@ -120,9 +132,6 @@ def export_model_dir(config: ExportConfig) -> str:
 
 def is_off_the_shelf(model_dir: str) -> bool:
     """Whether `model_dir` is `model.pretrained`'s: a checkpoint's export, no recorded training."""
-    from core.files import read_json_object
-    from model.training.model_dir import INPUTS
-
     claim = os.path.join(model_dir, COMMAND_CLAIM)
     return (not os.path.exists(os.path.join(model_dir, INPUTS)) and os.path.exists(claim)
             and read_json_object(claim).get("command") == "model.pretrained")
@@ -140,22 +149,11 @@ def onnx_source(model_dir: str, weights: str | None):
     """A function that rebuilds, once the output is claimed, (keras-hub backbone with the model
     dir's weights, the Dense projection after pooling or None, checkpoint name, wordpieces per
     sentence, similarity); what makes the model dir unfit is refused now."""
-    from model.formats.hf import backbone_of
-    from model.training.model_dir import BEST_WEIGHTS, ModelDir
-
     if is_off_the_shelf(model_dir):
-        from model.encoding.encoder import SavedModelEncoder
-
         export = SavedModelEncoder(model_dir)
         name = export.checkpoint or "minilm"
         refuse_onnx_of(name, model_dir)
-
-        def checkpoint():
-            from model.net.backbone import build_transformer_encoder
-
-            return (backbone_of(build_transformer_encoder(name)), None, name, export.max_seq_length or 64,
-                    export.similarity_fn_name)
-        return checkpoint
+        return functools.partial(off_the_shelf, name, export)
     flags, train_config = recorded_config(model_dir)
     best = ModelDir(model_dir).best_weights
     if not os.path.exists(weights or best):
@@ -172,29 +170,32 @@ def onnx_source(model_dir: str, weights: str | None):
     return trained
 
 
+def off_the_shelf(name: str, export: SavedModelEncoder):
+    """`onnx_source`'s tuple for `model.pretrained`'s export `export` of the checkpoint `name`: the
+    checkpoint's backbone as it ships, with the tokens and similarity the export records."""
+    from model.net.backbone import build_transformer_encoder  # Keras: loaded once its backend is chosen
+
+    return (backbone_of(build_transformer_encoder(name)), None, name, export.max_seq_length or 64,
+            export.similarity_fn_name)
+
+
 def export_onnx(config: ExportConfig) -> str:
     """Writes the ONNX folder at `--output`, claimed as the sentence-transformers export's is."""
-    from model.formats.onnx_export import export_entries, write_onnx_folder
-    from model.net.backbone import checkpoint_dir
-
     assert config.output is not None   # __post_init__
     if not os.path.isdir(config.model_dir):
         raise UsageError(f"--model-dir {config.model_dir}: no such folder")
     source = onnx_source(config.model_dir, config.weights)
-    claim_folder(config.output, "model.export", export_entries(), "--output", config.overwrite)
+    claim_folder(config.output, "model.export", onnx_export.export_entries(), "--output", config.overwrite)
     backbone, projection, checkpoint, max_tokens, similarity = source()
-    write_onnx_folder(backbone, os.path.join(checkpoint_dir(checkpoint), "vocab.txt"), config.output,
-                      max_tokens=max_tokens, similarity=similarity, quantize=config.quantize, projection=projection,
-                      source=os.path.basename(config.model_dir.rstrip("/")))
+    vocabulary = os.path.join(CHECKPOINTS[checkpoint].folder(), "vocab.txt")
+    onnx_export.write_onnx_folder(backbone, vocabulary, config.output, max_tokens=max_tokens, similarity=similarity,
+                                  quantize=config.quantize, projection=projection,
+                                  source=os.path.basename(config.model_dir.rstrip("/")))
     return end_claim(config.output, "model.export")
 
 
 def scb_sentences(data: str, limit: int) -> list[str]:
     """The first `limit` distinct sentences of a run's SCB articles, as the pipeline wrote them."""
-    from core.files import read_bytes
-    from core.published import Run
-    from core.records import SCB, ScbRecord
-
     sentences: dict[str, None] = {}
     for path in Run.open(data).paths(SCB):
         for line in read_bytes(path).decode("utf-8").splitlines():
@@ -206,10 +207,6 @@ def scb_sentences(data: str, limit: int) -> list[str]:
 
 def check_against_sentence_transformers(config: ExportConfig, sentence_transformer) -> dict:
     """Cosines between the export loaded by sentence-transformers and the Keras export, row by row."""
-    import numpy as np
-
-    from model.encoding.encoder import load_encoder
-
     if not config.check_data:
         raise UsageError("the check against sentence-transformers encodes the SCB sentences of --check-data")
     sentences = scb_sentences(config.check_data, config.check_sentences)
@@ -224,8 +221,6 @@ def check_against_sentence_transformers(config: ExportConfig, sentence_transform
 
 
 def main(argv: list[str] | None = None) -> str:
-    from model import keras_backend_here, require_tensorflow_keras, tensorflow_installed
-
     config = parse_config(ExportConfig, argv, prog="python -m model.export",
                           description=__doc__.split("\n\nIn the code:")[0])   # the rest is for developers
     if config.format == SAVED_MODEL and not tensorflow_installed():

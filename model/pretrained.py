@@ -15,8 +15,12 @@ import dataclasses
 import sys
 
 from core.cli import flag, parse_config, run_cli
+from core.folders import claim_folder
+from core.storage import staged
+from model import require_tensorflow_keras
+from model.checkpoints import CHECKPOINTS as PRETRAINED
 from model.config import NetworkKind
-from model.training.model_dir import ENCODER
+from model.training.model_dir import ENCODER, ModelDir
 
 # The `--encoder` values that are checkpoints.
 CHECKPOINTS = tuple(kind.value for kind in NetworkKind if kind.pretrained)
@@ -40,23 +44,14 @@ class PretrainedConfig:
 
 
 def main(argv: list[str] | None = None) -> str:
-    from model import require_tensorflow_keras
-
     require_tensorflow_keras("model.pretrained")
     config = parse_config(PretrainedConfig, argv, "python -m model.pretrained", __doc__.split("\n\n")[0])
-    from core.folders import claim_folder
-    from core.storage import staged
-    from model.formats.saved_model import ExportableEncoder
-    from model.net.backbone import build_transformer_encoder, checkpoint_dir
-    from model.net.transformer import token_ids
-    from model.training.model_dir import ModelDir
+    from model.formats.saved_model import export_checkpoint  # TensorFlow and Keras: after the flags
 
-    checkpoint_dir(config.encoder, config.checkpoint)   # an absent checkpoint is refused before the claim
+    PRETRAINED[config.encoder].folder(config.checkpoint)   # an absent checkpoint is refused before the claim
     claim_folder(config.model_dir, "model.pretrained", (ENCODER,), "--model-dir", config.overwrite)
     with staged(config.model_dir) as (model_dir, _):
-        ExportableEncoder(token_ids(config.max_tokens, config.encoder, config.checkpoint),
-                          build_transformer_encoder(config.encoder, folder=config.checkpoint), similarity="cosine",
-                          checkpoint=config.encoder).export(ModelDir(model_dir).encoder)
+        export_checkpoint(config.encoder, config.checkpoint, config.max_tokens, ModelDir(model_dir).encoder)
     print(f"{config.encoder} off the shelf: encoder at {ModelDir(config.model_dir).encoder}")
     return config.model_dir
 

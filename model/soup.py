@@ -28,12 +28,18 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from core.cli import UsageError, flag, parse_config, parse_first, run_cli
-from core.files import is_remote
-from core.folders import reading
+import numpy as np
+
+from core.cli import UsageError, flag, parse_config, run_cli
+from core.files import is_remote, write_complete
+from core.folders import claim_folder, reading
+from model import keras_backend_here
+from model.encoding.trained_net import network_of, recorded_config
+from model.formats.trained import export_run
+from model.net.wordpieces import wordpieces
 from model.training.model_dir import (
+    BEST_WEIGHTS,
     CHECKPOINTS,
     ENCODER,
     HISTORY,
@@ -43,9 +49,7 @@ from model.training.model_dir import (
     VERTEX_MODEL,
     ModelDir,
 )
-
-if TYPE_CHECKING:
-    import numpy as np
+from model.training.shards import open_run
 
 PROG = "python -m model.soup"
 # What the soup writes into --output: `--overwrite` deletes these and nothing else.
@@ -99,8 +103,6 @@ def souped(untrained: list[np.ndarray], runs: list[list[np.ndarray]], scale: flo
     `scale` of the way from the untrained Net's weights (WiSE-FT)."""
     if any(len(run) != len(untrained) or any(a.shape != b.shape for a, b in zip(run, untrained)) for run in runs):
         raise UsageError("--model-dir: the runs are not of one Net (their weights differ in number or shape)")
-    import numpy as np
-
     means = [np.stack([run[index] for run in runs]).astype(np.float32).mean(axis=0) for index in range(len(untrained))]
     return [base + scale * (mean - base) for base, mean in zip(untrained, means)]
 
@@ -120,10 +122,6 @@ def one_recipe(recipes: list[dict], model_dirs: tuple[str, ...]) -> dict:
 
 def soup(config: SoupConfig) -> dict:
     """Averages the runs, scores the soup and each run on validation, writes the soup's model dir."""
-    from core.folders import claim_folder
-    from model.encoding.trained_net import recorded_config
-    from model.training.model_dir import BEST_WEIGHTS
-
     recorded = [recorded_config(path) for path in config.model_dirs]
     recipe = one_recipe([flags for flags, _ in recorded], config.model_dirs)
     bests = [ModelDir(path).best_weights for path in config.model_dirs]
@@ -139,14 +137,7 @@ def soup(config: SoupConfig) -> dict:
 
 
 def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> dict:
-    import numpy as np
-
-    from core.files import write_complete
-    from model.encoding.trained_net import network_of
-    from model.formats.trained import export_in_tensorflow, export_sentence_transformers
-    from model.net.wordpieces import wordpieces
-    from model.training.arrays import TripletInput
-    from model.training.shards import open_run
+    from model.training.arrays import TripletInput  # Keras: loaded once its backend is chosen
 
     if train_config.network.kind.reads_word_vectors:
         raise UsageError("--model-dir: a soup of BiLSTM runs is not made (each has its own vocabulary); soups are "
@@ -162,7 +153,7 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
                                                             network.checkpoint))
         validation = source.evaluation("validation")
         if train_config.runtime.backend == "tensorflow":   # tf.distribute's input
-            from model.training.tf_input import evaluation
+            from model.training.tf_input import evaluation  # TensorFlow, which a JAX soup may lack
 
             validation = evaluation(validation, source)
         run_accuracy = []
@@ -186,25 +177,16 @@ def _soup(config: SoupConfig, train_config, recipe: dict, bests: list[str]) -> d
                "config": {**(first.config if first else recipe), "model_dir": config.output}}
     write_complete(ModelDir(output).file(INPUTS), json.dumps({"flags": {**recipe, "model_dir": config.output},
                                                         "soup_of": list(config.model_dirs)}, indent=2).encode())
-    if train_config.runtime.backend == "tensorflow":
-        from model.formats.saved_model import write_saved_models
-
-        write_saved_models(train_config, word_ids, encoder, output)
-    else:   # a TensorFlow process writes them, where TensorFlow is installed
-        export_in_tensorflow(output, ModelDir(output).best_weights)
-    export_sentence_transformers(encoder, summary, train_config, output)
+    export_run(train_config, output, word_ids, encoder, ModelDir(output).best_weights, summary)
     ModelDir(output).write_history(summary)
     return summary
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from model import keras_backend_here
-
     config = parse_args(argv)
     keras_backend_here()   # TensorFlow's Keras where it is installed, else JAX's (an accelerator image)
     return soup(config)
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow loads
-    parse_first(parse_args)
+if __name__ == "__main__":
     sys.exit(run_cli(main))

@@ -13,24 +13,28 @@ tested and exported), TensorBoard's LOGS, the HISTORY, the TRAINING_CURVE and th
 (SavedModel: 1-D tf.string -> {"embeddings": [n, d]}); for a transformer also SENTENCE_TRANSFORMERS
 (`model.export`: the same weights for sentence-transformers and Hugging Face users).
 
-How it trains and resumes: `model.training.job`.
+How it trains and resumes: `model.training.steps`.
 """
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 
-from core.cli import parse_first, refuse_file_as_folder, run_cli
+from core.cli import UsageError, refuse_file_as_folder, run_cli
+from model import KERAS_BACKEND_DEFAULTED, keep_tensorflow_out, tensorflow_installed
 from model.config import TrainConfig, parse_args
+from model.encoding.trained_net import load_trained
+from model.formats.trained import export_run
+from model.training.job import run_job
+from model.training.shards import needs_tensorflow
 
 
 def use_backend(config: TrainConfig) -> None:
     """Sets KERAS_BACKEND to `--backend` before Keras loads (Keras reads it once, at its import).
     A UsageError where another backend was chosen: KERAS_BACKEND set otherwise, or Keras
     already loaded under another backend (an in-process caller)."""
-    from core.cli import UsageError
-
     backend = config.runtime.backend
     if "keras" in sys.modules:
         loaded = sys.modules["keras"].backend.backend()
@@ -38,16 +42,11 @@ def use_backend(config: TrainConfig) -> None:
             raise UsageError(f"--backend {backend}: Keras is already loaded in this process under {loaded}; run "
                              "python -m model.train in its own process")
         return
-    from model import KERAS_BACKEND_DEFAULTED
-
     chosen = os.environ.get("KERAS_BACKEND")
     if chosen and chosen != backend and not KERAS_BACKEND_DEFAULTED:
         raise UsageError(f"KERAS_BACKEND={chosen} but --backend {backend}: pass --backend {chosen}, or unset "
                          "KERAS_BACKEND")
     os.environ["KERAS_BACKEND"] = backend
-    from model import keep_tensorflow_out
-    from model.training.shards import needs_tensorflow
-
     if backend == "jax" and needs_tensorflow(config) is None:   # nothing of this run needs it
         keep_tensorflow_out()
 
@@ -55,10 +54,6 @@ def use_backend(config: TrainConfig) -> None:
 def refuse_without_tensorflow(config: TrainConfig) -> None:
     """A UsageError, before any work, for a run that needs TensorFlow where it is not installed
     (an accelerator image): a transformer under JAX trains without it, taught by a model dir too."""
-    from core.cli import UsageError
-    from model import tensorflow_installed
-    from model.training.shards import needs_tensorflow
-
     needs = "--backend tensorflow" if config.runtime.backend != "jax" else needs_tensorflow(config)
     if needs and not tensorflow_installed():
         raise UsageError(f"{needs} needs TensorFlow, which is not installed here; under --backend jax a transformer "
@@ -70,16 +65,10 @@ def train(config: TrainConfig, extra_callbacks: list | None = None) -> dict:
     checks what can be checked before Keras loads, picks the backend, and hands the job over
     (`model.training.job.run_job`) with the doors to the rooms above training: the teacher's
     loader (`model.encoding`) and the export (`model.formats.trained`)."""
-    import time
-
     started = time.monotonic()   # seconds_to_first_step count from here
     refuse_file_as_folder("--model-dir", config.runtime.model_dir)
     use_backend(config)
     refuse_without_tensorflow(config)
-    from model.encoding.trained_net import load_trained
-    from model.formats.trained import export_run
-    from model.training.job import run_job
-
     return run_job(config, started, extra_callbacks, load_teacher=load_trained, export=export_run)
 
 
@@ -90,7 +79,5 @@ def main(argv: list[str] | None = None) -> dict:
     return train(parse_args(argv))
 
 
-if __name__ == "__main__":   # the flags first: --help and a bad flag answer before TensorFlow and Keras load
-    parse_first(parse_args)
-    parse_first(lambda argv: use_backend(parse_args(argv)))
+if __name__ == "__main__":
     sys.exit(run_cli(main))

@@ -42,6 +42,10 @@ from pathlib import Path
 
 from core.cli import UsageError, flag, parse_config, run_cli
 from core.records import SENTENCE_DATASETS
+from pipeline import run as pipeline_run
+from pipeline.parse.mwtokens import C_TOKENIZER, tokenize
+from pipeline.parse.sentences import SentenceSplitter
+from pipeline.parse.wikitext import ParsedPage, parse_wikitext
 
 GOALS = {"pipeline_vs_segment_wiki": ("<=", 1.0), "pipeline_vs_bzcat": ("<=", 10.0),
          "rss_16x_vs_1x": ("<=", 1.2), "speedup_2_vs_1_workers": (">=", 1.6)}
@@ -51,7 +55,6 @@ ALL_NEGATIVES = ["--negatives", ",".join(SENTENCE_DATASETS.values())]   # every 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkConfig:
     """Flags of `python -m pipeline.benchmark`."""
-
     workdir: str = flag("", help="folder for the dumps, outputs and benchmark.md; empty = a fresh temporary one")
     scale: int = flag(16, help="the larger input is this many copies of the excerpt")
     pages_per_stream: int = flag(100, help="pages per bz2 stream of the multistream copies")
@@ -171,9 +174,6 @@ def stage_seconds(input_path: str) -> dict[str, float]:
     """Each per-page stage timed alone, in this process, over the dump's article pages."""
     import mwparserfromhell
 
-    from pipeline.parse.mwtokens import tokenize
-    from pipeline.parse.sentences import SentenceSplitter
-    from pipeline.parse.wikitext import ParsedPage, parse_wikitext
     from pipeline.read.dumps import Page, decode_pages
 
     def timed(work) -> float:
@@ -201,8 +201,6 @@ def stage_seconds(input_path: str) -> dict[str, float]:
 
 def profile_pipeline(input_path: str, output: Path, top: int) -> dict:
     """cProfile of one in-process pipeline run; total seconds by library and the top functions."""
-    from pipeline import run as pipeline_run
-
     profiler = cProfile.Profile()
     profiler.enable()
     pipeline_run.main(["--input", input_path, "--output", str(output), "--overwrite", "--runner", "DirectRunner"])
@@ -323,7 +321,6 @@ def write_report(workdir: Path, config: BenchmarkConfig, results: dict[str, Meas
 
 
 def run_benchmark(config: BenchmarkConfig) -> dict[str, float]:
-    from pipeline.parse.mwtokens import C_TOKENIZER
 
     workdir = Path(config.workdir or tempfile.mkdtemp(prefix="wikisim-benchmark-"))
     workdir.mkdir(parents=True, exist_ok=True)

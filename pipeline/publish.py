@@ -21,7 +21,13 @@ import dataclasses
 import sys
 import time
 
-from core.cli import DataLossError, UsageError, flag, parse_config, run_cli
+from core import folders
+from core.cli import DataLossError, UsageError, config_from_flags, flag, parse_config, run_cli
+from core.files import read_json_object
+from core.folders import LOCK, submitted_job
+from core.published import MANIFEST
+from core.runner import Runner
+from pipeline import run as pipeline_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +63,6 @@ def submission(out: str) -> tuple[dict, dict] | None:
     UsageError naming the folder when it holds no submitted job."""
     from apache_beam.io.filesystems import FileSystems
 
-    from core.files import read_json_object
-    from core.folders import LOCK, submitted_job
-    from core.published import MANIFEST
 
     if not FileSystems.exists(f"{out}/{LOCK}"):
         if FileSystems.exists(f"{out}/{MANIFEST}"):
@@ -83,9 +86,6 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"pipeline.publish: {out} is published already")
         return {}
     job, run = found
-    from core import folders
-    from core.cli import config_from_flags
-    from pipeline import run as pipeline_run
 
     run_config = config_from_flags(pipeline_run.PipelineConfig, run["config"])
     if run_config.output.rstrip("/") != out:
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
         raise JobFailedError(f"Dataflow job {job['id']} ended {result.state}, not done: {out} is not published "
                              f"(--overwrite can replace it); {str(error).splitlines()[0][:200]}") from error
     try:
-        stats = pipeline_run.finish(result, run_config, run["input"], run["runner"], time.time() - job["submitted"])
+        stats = pipeline_run.finish(result, run_config, run["input"], Runner(run["runner"]),
+                                    time.time() - job["submitted"])
     except BaseException as error:
         folders.end_unpublished(out, str(error)[:300])
         raise

@@ -22,13 +22,16 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from core import counters as counter_names
-from core import folders, progress, published, records
-from core.cli import DataLossError, UsageError, flag, is_dataflow, is_local, parse_config, run_cli
+from core import files, folders, jobserver, progress, published, records
+from core.cli import DataLossError, UsageError, config_flags, flag, parse_config, run_cli
 from core.files import is_remote
+from core.folders import check_output_path
 from core.records import NegativeStrategy
+from core.runner import Runner
 from core.splits import SPLITS
 from pipeline.parse.sentences import DEFAULT_SPACY_MODEL, SentenceSplitter
 from pipeline.triplets.rules import RuleConfig
+from pipeline.write.order import order_record
 
 if TYPE_CHECKING:   # Beam loads after the flags parse (main): --help and a bad flag answer without it
     import apache_beam as beam
@@ -104,8 +107,6 @@ class PipelineConfig:
     rules: RuleConfig = RuleConfig()
 
     def __post_init__(self):
-        from core.folders import check_output_path
-
         check_output_path(self.output)
         try:
             chosen = self.negative_strategies()
@@ -209,8 +210,6 @@ def build(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
 
 def expected_counters(config: PipelineConfig) -> list[str]:
     """Counters stats.json always lists, at 0 when nothing incremented them."""
-    from pipeline.triplets import transforms as triplet_transforms
-
     datasets = config.triplet_datasets()
     return [
         counter_names.PAGES_READ,
@@ -220,32 +219,30 @@ def expected_counters(config: PipelineConfig) -> list[str]:
         *counter_names.PAGE_OUTCOMES,
         *(counter_names.split_counter(dataset, split) for dataset in datasets for split in SPLITS),
         counter_names.TRIPLET_SLOTS,
-        *(triplet_transforms.unfilled_slots_counter(strategy) for strategy in config.negative_strategies()),
+        *(counter_names.unfilled_slots_counter(strategy) for strategy in config.negative_strategies()),
         counter_names.SCB_ARTICLES,
         counter_names.PASSAGES_ARTICLES,
         counter_names.DEAD_LETTERS_WRITTEN,
     ]
 
 
-def counters_of(result, config: PipelineConfig, runner: str | None = None) -> dict[str, int]:
+def counters_of(result, config: PipelineConfig, runner: Runner = Runner()) -> dict[str, int]:
     """Every "wikisim" counter of the finished run, summed over the steps that use it; those it
     did not increment at 0. A run whose runner reported none of them (the read stage always counts
     what it read or lost) is a CountersMissingError: zeros would reconcile as an empty read."""
     reported = counter_names.job_totals(result)
     if not reported:
         raise counter_names.CountersMissingError(
-            f"the runner ({runner or 'DirectRunner'}) reported none of the job's counters (Beam metrics namespace "
+            f"the runner ({runner}) reported none of the job's counters (Beam metrics namespace "
             f"{counter_names.NAMESPACE}): the run cannot be reconciled; nothing was published")
     return dict(sorted({**dict.fromkeys(expected_counters(config), 0), **reported}.items()))
 
 
 def triplet_slots_filled(counters: dict[str, int], strategy: NegativeStrategy) -> int:
     """Triplets written with `strategy` plus its slots that had no negative to draw."""
-    from pipeline.triplets import transforms as triplet_transforms
-
     dataset = records.DATASET_OF_STRATEGY[strategy]
     written = sum(counters.get(counter_names.split_counter(dataset, split), 0) for split in SPLITS)
-    return written + counters.get(triplet_transforms.unfilled_slots_counter(strategy), 0)
+    return written + counters.get(counter_names.unfilled_slots_counter(strategy), 0)
 
 
 def reconciliation(counters: dict[str, int], strategies: tuple[NegativeStrategy, ...]) -> dict:
@@ -357,21 +354,20 @@ def main(argv: list[str] | None = None) -> dict:
     """Runs the job and returns what it wrote to stats.json (with `--wait false`, the job it submitted)."""
     config, beam_args = parse_args(argv)
     import apache_beam as beam  # Beam and the job's stages load once the flags are parsed
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.options.pipeline_options import PipelineOptions
 
-    from core import jobserver
     from pipeline.read.dumps import embedded_dump_path
 
     options = PipelineOptions(beam_args)
-    runner = options.view_as(StandardOptions).runner
-    if not config.wait and not is_dataflow(runner):
+    runner = Runner.of(options)
+    if not config.wait and not runner.is_dataflow:
         raise ConfigError(f"--wait false: only a Dataflow job runs on once this command exits; under "
-                          f"{runner or 'DirectRunner'} the job runs in this process, so the command waits for it")
+                          f"{runner} the job runs in this process, so the command waits for it")
     input_pattern = config.input or embedded_dump_path()
     check_spacy_model(config.spacy_model)
     jobserver.prepare_portable_run(options)
     with folders.private_tempdir():   # Beam's temporary folders, and the progress counts, go with it
-        workers_here = is_local(runner) or jobserver.sdk_workers_in_launcher(options)   # Flink [local]: LOOPBACK
+        workers_here = runner.is_local or jobserver.sdk_workers_in_launcher(options)   # Flink [local]: LOOPBACK
         folder = progress.progress_folder() if workers_here else None
         pipeline = beam.Pipeline(options=options)
         indexes = build(pipeline, config, input_pattern, folder)   # checks the input (ReadDumpPages), writes nothing
@@ -386,13 +382,11 @@ def _pages_in(indexes: list[str]) -> Callable[[], int] | None:
     return lambda: sum(1 for index in indexes for _ in read_index(index))
 
 
-def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: str | None,
+def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, runner: Runner,
          folder: str | None, indexes: list[str]) -> dict:
     """Claims the output, runs the built job, reconciles its counters and publishes the run, or
     ends it unpublished (the lock released, what it wrote recorded for --overwrite). With
     `--wait false` it returns once the job is submitted, the folder still locked (`submitted`)."""
-    from core import jobserver
-
     out = config.output.rstrip("/")
     started = time.perf_counter()
     folders.claim_output(out, config.overwrite, list(output_counters(config)))  # after every check, before any write
@@ -404,16 +398,9 @@ def _run(pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str, ru
             shown = progress.show_progress(folder, _pages_in(indexes), log_path)
         # A job server Beam would start here (Prism's, Flink's) runs for this run only: it ends with it, a
         # SIGKILL of this process included, and answers for the job's counters until finish() read them.
-        with jobserver.local_job_server(pipeline.options, log_path), jobserver.job_failures(pipeline.options, log_path):
-            with writes_of(out), shown, progress.workers_end_on_interrupt(pipeline.options):
-                result = pipeline.run()
-                if not config.wait:
-                    return submitted(result, pipeline, config, input_pattern, runner)
-                try:
-                    result.wait_until_finish()
-                except BaseException:   # a job that outlives this process ends before its lock goes
-                    jobserver.cancel_unfinished(result)
-                    raise
+        with jobserver.run_job(pipeline, log_path, (writes_of(out), shown), wait=config.wait) as result:
+            if not config.wait:
+                return submitted(result, pipeline, config, input_pattern, runner)
             stats = finish(result, config, input_pattern, runner, time.perf_counter() - started)
     except BaseException as error:   # the run is over: its lock goes, so readers and a rerun know
         folders.end_unpublished(out, "interrupted" if isinstance(error, KeyboardInterrupt) else str(error)[:300])
@@ -438,12 +425,10 @@ def log_line(log_path: str | None) -> str | None:
     return f"pipeline: Beam's log ({lines:,} lines) in {log_path}"
 
 
-def finish(result, config: PipelineConfig, input_pattern: str, runner: str | None, wall_seconds: float) -> dict:
+def finish(result, config: PipelineConfig, input_pattern: str, runner: Runner, wall_seconds: float) -> dict:
     """What follows a job that ended (`result`, a Beam PipelineResult): its counters reconciled,
     stats.json and the plot written, the summary printed; InputLossError when it lost more of
     its input than allowed or its counts do not reconcile (the run then stays unpublished)."""
-    from core import files
-
     out = config.output.rstrip("/")
     counters = counters_of(result, config, runner)
     stats: dict[str, Any] = {
@@ -451,7 +436,7 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
         "reconciliation": reconciliation(counters, config.negative_strategies()),
         "input": input_pattern,
         "config": dataclasses.asdict(config),
-        "runner": runner or "DirectRunner",
+        "runner": str(runner),
         "wall_seconds": round(wall_seconds, 2),
     }
     plot = triplets_plot_png(counters, config.triplet_datasets())
@@ -469,8 +454,6 @@ def finish(result, config: PipelineConfig, input_pattern: str, runner: str | Non
 
 def publish(config: PipelineConfig, counters: dict[str, int]) -> None:
     """Writes the manifest (checked against the counters) and releases the folder: the run is published."""
-    from pipeline.write.order import order_record
-
     out = config.output.rstrip("/")
     triplet_folders = [folder for folder in output_counters(config) if folder.split("/")[0] in records.TRIPLET_DATASETS]
     with writes_of(out):
@@ -479,7 +462,7 @@ def publish(config: PipelineConfig, counters: dict[str, int]) -> None:
 
 
 def submitted(result, pipeline: beam.Pipeline, config: PipelineConfig, input_pattern: str,
-              runner: str | None) -> dict:
+              runner: Runner) -> dict:
     """`--wait false`: the Dataflow job `result` is submitted. Its id, project and region and
     this run's flags go into the folder's lock (`core.folders.submitted_job`), which then
     stays, held by the job: readers and other runs refuse the folder until `pipeline.publish`
@@ -487,14 +470,12 @@ def submitted(result, pipeline: beam.Pipeline, config: PipelineConfig, input_pat
     cannot be written the job is cancelled: no job may write a folder nothing holds."""
     from apache_beam.options.pipeline_options import GoogleCloudOptions
 
-    from core.cli import config_flags
-
     out = config.output.rstrip("/")
     cloud = pipeline.options.view_as(GoogleCloudOptions)
     job = {"id": result.job_id(), "project": cloud.project, "region": cloud.region, "submitted": time.time()}
     try:
         folders.record_submitted_job(out, job, {"config": config_flags(config), "input": input_pattern,
-                                                "runner": runner})
+                                                "runner": runner.name})
     except BaseException:
         result.cancel()
         with contextlib.suppress(Exception):   # a cancelled job ends in a state wait_until_finish raises for

@@ -195,3 +195,13 @@ def test_folders_are_claimed_leased_and_owned_in_one_module_and_the_trainers_cla
                     for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                     and OWNING & set(node.name.lower().split("_")))
     assert owning == []
+
+
+def test_one_way_launches_a_beam_job():
+    """`core.jobserver.run_job` is the only caller of a Beam pipeline's `run()` (temporary folder, job
+    server, cancel on error, Ctrl-C, one error line): a command that launched its job by hand skipped them."""
+    launchers = sorted(module for module, tree in TREES.items() for node in ast.walk(tree)
+                       if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                       and node.func.attr == "run" and isinstance(node.func.value, ast.Name)
+                       and node.func.value.id == "pipeline")
+    assert launchers == ["core.jobserver"]

@@ -22,7 +22,9 @@ COMMANDS = {   # python -m module -> its config class
     "pipeline.publish": "PublishConfig", "infra.accelerator.summary": "SummaryConfig",
     "infra.accelerator.kit": "KitConfig",
 }
-DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train"}
+DEFINED_IN = {"model.train": "model.config", "model.qs3m": "model.qs3m.train",
+              **{command: "eval.config" for command in ("eval.scb", "eval.triplets", "eval.sick", "eval.all",
+                                                       "eval.benchmark", "eval.qs3m")}}
 
 
 def _config(command: str) -> type:
@@ -41,7 +43,7 @@ def test_every_flag_is_dashed_and_has_help(command):
 
 
 def test_an_old_underscore_spelling_and_a_bad_value():
-    from eval.triplets import TripletsConfig
+    from eval.config import TripletsConfig
 
     config = parse_config(TripletsConfig, ["--data", "d", "--output", "o", "--max_triplets=7",
                                            "--model-dir", "a", "--model-dir", "b"], "p", "")

@@ -51,8 +51,10 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from core.cli import UsageError, flag, parse_config, run_cli
+from core.published import MANIFEST, Manifest
 from core.records import PAPER_DATASET, SCB
 from infra.accelerator.unpack import KIT_FORMAT, KIT_JSON, sha256_of
+from model.checkpoints import CHECKPOINTS
 
 MIB = 1 << 20
 CALL_LIMIT_MIB = 64   # what one device call carries: the working tree and the carried paths
@@ -184,8 +186,6 @@ def run_files(data: str, dataset: str) -> list[str]:
     """What quality_run.sh reads of the run in `data` (relative paths, sorted): the manifest, the
     stats, `dataset`'s splits (shards and Parquet twins) and metadata, the SCB shards; each listed
     shard checked there with the size the run wrote (a UsageError naming it)."""
-    from core.published import MANIFEST, Manifest
-
     path = os.path.join(data, MANIFEST)
     if not os.path.exists(path):
         raise UsageError(f"--data {data}: no {MANIFEST}: not a finished pipeline.run folder (local)")
@@ -208,7 +208,6 @@ def run_files(data: str, dataset: str) -> list[str]:
 
 class PartWriter:
     """A write-only stream cut into `part-NN.tar` files of at most `part_bytes` each in `folder`."""
-
     def __init__(self, folder: str, part_bytes: int):
         self.folder, self.part_bytes = folder, part_bytes
         self.parts: list[dict] = []
@@ -309,7 +308,6 @@ def build(config: KitConfig) -> dict:
             entries += [(f"wheels/{name}", os.path.join(wheel_dir, name)) for name in wheels]
             summary["wheels"] = [f"wheels/{name}" for name in wheels]
         if config.mpnet.lower() != "none":
-            from model.checkpoints import CHECKPOINTS
 
             folder = CHECKPOINTS["mpnet"].folder(config.mpnet or None)
             converted = os.path.join(staging, "model.safetensors")

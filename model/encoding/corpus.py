@@ -11,18 +11,20 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from core import jobserver, records
 from core.cli import UsageError, refuse_file_as_folder
 from core.counters import NAMESPACE, job_totals
 from core.folders import claim_folder, reading
-from core.progress import workers_end_on_interrupt
 from core.published import Run
 from core.records import DEAD_LETTERS, SCB
 from core.splits import stable_hash
 from model.encoding.embedding_cache import parquet_schema
-from model.encoding.encoder import not_utf8
+from model.encoding.encoder import is_onnx_export, load_encoder, not_utf8
+from model.encoding.encoders import EncoderSpec, SpecKind
+from model.encoding.inference import EncoderModelHandler, threads_per_worker
 
 SENTENCES_EMBEDDED = "embed_sentences"   # the job's counter of sentences (or paragraphs) embedded
 LINES_SET_ASIDE = "embed_lines_set_aside"   # input lines that break their format, in DIR/dead_letters-*
@@ -33,8 +35,6 @@ WRITES = ("embeddings-", f"{DEAD_LETTERS}-", "beam-temp-")
 
 def embedding_width(model_dir: str) -> int:
     """The encoder's output width, read once at pipeline construction (the Parquet schema needs it)."""
-    from model.encoding.encoder import load_encoder
-
     return load_encoder(model_dir).dim
 
 
@@ -145,12 +145,6 @@ class ToRowsFn(beam.DoFn):
 
 
 def build(pipeline: beam.Pipeline, args: Any, dim: int) -> None:
-    from apache_beam.ml.inference.base import KeyedModelHandler, PredictionResult, RunInference
-
-    from model.encoding.encoder import is_onnx_export
-    from model.encoding.encoders import EncoderSpec, SpecKind
-    from model.encoding.inference import EncoderModelHandler, threads_per_worker
-
     spec = (EncoderSpec(SpecKind.ONNX, "embed", (args.model_dir,)) if is_onnx_export(args.model_dir)
             else EncoderSpec(SpecKind.SAVED, "embed", (args.model_dir,)))
     handler: KeyedModelHandler[str, Any, PredictionResult, Any] = KeyedModelHandler(
@@ -183,10 +177,7 @@ def embed_corpus(args: Any, beam_args: list[str]) -> dict:
         claim_folder(args.output, "model.embed", WRITES, "--output", args.overwrite)
         pipeline = beam.Pipeline(options=options)
         build(pipeline, args, dim)
-        with jobserver.portable_job(pipeline.options):
-            with workers_end_on_interrupt(pipeline.options):
-                result = pipeline.run()
-                result.wait_until_finish()
+        with jobserver.run_job(pipeline) as result:
             totals = job_totals(result)
     files = sorted(m.path for m in FileSystems.match([FileSystems.join(args.output, "embeddings-*.parquet")])[0]
                    .metadata_list)

@@ -26,9 +26,10 @@ from tqdm import tqdm
 
 from core.files import write_bytes
 from core.splits import stable_hash
-from model.encoding.encoder import SentenceEncoder
+from model.encoding.encoder import SentenceEncoder, per_sentence_runs
 from model.encoding.encoders import CachedEncoder, EncoderSpec, SpecKind, load_encoder, method_names
 from model.encoding.trained_net import runs_as_net
+from model.formats.onnx_export import CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE
 from model.training.model_dir import ENCODER, ModelDir
 
 # Where an evaluation keeps its embeddings, under its --output.
@@ -54,8 +55,6 @@ def encoder_fingerprint(spec: EncoderSpec) -> str:
     entries hold their tensors' checksums, or the model dir's best weights where it has no
     export; an ONNX export's settings, graph and vocabulary); a baseline's spec names it on its
     own."""
-    from model.formats.onnx_export import CONFIG_FILE, GRAPH_FILE, VOCABULARY_FILE
-
     digest = hashlib.sha256(str(spec).encode("utf-8"))
     parts = [FileSystems.join(model_dir.rstrip("/"), part) for model_dir in spec.model_dirs
              for part in (f"{ENCODER}/saved_model.pb", f"{ENCODER}/variables/variables.index")]
@@ -76,10 +75,6 @@ def encoder_fingerprint(spec: EncoderSpec) -> str:
 
 
 def _runs_one_sentence_at_a_time(config_path: str) -> bool:
-    import json
-
-    from model.encoding.encoder import per_sentence_runs
-
     if not FileSystems.exists(config_path):
         return False
     with FileSystems.open(config_path) as handle:

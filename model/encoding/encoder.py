@@ -30,7 +30,8 @@ from typing import Literal, Protocol, overload, runtime_checkable
 
 import numpy as np
 
-from core.files import is_remote
+from core.cli import UsageError
+from core.files import JsonFileError, is_remote, read_json_object
 from core.storage import download_tree
 from model.formats.onnx_export import CONFIG_FILE, FORMAT, OUTPUT
 from model.net.wordpieces import WordPieces
@@ -260,8 +261,6 @@ class SavedModelEncoder(ExportedEncoder):
 def read_settings(folder: str) -> dict:
     """The folder's `onnx.json`, checked to be this format's (`JsonFileError`, one line naming it,
     otherwise); FileNotFoundError where there is none."""
-    from core.files import JsonFileError, read_json_object
-
     path = os.path.join(folder, CONFIG_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no ONNX export at {folder} (no {CONFIG_FILE}; python -m model.export --format onnx "
@@ -295,8 +294,6 @@ def onnx_session(graph: str, threads: int, shown: str | None = None):
     `graph` is the downloaded copy), not ONNX Runtime's own exception."""
     import onnxruntime
     from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
-
-    from core.cli import UsageError
 
     try:
         return onnxruntime.InferenceSession(graph, session_options(threads), providers=["CPUExecutionProvider"])

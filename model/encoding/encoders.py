@@ -40,6 +40,7 @@ from core.files import exists
 from core.records import PAPER_DATASET, TITLES_DATASET
 from model.encoding.encoder import OnnxEncoder, SentenceEncoder, is_onnx_export, utf8_sentences
 from model.encoding.trained_net import load_trained, runs_as_net
+from model.net.vectors import load_word_vectors
 from model.training.model_dir import ENCODER, ModelDir
 
 if TYPE_CHECKING:   # TfidfEncoder's sparse rows; SciPy ships no types, so mypy reads this class as Any
@@ -138,8 +139,6 @@ class MeanVectorsEncoder:
     """
 
     def __init__(self, vectors_path: str | None = None, name: str = "mean-vectors"):
-        from model.net.vectors import load_word_vectors
-
         self.name = name
         vectors = load_word_vectors(vectors_path)
         self._row_of = vectors.index()

@@ -13,15 +13,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
-from core.cli import is_direct
-
-if TYPE_CHECKING:
-    from model.encoding.encoders import EncoderSpec
+from core.runner import Runner
+from model.encoding.encoders import EncoderSpec, as_encoder_spec, load_encoder
 
 
 class _ResourceWarningFilter(logging.Filter):
@@ -51,8 +49,6 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
         """`spec`: an encoder spec, its text, or a trained encoder's path (checked here, not at run
         time). `threads`: the encoder's threads in each worker process (`threads_per_worker`);
         none = every CPU the worker may run on."""
-        from model.encoding.encoders import as_encoder_spec
-
         super().__init__()
         self.spec = as_encoder_spec(spec)
         self.min_batch_size = min_batch_size
@@ -60,8 +56,6 @@ class EncoderModelHandler(ModelHandler[Any, PredictionResult, Any]):
         self.threads = threads
 
     def load_model(self):
-        from model.encoding.encoders import load_encoder
-
         return load_encoder(self.spec, threads=self.threads)
 
     def run_inference(self, batch: Sequence[Any], model, inference_args=None) -> Iterable[PredictionResult]:
@@ -88,7 +82,7 @@ def threads_per_worker(options: PipelineOptions) -> int:
     each take every CPU in several workers on the same cores wait on each other: on 2 cores, 60
     SCB articles took 252 CPU-seconds with 2 threads per worker and 240 with one
     (docs/results.md, issue 64); the more cores per worker, the more it matters."""
-    if not is_direct(options.view_as(StandardOptions).runner):
+    if not Runner.of(options).is_direct:
         return 1
     cpus = len(os.sched_getaffinity(0))
     workers = options.view_as(DirectOptions).direct_num_workers

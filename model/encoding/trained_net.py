@@ -9,16 +9,20 @@ TensorFlow everywhere.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
 from core.cli import UsageError
 from core.files import is_remote
+from model import keras_backend_here, tensorflow_importable
+from model.checkpoints import CHECKPOINTS
 from model.config import TrainConfig
 from model.encoding.encoder import ExportedEncoder, SavedModelEncoder
+from model.net.wordpieces import wordpieces
 from model.similarity import Similarity
-from model.training.model_dir import ENCODER, INPUTS, ModelDir
+from model.training.model_dir import ENCODER, INPUTS, VOCABULARY, ModelDir
 
 WIDTH_STEP = 16   # ids are padded to a multiple of this: few shapes for JAX to compile
 
@@ -44,21 +48,21 @@ def network_of(train_config: TrainConfig):
     (TensorFlow's): None under another backend."""
     import keras
 
-    from model.training.job import build_models
+    # Keras at their top: imported here, once `rebuilt` or the caller has chosen its backend
+    from model.net.network import build_models
     from model.training.vocabulary import embedding_matrix
 
     inputs, optimizer = train_config.inputs, train_config.optimizer
     word_ids, matrix = None, None
     if train_config.network.kind.reads_word_vectors:
-        from model.net.text import WordIds
-        from model.training.model_dir import VOCABULARY
+        from model.net.text import WordIds  # TensorFlow's tokenizer, as every BiLSTM's
 
         with open(ModelDir(train_config.runtime.model_dir).file(VOCABULARY), encoding="utf-8") as handle:
             vocabulary = handle.read().splitlines()
         word_ids = WordIds(vocabulary, inputs.num_oov_buckets, inputs.max_tokens)
         matrix = embedding_matrix(vocabulary, word_ids, train_config)
     elif keras.backend.backend() == "tensorflow":
-        from model.net.transformer import token_ids
+        from model.net.transformer import token_ids  # TensorFlow: this backend alone
 
         word_ids = token_ids(inputs.max_tokens, train_config.network.encoder, train_config.network.checkpoint)
     teacher_dim = output_dim(optimizer.teacher) if optimizer.teacher else None
@@ -70,10 +74,6 @@ def output_dim(path: str) -> int:
     """The size of the embeddings of the trained encoder at `path`, from what a transformer's
     model dir records (a distilled student's is its teacher's; else its checkpoint's hidden size),
     without building it; any other encoder is loaded to ask."""
-    import json
-
-    from model.checkpoints import CHECKPOINTS
-
     if not is_remote(path) and os.path.exists(ModelDir(path).file(INPUTS)):
         _, config = recorded_config(path)
         if config.optimizer.teacher:
@@ -89,8 +89,6 @@ def rebuilt(model_dir: str, weights: str):
     """(recorded flags, TrainConfig as rebuilt here, word ids, Net, triplet model with `weights`
     loaded): a model dir's network rebuilt from what its INPUTS records, whichever backend
     trained it (Keras weights files are the same under every backend), in float32."""
-    from model import keras_backend_here
-
     keras_backend_here()   # where Keras has not loaded yet: TensorFlow's where it is installed, else JAX's
     import keras
 
@@ -110,8 +108,6 @@ class NetEncoder(ExportedEncoder):
     image). The same embeddings as the model dir's exports, up to float32 rounding."""
 
     def __init__(self, model_dir: str, name: str | None = None, batch_size: int = 128, weights: str | None = None):
-        from model.net.wordpieces import wordpieces
-
         flags, config = recorded_config(model_dir)
         if config.network.kind.reads_word_vectors:
             raise UsageError(f"{model_dir}: a {config.network.encoder} model dir encodes through its SavedModel "
@@ -159,8 +155,6 @@ def runs_as_net(path: str) -> bool:
     as its SavedModel: a local model dir with its INPUTS and trained weights, where the SavedModel
     is missing or this process cannot import TensorFlow (an accelerator image; `model.train
     --backend jax`, which keeps it out)."""
-    from model import tensorflow_importable
-
     model_dir = ModelDir(path)
     return (not is_remote(path) and os.path.exists(model_dir.file(INPUTS)) and os.path.exists(model_dir.best_weights)
             and not (has_saved_model(path) and tensorflow_importable()))

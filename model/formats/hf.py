@@ -27,6 +27,8 @@ import os
 
 import numpy as np
 
+from core.cli import UsageError
+from core.files import JsonFileError, read_json_object, write_complete
 from model.checkpoints import CHECKPOINTS
 from model.similarity import REPORTED, Similarity
 from model.training.model_dir import ENCODER, History
@@ -83,7 +85,7 @@ def hf_bert_weights(backbone) -> dict[str, np.ndarray]:
 def hf_weights(backbone) -> dict[str, np.ndarray]:
     """The backbone's weights under Hugging Face's names: BERT's (`hf_bert_weights`) or MPNet's
     (`model.net.mpnet.hf_mpnet_weights`)."""
-    from model.net.mpnet import MPNetBackbone, hf_mpnet_weights
+    from model.net.mpnet import MPNetBackbone, hf_mpnet_weights  # Keras: loaded once its backend is chosen
 
     return hf_mpnet_weights(backbone) if isinstance(backbone, MPNetBackbone) else hf_bert_weights(backbone)
 
@@ -106,7 +108,7 @@ def sentence_transformers_files(dim: int, max_tokens: int, similarity: str,
                                 projected_to: int | None = None) -> dict[str, dict | list]:
     """The sentence-transformers configuration files of a mean-pooled transformer of `dim`
     dimensions, by path; with `projected_to`, followed by a linear Dense layer to that size (a
-    student distilled from a larger teacher: `model.training.job.build_models`)."""
+    student distilled from a larger teacher: `model.net.network.build_models`)."""
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
     dense = {}
@@ -142,8 +144,6 @@ def write_sentence_transformers(encoder, checkpoint: str, output: str, *, max_to
     layer count) and tokenizer files the fine-tuned model keeps. Returns `output`."""
     from safetensors.numpy import save
 
-    from core.files import read_json_object, write_complete
-
     backbone = backbone_of(encoder)
     files: dict[str, bytes] = {}
     for name in TOKENIZER_FILES:
@@ -174,9 +174,6 @@ def report_scores(report: str | None, method: str) -> list[str]:
     triplets.json and scb.json), with their 95 % intervals; a file that is not such a report
     is a JsonFileError naming it, and a report without `method`'s rows a UsageError naming the
     methods it has: a card never silently lacks the scores it was asked for."""
-    from core.cli import UsageError
-    from core.files import JsonFileError, read_json_object
-
     if not report:
         return []
     lines: list[str] = []

@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from core.files import write_complete
+from model.formats.hf import hf_bert_weights
+from model.net.wordpieces import WordPieces
 from model.similarity import Similarity
 
 GRAPH_FILE = "model.onnx"
@@ -228,10 +231,6 @@ def write_onnx_folder(backbone, vocabulary_path: str, output: str, *, max_tokens
     """Writes the folder's files into the existing folder `output`, each whole (`write_complete`,
     0644), `onnx.json` last. `backbone`: the network's keras-hub BertBackbone, weights loaded;
     `projection`: a distilled student's Dense layer after pooling, or None."""
-    from core.files import write_complete
-    from model.formats.hf import hf_bert_weights
-    from model.net.wordpieces import WordPieces
-
     norm = backbone.get_layer("embeddings_layer_norm")
     dense = None if projection is None else (np.asarray(projection.kernel.numpy(), np.float32),
                                               np.asarray(projection.bias.numpy(), np.float32))

@@ -8,9 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from model.config import vertex_model_dir
+from model.net.backbone import build_transformer_encoder
+from model.net.network import build_encoder
+from model.net.transformer import token_ids
 from model.similarity import Similarity
 from model.training.model_dir import ENCODER, SERVING, VERTEX_MODEL
 
@@ -54,6 +58,13 @@ class ExportableEncoder(tf.Module):
         tf.io.gfile.rename(partial, path)
 
 
+def export_checkpoint(name: str, folder: str | None, max_tokens: int, path: str) -> None:
+    """`model.pretrained`'s export: the checkpoint `name` (from `folder`, else the installed one),
+    untrained, as the strings-in SavedModel at `path`, which records the checkpoint it is."""
+    ExportableEncoder(token_ids(max_tokens, name, folder), build_transformer_encoder(name, folder=folder),
+                      similarity="cosine", checkpoint=name).export(path)
+
+
 def float32_encoder(config: TrainConfig, encoder):
     """`encoder` itself, or, trained under `--precision bfloat16`, a float32 twin holding its
     weights: the same Net built under the float32 policy (`model.net.network.build_encoder`),
@@ -61,10 +72,6 @@ def float32_encoder(config: TrainConfig, encoder):
     compute in float32 from the float32 weights, as a Net rebuilt from them does, and output float32."""
     if config.runtime.precision == "float32":
         return encoder
-    import numpy as np
-
-    from model.net.network import build_encoder
-
     matrix = None
     if config.network.kind.reads_word_vectors:   # overwritten below by the trained vectors: zeros of their shape
         matrix = np.zeros(encoder.get_layer("word_vectors").embeddings.shape, np.float32)
@@ -77,9 +84,11 @@ def float32_encoder(config: TrainConfig, encoder):
 def write_saved_models(config: TrainConfig, word_ids, encoder, model_dir: str) -> None:
     """ENCODER (and SERVING/N, and Vertex AI's VERTEX_MODEL): the strings-in SavedModel, each
     written whole (`ExportableEncoder.export`), computing in float32 whatever `--precision` the Net
-    was built in (`float32_encoder`). TensorFlow backend only."""
+    was built in (`float32_encoder`). `word_ids`: the in-graph tokenizer, or None for a transformer's
+    (its checkpoint's `token_ids`). TensorFlow backend only."""
     runtime = config.runtime
     encoder = float32_encoder(config, encoder)
+    word_ids = word_ids or token_ids(config.inputs.max_tokens, config.network.encoder, config.network.checkpoint)
     exportable = ExportableEncoder(word_ids, encoder, similarity=config.resolved("distance"))
     exportable.export(f"{model_dir}/{ENCODER}")
     if runtime.serving_version is not None:

@@ -30,6 +30,7 @@ import numpy as np
 from keras import ops
 
 from model.config import NetworkKind, TrainConfig
+from model.net.backbone import build_transformer_encoder
 from model.net.head import (
     LOSSES,
     distillation_distance,
@@ -195,8 +196,6 @@ def build_net(config: TrainConfig, matrix: np.ndarray | None) -> keras.Model:
             raise ValueError("the BiLSTM Net reads word vectors: build_net needs their matrix")
         return build_sentence_encoder(matrix, lstm_units=network.lstm_units, attention_size=network.attention_size,
                                       dropout=dropout, fine_tune_embeddings=network.fine_tune_embeddings)
-    from model.net.backbone import build_transformer_encoder
-
     return build_transformer_encoder(network.kind.value, frozen_layers=network.frozen_layers, dropout=dropout,
                                      layers=network.transformer_layers, folder=network.checkpoint)
 
@@ -304,3 +303,29 @@ def compile_triplet_model(model: keras.Model, learning_rate: float = 1e-3, jit_c
     minimised = distillation_loss if distill else LOSSES[loss]
     model.compile(optimizer=optimizer, loss=minimised, weighted_metrics=weighted_scores(minimised),
                   jit_compile=jit_compile)
+
+
+def build_models(config: TrainConfig, matrix: np.ndarray | None, global_batch: int, teacher_dim: int | None = None,
+                 slices: int | None = None, head=None):
+    """(sentence encoder, compiled triplet model); call inside the strategy's scope. `matrix`:
+    the word vectors of the BiLSTM (None for a transformer checkpoint). With `teacher_dim` (a
+    distillation), Net ends in a linear projection to the teacher's size where the sizes differ,
+    as sentence-transformers' distillation adds a Dense layer. With `--precision bfloat16` the
+    encoder computes in bfloat16 (`build_encoder`), the head, loss and metrics in
+    float32; variables are float32 either way. `slices` (default
+    `LENGTH_SLICES`) and `head` are `model.benchmark`'s levers: the length slices
+    Net runs on, and another triplet model of Net (`head(Net)`, its three-call baseline)."""
+    network, optimizer, static_shapes = config.network, config.optimizer, config.runtime.static_batches
+    encoder = build_encoder(config, matrix, teacher_dim)   # under --precision's dtype policy, restored after
+    model = head(encoder) if head else build_triplet_model(
+        encoder, slices or LENGTH_SLICES, distance=config.resolved("distance"), static_shapes=static_shapes,
+        loss=optimizer.loss, teacher_dim=teacher_dim)
+    half_life = optimizer.learning_rate_half_life
+    part = global_batch // optimizer.gradient_accumulation_steps   # the triplets of one batch the schedule counts
+    compile_triplet_model(model, config.resolved("learning_rate"), loss=optimizer.loss, distill=bool(teacher_dim),
+                          jit_compile=config.runtime.jit_compile or static_shapes,
+                          half_life_steps=half_life / part if half_life else None,
+                          warmup_steps=optimizer.warmup_triplets / part,
+                          weight_decay=optimizer.weight_decay if network.kind.weight_decay else None,
+                          gradient_accumulation_steps=optimizer.gradient_accumulation_steps)
+    return encoder, model

@@ -21,6 +21,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from core.records import ROLES
+
 # Kept delimiters: clitics first (leftmost-first matching splits "don't" into "do", "n't"),
 # then any single punctuation or symbol character.
 _CLITIC_OR_PUNCT = r"n't\b|'(?:s|re|ll|ve|m|d)\b|[\p{P}\p{S}]"
@@ -43,8 +45,6 @@ def tokenize(sentences: list[str]) -> list[list[str]]:
 
 def count_words(triplets: Iterable[dict], batch_size: int = 1024) -> collections.Counter:
     """Token counts over every sentence of the triplets (dicts of `ROLES`: the vocabulary's source)."""
-    from core.records import ROLES
-
     counts: collections.Counter = collections.Counter()
     iterator = iter(triplets)
     while batch := list(itertools.islice(iterator, batch_size)):

@@ -10,6 +10,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core import records
+from core.published import MANIFEST, Run
 from core.splits import stable_hash
 from model.encoding.encoder import SentenceEncoder
 from model.qs3m.network import model_inputs
@@ -24,8 +25,6 @@ def passages_files(source: str) -> list[str]:
     """The passages files of `source`: a pipeline run folder (listed from its manifest, so only a
     published run is read) or a glob of JSON-lines files."""
     from apache_beam.io.filesystems import FileSystems
-
-    from core.published import MANIFEST, Run
 
     if FileSystems.exists(f"{source.rstrip('/')}/{MANIFEST}"):
         run = Run.open(source)

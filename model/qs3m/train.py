@@ -16,7 +16,10 @@ from typing import Any
 
 from core.cli import flag, parse_config, run_cli
 from core.files import write_bytes
+from core.folders import reading_if_run
+from model import require_tensorflow_keras
 from model.encoding.encoder import SentenceEncoder
+from model.encoding.encoders import EncoderSpec, load_encoders
 from model.qs3m.data import QUERY_REPRESENTATIONS, QueryEmbeddings, embed_queries, pair_dataset, read_queries
 from model.qs3m.network import MODEL_KINDS, build_model, model_name, save_model
 from model.qs3m.pairs import LABELINGS, Pair, sample_pairs
@@ -172,15 +175,9 @@ def training_figure(histories: dict[str, dict[str, list[float]]]):
 # ---------------------------------------------------------------- entry point
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from model import require_tensorflow_keras
-
     require_tensorflow_keras("model.qs3m")
     config = parse_config(Qs3mConfig, argv, "python -m model.qs3m", __doc__.splitlines()[0])
-    from model.encoding.encoders import EncoderSpec, load_encoders
-
     (encoder,) = load_encoders([EncoderSpec.parse(config.encoder)])
-    from core.folders import reading_if_run
-
     with reading_if_run(config.passages):
         summary = train(config, encoder)
     print(json.dumps(summary["counts"], indent=2))

@@ -170,7 +170,7 @@ class AtomicBackup(keras.callbacks.Callback):
     (the one the run resumes from), so a resumed run's backups, and its history, hold every epoch
     since the first run began. Keras' BackupAndRestore writes its weights file in place, so a
     kill mid-write left a truncated file that every rerun failed to load. The trainer restores a
-    backup itself before `fit` (`model.training.job.restored_state`) and deletes it once the export is
+    backup itself before `fit` (`model.training.steps.restored_state`) and deletes it once the export is
     complete."""
 
     def __init__(self, folder: str, every: int, curve: LearningCurve | None = None):

@@ -9,7 +9,7 @@ import shutil
 from enum import Enum
 
 from core.files import read_json_object, write_complete
-from core.folders import claim_is_live, owner_record
+from core.folders import claim_is_live, claiming, owner_record, refuse_links
 from core.published import Run
 from model.config import TrainConfig
 from model.training.model_dir import CLAIM, RUN_ENTRIES
@@ -54,8 +54,6 @@ def claim_model_dir(config: TrainConfig, model_dir: str, run: Run | None = None)
     inputs, with the first difference named, unless `--overwrite`, which deletes what a run wrote
     (RUN_ENTRIES) and nothing else. The claim decides under an exclusive flock of the folder.
     `run`: the data, opened (by default, opened here)."""
-    from core.folders import claiming, refuse_links
-
     digest = (run or open_run(config.inputs.data)).sha256
     flags = recorded_flags(config)
     inputs = {**{name: flags[name] for name in STATE_INPUTS}, "manifest_sha256": digest,

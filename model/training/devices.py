@@ -13,6 +13,7 @@ import time
 import types
 from typing import TYPE_CHECKING, TypeAlias
 
+from core.cli import UsageError
 from core.folders import owned_tempdir
 from model.config import TrainConfig
 from model.training.shards import needs_tensorflow
@@ -63,8 +64,6 @@ class KerasDevices:
             tf.config.set_visible_devices([], "GPU")
         self.processes = int(os.environ.get("KERAS_DISTRIBUTION_NUM_PROCESSES") or 1)
         if self.processes > 1 and (name != "data-parallel" or not article_chunks):
-            from core.cli import UsageError
-
             raise UsageError(f"KERAS_DISTRIBUTION_NUM_PROCESSES={self.processes}: several processes train one model "
                              "with --distribution-strategy data-parallel and --article-chunk > 0 (the processes' "
                              "evaluation shares must run as many steps)")
@@ -103,8 +102,6 @@ def _seconds(variable: str, default: int) -> int:
     except ValueError:
         seconds = 0
     if seconds < 1:
-        from core.cli import UsageError
-
         raise UsageError(f"{variable}={os.environ[variable]}: a whole number of seconds >= 1")
     return seconds
 
@@ -242,8 +239,6 @@ def agree_on_flags(flags: dict, process_id: int, processes: int) -> None:
     differ are a UsageError here, in every process, naming them."""
     from jax._src import distributed
 
-    from core.cli import UsageError
-
     client = distributed.global_state.client
     assert client is not None, "agree_on_flags runs after join_processes"
     posted = json.dumps({name: value for name, value in flags.items() if name not in OWN_FLAGS}, sort_keys=True,
@@ -273,7 +268,7 @@ def strategy_of(config: TrainConfig) -> Strategy:
     if config.runtime.backend == "jax":
         return KerasDevices(config.runtime.distribution_strategy, tensorflow_input=needs_tensorflow(config) is not None,
                             article_chunks=config.inputs.article_chunk > 0, flags=config.flags())
-    from model.training.strategies import make_strategy
+    from model.training.strategies import make_strategy  # TensorFlow's, which a JAX run may not load
 
     return make_strategy(config.runtime.distribution_strategy)
 

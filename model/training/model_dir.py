@@ -17,6 +17,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.cli import UsageError
+from core.files import exists, read_json_object, write_complete
+
 INPUTS = "inputs.json"
 HISTORY = "history.json"
 CHECKPOINTS = "checkpoints"
@@ -51,7 +54,7 @@ RUN_ENTRIES = (CLAIM, VOCABULARY, f"{VOCABULARY}.partial", BACKUP, f"{BACKUP}.pa
 # restarted job resumes every worker from the chief's backup and best-epoch score.
 RESUME_ENTRIES = (BACKUP, CHECKPOINTS)
 # history.json, key by key with its type, as its one writer (`ModelDir.write_history`) checks it:
-# what every trainer writes (`model.training.job`, `model.soup`) and its readers rely on, then what
+# what every trainer writes (`model.training.steps`, `model.soup`) and its readers rely on, then what
 # a run may leave out (None where it does not apply), then Keras' per-epoch lists (`loss`,
 # `val_triplet_accuracy`, ... : one float per epoch) and a soup's own keys.
 NUMBER = (int, float)
@@ -157,20 +160,14 @@ class ModelDir:
         return self.file(SENTENCE_TRANSFORMERS)
 
     def has(self, name: str) -> bool:
-        from core.files import exists
-
         return exists(self.file(name))
 
     def history(self) -> History | None:
         """HISTORY, checked to hold HISTORY_FIELDS; None where there is none (an untrained
         export: `model.pretrained`)."""
-        from core.files import read_json_object
-
         return History.of(read_json_object(self.file(HISTORY), HISTORY_FIELDS)) if self.has(HISTORY) else None
 
     def write_history(self, summary: dict) -> None:
-        from core.files import write_complete
-
         errors = history_errors(summary)
         if errors:   # a trainer's bug, not an input: every reader would fail on it later
             raise ValueError(f"{self.file(HISTORY)}: the summary {'; '.join(errors)}")
@@ -179,9 +176,6 @@ class ModelDir:
     def recorded_flags(self) -> dict:
         """The flags `inputs.json` records (`model.training.claim.recorded_flags`); a UsageError naming the
         folder when it has none (not a `model.train` model dir) or the file when it is not one."""
-        from core.cli import UsageError
-        from core.files import read_json_object
-
         if not self.has(INPUTS):
             raise UsageError(f"--model-dir {self.path}: no {INPUTS} (not a model.train model dir)")
         return read_json_object(self.file(INPUTS), {"flags": dict})["flags"]

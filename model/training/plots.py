@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+from core.files import write_bytes
 from model.config import NetworkKind
 
 
@@ -26,8 +27,6 @@ def _save_png(figure, path: str) -> None:
     import io
 
     import matplotlib.pyplot as plt
-
-    from core.files import write_bytes
 
     png = io.BytesIO()
     figure.savefig(png, format="png", dpi=100)

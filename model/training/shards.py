@@ -15,6 +15,7 @@ from core.cli import DataLossError, UsageError
 from core.published import MANIFEST, ManifestError, Output, Run
 from core.records import ROLES, SECTION_OF_ROLE
 from model.config import TrainConfig
+from model.training.model_dir import INPUTS
 
 LOG = logging.getLogger(__name__)
 
@@ -119,8 +120,6 @@ def needs_tensorflow(config: TrainConfig) -> str | None:
     """What in `config` needs TensorFlow under the JAX backend, or None: the BiLSTM (its
     tokenizer is tensorflow-text's, in the graph it exports) and a teacher that is an export alone
     (a SavedModel; a teacher's model dir runs its Net under JAX: `model.encoding.trained_net`)."""
-    from model.training.model_dir import INPUTS
-
     if config.network.kind.reads_word_vectors:
         return f"--encoder {config.network.encoder} (word vectors: the in-graph tokenizer of model.net.text)"
     teacher = config.optimizer.teacher

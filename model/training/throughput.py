@@ -17,12 +17,12 @@ import tensorflow as tf
 from core.records import ROLES
 from model.config import NetworkKind, TrainConfig
 from model.net.head import pair_distances
-from model.net.network import LENGTH_SLICES
+from model.net.network import LENGTH_SLICES, build_models
 from model.net.text import ArrayIds, WordIds
 from model.net.wordpieces import wordpieces
 from model.training.arrays import Tokenizer, batch_arrays, batched, grouped, split_triplets
-from model.training.job import build_models
 from model.training.shards import ARTICLE_ID, open_run
+from model.training.strategies import make_strategy
 from model.training.tf_input import dataset
 from model.training.vocabulary import build_vocabulary, embedding_matrix
 
@@ -65,7 +65,7 @@ def endless_batches(triplets: list[dict], tokenizer: Tokenizer, batch_size: int,
 
 def variants(config: TrainConfig, triplets: list[dict], word_ids, matrix) -> dict:
     """name -> (compiled model, (batch size, endless batches of `triplets`)): the trainer's models
-    (`model.training.job.build_models`), `slices=None` the three-call baseline."""
+    (`model.net.network.build_models`), `slices=None` the three-call baseline."""
     def model(slices: int | None, jit: bool = False, frozen_layers: int = 0):
         varied = config.with_flags(jit_compile=jit, frozen_layers=frozen_layers)
         return build_models(varied, matrix, config.optimizer.batch_size, slices=slices,
@@ -177,8 +177,6 @@ def time_worker(config: TrainConfig, n_triplets: int, rounds: int) -> dict:
     pipeline alone over the same batches (what every worker spends tokenising global batches) and
     the bytes of one gradient all-reduce (trainable weights, float32): the step-time model's inputs
     (docs/distributed.md)."""
-    from model.training.strategies import make_strategy
-
     strategy = make_strategy("multi_worker" if os.environ.get("TF_CONFIG") else "one_device")
     word_ids, matrix = sentence_ids(config)
     triplets = one_chunk_per_article(config, n_triplets)

@@ -10,6 +10,7 @@ import numpy as np
 from core.published import Run
 from model.config import TrainConfig
 from model.net.vectors import load_word_vectors
+from model.training.arrays import split_triplets
 from model.training.model_dir import VOCABULARY
 
 if TYPE_CHECKING:
@@ -27,8 +28,7 @@ def build_vocabulary(config: TrainConfig, run: Run, model_dir: str | None = None
     vector, most frequent first."""
     import tensorflow as tf
 
-    from model.net.text import count_words
-    from model.training.arrays import split_triplets
+    from model.net.text import count_words  # TensorFlow's tokenizer, which a JAX run of a transformer may not load
 
     model_dir = model_dir or config.runtime.model_dir
     path = f"{model_dir}/{VOCABULARY}"

@@ -86,11 +86,6 @@ class BuildArticles(beam.PTransform):
         return {"articles": outputs.articles, DEAD_LETTERS: outputs[DEAD_LETTERS]}
 
 
-def unfilled_slots_counter(strategy: NegativeStrategy) -> str:
-    """The counter of `strategy`'s slots that got no triplet (no opener, or for other_article no donor)."""
-    return counters.NO_DONOR if strategy == NegativeStrategy.OTHER_ARTICLE else counters.no_opener_counter(strategy)
-
-
 def records_by_split(dataset: str, made: list[triplets.Triplet]):
     """The triplets of one article as serialised `tf.train.Example`s, one (article id, list)
     per split (in the order made), each a tagged output named after its split, counted per split

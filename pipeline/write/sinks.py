@@ -32,7 +32,9 @@ from apache_beam.coders.coders import Coder, ToBytesCoder
 from apache_beam.io.filebasedsink import FileBasedSink
 from apache_beam.io.filesystem import CompressionTypes
 
+from core import parquet
 from core.tfrecord import frame
+from pipeline.write.order import shard_name
 
 BLOCK_BYTES = 1 << 20  # per open file
 WRITE_BEHIND_BLOCKS = 2  # blocks a file holds waiting for its writing thread
@@ -46,7 +48,6 @@ class BlockWriter:
     so compression runs beside the parsing, as `dumps.read_ahead` does for bz2. A write error
     of the thread is raised by the next `write` or by `close`, so no block is lost quietly.
     """
-
     def __init__(self, handle, block_bytes: int = BLOCK_BYTES):
         self.handle = handle
         self.block_bytes = block_bytes
@@ -91,7 +92,6 @@ class BlockWriter:
 class _BlockSink(FileBasedSink):
     """Gzip files of the runner's choice of shards, as `WriteToTFRecord` / `WriteToText` name them,
     numbered in the order of their first records (`_FirstRecordNamedWriter`)."""
-
     def __init__(self, prefix: str, suffix: str, coder: Coder, mime_type: str):
         super().__init__(prefix, coder, file_name_suffix=suffix, num_shards=0, shard_name_template=None,
                          mime_type=mime_type, compression_type=CompressionTypes.GZIP)
@@ -111,7 +111,6 @@ class _FirstRecordNamedWriter:
     were swapped between the DirectRunner and a Flink cluster). Named after their first records
     (distinct: each shard holds other articles), they are numbered the same wherever the same
     shards are written."""
-
     def __init__(self, writer):
         self.writer = writer
         self.first: bytes | None = None
@@ -169,9 +168,6 @@ def write_triplet_shard(folder: str, index: int, n_shards: int, chunks: Iterable
     """Shard `index` of `n_shards` of a triplet split in both its forms, in one pass over
     `chunks` (any iterable): the gzip TFRecord file and its Parquet twin (`core.parquet`),
     the same records in the same order. Returns their paths."""
-    from core import parquet
-    from pipeline.write.order import shard_name
-
     tfrecord = f"{folder}/{shard_name(index, n_shards)}"
     table = f"{folder}/{shard_name(index, n_shards, parquet.SUFFIX)}"
     write_tfrecord_shard(tfrecord, parquet.passing_through(table, chunks))

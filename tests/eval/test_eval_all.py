@@ -14,11 +14,13 @@ from eval_fixtures import count_scb_opens
 from scipy import sparse
 from test_eval_sick import write_sick_fixture
 
+from core.cli import parse_config
 from core.files import JsonFileError
 from eval import all as eval_all
+from eval import all_job, scb_job, triplets_job
 from eval import readme as eval_readme
-from eval import scb, triplets
-from eval.clustering import ALGORITHMS, clustering_metrics
+from eval.clustering import clustering_metrics
+from eval.config import ALGORITHMS, VARIANTS, Qs3mEvalConfig, ReportConfig, SickConfig
 from model.encoding.encoders import EncoderSpec, load_encoders
 from model.training.model_dir import HISTORY, ModelDir
 
@@ -123,8 +125,8 @@ def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipe
     def dense(embeddings):
         return embeddings.toarray() if sparse.issparse(embeddings) else embeddings
 
-    test_triplets = triplets.read_triplets(str(data), "triplets-sen", "test")
-    unique = triplets.distinct_sentences(test_triplets)
+    test_triplets = triplets_job.read_triplets(str(data), "triplets-sen", "test")
+    unique = triplets_job.distinct_sentences(test_triplets)
     row_of = {sentence: row for row, sentence in enumerate(unique)}
     scored = {entry["method"]: entry for entry in report["triplets"]["methods"]}
     for encoder in encoders:
@@ -137,12 +139,12 @@ def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipe
     rows = {(row["article_id"], row["method"], row["variant"], row["algorithm"]): row
             for row in json.loads((out / "scb.json").read_text())["rows"]}
     expected = 0
-    for record in scb.read_articles(str(data)):
+    for record in scb_job.read_articles(str(data)):
         labels = np.asarray(record.labels)
         for encoder in encoders:
             embeddings = dense(encoder.encode(list(record.sentences)))
-            for variant in scb.VARIANTS:
-                subset = scb.variant_subset(record, variant)
+            for variant in VARIANTS:
+                subset = scb_job.variant_subset(record, variant)
                 k = len(np.unique(labels[subset]))
                 if k < 2:
                     continue
@@ -155,9 +157,22 @@ def test_eval_all_gives_the_metrics_of_the_unbatched_dense_scoring(embedded_pipe
 
 
 def test_the_report_head_says_when_sick_was_skipped_and_where_to_get_it():
-    head = eval_all.scale_lines(50_000, 800, None)
+    head = all_job.scale_lines(50_000, 800, None)
     assert head.startswith("Scale: 50,000 test triplets, 800 SCB articles.\n") and "Demo-size" not in head
     assert "SICK relatedness: skipped: pass SICK=path" in head and "SemEval 2014 task 1" in head
+
+
+def test_eval_all_composes_each_evaluation_whose_inputs_are_given():
+    """The registry's evaluations in the report's order; SICK with --sick, QS3M with --qs3m (on
+    --data's passages), each with eval.all's output, methods and seed."""
+    flags = ["--data", "run", "--output", "eval", "--encoder", "tfidf", "--seed", "3"]
+    assert list(all_job.EVALUATORS) == ["scb", "triplets", "sick", "qs3m"]
+    assert list(all_job.evaluation_configs(parse_config(ReportConfig, flags, "p", ""))) == ["scb", "triplets"]
+    configs = all_job.evaluation_configs(parse_config(ReportConfig, [*flags, "--sick", "SICK.txt", "--qs3m", "q"],
+                                                      "p", ""))
+    assert configs["qs3m"] == Qs3mEvalConfig(passages="run", model_dir="q", output="eval", seed=3)
+    assert configs["sick"] == SickConfig(sick="SICK.txt", output="eval", methods=configs["scb"].methods)
+    assert configs["scb"].seed == configs["triplets"].seed == 3
 
 
 def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
@@ -171,13 +186,13 @@ def test_trained_histories_name_each_model_dir_as_its_specs_do(tmp_path):
                            "config": {}, "distance": "l1", "global_batch_size": 8, "replicas": 1}
         (tmp_path / folder / HISTORY).write_text(json.dumps(written[folder]))
     (tmp_path / "untrained").mkdir()
-    histories = eval_all.trained_histories((f"{tmp_path}/sen/", f"triplets-titles={tmp_path}/titles",
+    histories = all_job.trained_histories((f"{tmp_path}/sen/", f"triplets-titles={tmp_path}/titles",
                                             str(tmp_path / "untrained")))
     assert {name: history.record for name, history in histories.items()} == {
         "sen": written["sen"], "triplets-titles": written["titles"]}
     (tmp_path / "sen" / HISTORY).write_text(json.dumps({"learning_curve": [0.5]}))   # not a trainer's
     with pytest.raises(JsonFileError, match=f"{HISTORY}: field best_val_triplet_accuracy is missing"):
-        eval_all.trained_histories((str(tmp_path / "sen"),))
+        all_job.trained_histories((str(tmp_path / "sen"),))
 
 
 def _data_with_more_scb_articles(data: Path, copy: Path, copies: int) -> int:
@@ -234,8 +249,8 @@ def test_a_killed_eval_all_resumes_where_it_stopped(embedded_pipeline_output, ti
     resumed = eval_all.main(["--output", str(killed), *flags])
     assert not list(killed.rglob("beam-temp-*"))
     counters = json.loads((killed / "scb.json").read_text())["counters"]
-    assert counters[scb.METHODS_KEPT] == len(kept)
-    assert counters[scb.METHODS_SCORED] == articles * len(methods) - len(kept)
+    assert counters[scb_job.METHODS_KEPT] == len(kept)
+    assert counters[scb_job.METHODS_SCORED] == articles * len(methods) - len(kept)
 
     # The wall time of both runs, the killed one's as its last heartbeat left it.
     assert [run["finished"] for run in resumed["runs"]] == [False, True]
@@ -261,7 +276,7 @@ def test_int8_scores_a_transformer_model_dir_through_its_int8_export(embedded_pi
              "--model-dir", f"minilm-sen={model_dir}", "--model-dir", tiny_model, "--int8", "true",
              "--max-triplets", "200", "--max-scb-articles", "2", "--runner", "DirectRunner"]
     report = eval_all.main(flags)
-    export = out / eval_all.ONNX_FOLDER / "minilm-sen"
+    export = out / all_job.ONNX_FOLDER / "minilm-sen"
     assert json.loads((export / "onnx.json").read_text())["quantization"]["type"] == "int8"
     assert report["methods"] == ["mean-vectors", f"onnx:{export}", f"saved:triplets-sen={tiny_model}"]
     assert [entry["method"] for entry in report["triplets"]["methods"]] == ["mean-vectors", "minilm-sen",
@@ -273,7 +288,7 @@ def test_int8_scores_a_transformer_model_dir_through_its_int8_export(embedded_pi
     rerun = eval_all.main(flags)
     assert (export / "model.onnx").stat().st_mtime_ns == written
     counters = json.loads((out / "scb.json").read_text())["counters"]
-    assert counters.get(scb.METHODS_SCORED, 0) == 0 and counters[scb.METHODS_KEPT] == 2 * 3
+    assert counters.get(scb_job.METHODS_SCORED, 0) == 0 and counters[scb_job.METHODS_KEPT] == 2 * 3
     assert rerun["scb"] == report["scb"] and rerun["triplets"] == report["triplets"]
     assert {path.name for path in (out / ROWS_FOLDER).iterdir()} == {"mean-vectors", "minilm-sen", "triplets-sen"}
 
@@ -333,6 +348,6 @@ def test_a_damaged_kept_file_is_one_error_line_naming_it_and_scored_again_once_d
             damaged.write_bytes(whole)
     rows.unlink(), embeddings.unlink()
     eval_all.main(flags)
-    assert json.loads((out / "scb.json").read_text())["counters"][scb.METHODS_SCORED] == 2
+    assert json.loads((out / "scb.json").read_text())["counters"][scb_job.METHODS_SCORED] == 2
     rescored = json.loads((out / "report.json").read_text())
     assert rescored["scb"] == report["scb"] and rescored["triplets"] == report["triplets"]

@@ -7,7 +7,8 @@ import pytest
 
 from core.cli import run_cli
 from core.records import ScbRecord
-from eval.benchmark import clustering_markdown, clustering_seconds, main, matmul_peak_gflops, speed_ratio
+from eval.benchmark import main
+from eval.benchmark_job import clustering_markdown, clustering_seconds, matmul_peak_gflops, speed_ratio
 from eval.iclust import IclustConfig, iclust_with_updates
 
 

@@ -10,14 +10,13 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from eval.clustering import (
-    ALGORITHMS,
-    METRICS,
     average_link_labels,
     cluster_embeddings,
     clustering_metrics,
     cosine_geometry,
     macro_average,
 )
+from eval.config import ALGORITHMS, METRICS
 from eval.iclust import IclustConfig, hard_objective, iclust, iclust_many
 
 
@@ -76,7 +75,7 @@ def test_an_article_is_scored_per_variant_on_its_own_sentences_and_sections():
     """All sentences: k = 3 sections; openers only: the 4 openers, from 2 sections, so k = 2. The
     direction-true method recovers both; one that puts every sentence in one direction does not."""
     from core.records import ScbRecord
-    from eval.scb import score_article
+    from eval.scb_job import score_article
 
     labels, embeddings = _directions_with_norms()
     openers = np.isin(np.arange(len(labels)), [0, 1, 6, 7])   # sections 0 and 1 only
@@ -178,7 +177,7 @@ def test_every_algorithm_recovers_well_separated_embeddings():
 def test_batched_iclust_gives_the_labels_of_one_restart_at_a_time(embedded_pipeline_output):
     """Iclust's restarts (and several methods' matrices) anneal together in `iclust_many`; on the
     real excerpt's SCB articles every label equals the unbatched implementation's."""
-    from eval.scb import read_articles
+    from eval.scb_job import read_articles
     from model.encoding.encoders import MeanVectorsEncoder, TfidfEncoder
 
     compared = 0

@@ -8,9 +8,10 @@ from eval_fixtures import count_scb_opens, scb_article, write_scb
 
 from core import published, records
 from core.cli import UsageError
+from core.counters import NAMESPACE
 from core.folders import write_manifest
-from eval import scb
-from eval.clustering import ALGORITHMS, METRICS
+from eval import scb, scb_job
+from eval.config import ALGORITHMS, METRICS, VARIANTS
 from model.training.model_dir import ENCODER
 
 
@@ -20,7 +21,7 @@ def _check_scb_figure(result, n_articles):
     from eval.report import scb_ari_figure
 
     figure = scb_ari_figure(result)
-    panels = [(variant, algorithm) for variant in scb.VARIANTS for algorithm in ALGORITHMS]
+    panels = [(variant, algorithm) for variant in VARIANTS for algorithm in ALGORITHMS]
     assert [axis.get_title() for axis in figure.axes] == [
         f"{algorithm}, {'all sentences' if variant == 'all' else 'paragraph openers'}" for variant, algorithm in panels]
     for axis, (variant, algorithm) in zip(figure.axes, panels):
@@ -29,7 +30,7 @@ def _check_scb_figure(result, n_articles):
         assert means == pytest.approx([np.mean([row["ARI"] for row in result["rows"] if (
             row["variant"], row["algorithm"], row["method"]) == (variant, algorithm, method)])
             for method in result["methods"]])
-    assert [axis.get_ylabel() for axis in figure.axes] == ["per-article ARI", "", ""] * len(scb.VARIANTS)
+    assert [axis.get_ylabel() for axis in figure.axes] == ["per-article ARI", "", ""] * len(VARIANTS)
     legends = [axis.get_legend() for axis in figure.axes]
     assert [text.get_text() for text in legends[len(ALGORITHMS) - 1].get_texts()] == [
         "median", "mean", "outlier (beyond 1.5 IQR)"]
@@ -41,7 +42,7 @@ def test_score_article_skips_a_variant_without_two_sections():
     record = records.ScbRecord(article_id=5, title="T", sections=("a", "b"), sentences=("w", "x", "y", "z"),
                                labels=(0, 0, 1, 1), openers=(True, False, False, False))
     embeddings = np.eye(4, dtype=np.float32)
-    rows = scb.score_article(record, {"m": embeddings, "n": embeddings[:, ::-1]}, seed=0)
+    rows = scb_job.score_article(record, {"m": embeddings, "n": embeddings[:, ::-1]}, seed=0)
     assert [(row["method"], row["algorithm"]) for row in rows if row["variant"] == "all"] == [
         (method, algorithm) for method in "mn" for algorithm in ALGORITHMS]
     skipped = [row for row in rows if row["variant"] == "openers"]
@@ -59,7 +60,7 @@ def test_ari_differences_pass_over_a_skipped_article_variant():
             for article, (ours, theirs) in enumerate([(0.5, 0.25), (0.75, 0.25), (0.25, 0.0)])
             for method, ari in (("ours", ours), (reference, theirs))]
     rows.append({"article_id": 3, "method": "ours", "variant": "openers", "skipped": "1 section(s) with openers"})
-    [difference] = scb.ari_differences(rows)
+    [difference] = scb_job.ari_differences(rows)
     assert (difference["variant"], difference["algorithm"], difference["method"], difference["reference"]) == (
         "all", "iclust", "ours", reference)
     assert (difference["difference"], difference["n"]) == (pytest.approx(1 / 3), 3)
@@ -82,7 +83,7 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
     dead = [json.loads(line) for path in (tmp_path / "out" / "scb").glob("dead_letters-*")
             for line in path.read_text().splitlines()]
     assert {d["reason"] for d in dead} == {"malformed_scb_record"} and all(d["stage"] == "eval-scb" for d in dead)
-    assert len(result["rows"]) == len(articles) * 2 * len(ALGORITHMS) * len(scb.VARIANTS)
+    assert len(result["rows"]) == len(articles) * 2 * len(ALGORITHMS) * len(VARIANTS)
     by_article = {a["article_id"]: a for a in articles}
     for row in result["rows"]:
         article = by_article[row["article_id"]]
@@ -91,7 +92,7 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
         assert row["sentences"] == expected_sentences
         assert 0.0 <= row["RI"] <= 1.0 and -1.0 <= row["ARI"] <= 1.0
     summary = {(s["variant"], s["method"], s["algorithm"]): s for s in result["summary"]}
-    assert len(summary) == 2 * len(ALGORITHMS) * len(scb.VARIANTS)
+    assert len(summary) == 2 * len(ALGORITHMS) * len(VARIANTS)
     for (variant, method, algorithm), entry in summary.items():
         matching = [r for r in result["rows"]
                     if (r["variant"], r["method"], r["algorithm"]) == (variant, method, algorithm)]
@@ -115,7 +116,7 @@ def test_scb_job_scores_every_article_method_algorithm_and_variant(tmp_path):
 def test_scb_job_rerun_reuses_its_rows_and_ignores_a_previous_runs_sample(tmp_path):
     articles = write_scb(tmp_path / "data")
     first = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf"])
-    assert first["counters"][scb.METHODS_SCORED] == len(articles)
+    assert first["counters"][scb_job.METHODS_SCORED] == len(articles)
     stale = tmp_path / "out" / "scb" / "sample-00001-of-00002.jsonl"   # as a run with more shards left it
     stale.write_text(json.dumps({"article_id": 77}) + "\n")
     (tmp_path / "out" / "scb" / "rows" / "tfidf" / "part-old.jsonl").write_text(json.dumps(
@@ -125,8 +126,8 @@ def test_scb_job_rerun_reuses_its_rows_and_ignores_a_previous_runs_sample(tmp_pa
     assert not stale.exists()
     assert {row["article_id"] for row in result["rows"]} == {a["article_id"] for a in articles}
     # Every article's rows were kept by the first run: none is embedded or clustered again.
-    assert result["counters"].get(scb.METHODS_SCORED, 0) == 0
-    assert result["counters"][scb.METHODS_KEPT] == len(articles)
+    assert result["counters"].get(scb_job.METHODS_SCORED, 0) == 0
+    assert result["counters"][scb_job.METHODS_KEPT] == len(articles)
     assert result["summary"] == first["summary"] and result["rows"] == first["rows"]
     # Kept rows of another seed, or of another run's data: one line naming the key, before any work.
     rows_files = sorted((tmp_path / "out" / "scb" / "rows").rglob("*"))
@@ -142,7 +143,7 @@ def test_scb_job_rerun_reuses_its_rows_and_ignores_a_previous_runs_sample(tmp_pa
         path.unlink()
     reseeded = scb.main(["--data", str(tmp_path / "data"), "--output", str(tmp_path / "out"), "--encoder", "tfidf",
                          "--seed", "1"])
-    assert reseeded["counters"][scb.METHODS_SCORED] == len(articles) + 1
+    assert reseeded["counters"][scb_job.METHODS_SCORED] == len(articles) + 1
     assert json.loads((tmp_path / "out" / "scb" / "rows" / "tfidf" / "key.json").read_text())["seed"] == 1
 
 
@@ -173,17 +174,17 @@ def test_scb_job_reads_each_scb_file_once_and_samples_as_the_drivers_reading_wou
     assert dict(opens) == {str(tmp_path / "data" / "scb" / "part-00000-of-00001.jsonl.gz"): 1}
     assert result["counters"]["scb_eval_articles_read"] == 3
     assert {row["article_id"] for row in result["rows"]} == {
-        record.article_id for record in scb.read_articles(str(tmp_path / "data"), 2, seed=3)}
+        record.article_id for record in scb_job.read_articles(str(tmp_path / "data"), 2, seed=3)}
 
 
 def test_records_the_job_read_are_checked_against_the_manifest(tmp_path):
     """What the size check before the job cannot see (a shard replaced by one of the same size)
     is refused after it, from the job's own count, before any report."""
     write_scb(tmp_path / "data")
-    scb.check_scb_read(str(tmp_path / "data"), {"scb_eval_articles_read": 3})
+    scb_job.check_scb_read(str(tmp_path / "data"), {"scb_eval_articles_read": 3})
     for read in (2, 4):
         with pytest.raises(published.ShardError, match=f"{tmp_path / 'data' / 'scb'}: {read} "):
-            scb.check_scb_read(str(tmp_path / "data"), {"scb_eval_articles_read": read})
+            scb_job.check_scb_read(str(tmp_path / "data"), {"scb_eval_articles_read": read})
 
 
 def test_scb_job_names_the_missing_input(tmp_path):
@@ -270,8 +271,8 @@ def test_a_concatenation_of_the_jobs_methods_is_joined_from_their_embeddings(tmp
     assert rows_of(joined, "twice") == rows_of(alone, "twice") and len(rows_of(alone, "twice")) > 0
     assert rows_of(joined, "once") == rows_of(part_first, "once")
     # The second run scored the concatenation only: the part's rows were kept, its embeddings joined.
-    assert joined["counters"][scb.METHODS_SCORED] == len(articles)
-    assert joined["counters"][scb.METHODS_KEPT] == len(articles)
+    assert joined["counters"][scb_job.METHODS_SCORED] == len(articles)
+    assert joined["counters"][scb_job.METHODS_KEPT] == len(articles)
     assert set(joined["profile"]["encoding"]) == {"once"} and joined["profile"]["encoding"]["once"]["batches"] > 0
     assert set(alone["profile"]["encoding"]) == {"twice"}
     assert joined["profile"]["clustering"]["iclust"]["articles"] == len(articles)
@@ -309,18 +310,18 @@ def test_job_profile_is_the_same_whether_a_runner_names_steps_by_label_or_transf
         return [_distribution("inference_batch_latency_micro_secs", 3_000_000, 3, step_of("m")),
                 _distribution("load_model_latency_milli_secs", 250, 1, step_of("m")),
                 _distribution("inference_batch_latency_micro_secs", 1_000_000, 2, step_of("m-2")),
-                _distribution(scb.profile_metric("kmeans"), 40, 3, "Score", namespace=scb.NAMESPACE)]
+                _distribution(scb_job.profile_metric("kmeans"), 40, 3, "Score", namespace=NAMESPACE)]
 
     direct = infos(lambda method: f"Embed[{method}]/BeamML_RunInference")
     prism = infos(lambda method: f"ref_AppliedPTransform_Embed-{method}-BeamML_RunInference_{len(method)}")
     prism += [_distribution("inference_batch_latency_micro_secs", 9_000_000, 9, None),
               monitoring_infos.int64_distribution(monitoring_infos.SAMPLED_BYTE_SIZE_URN, DistributionData(
                   9921, 3, 2322, 4242), pcollection="ref_PCollection_1")]
-    expected = scb.job_profile(_job_metrics(direct), ["m", "m-2", "kept"])
+    expected = scb_job.job_profile(_job_metrics(direct), ["m", "m-2", "kept"])
     assert expected["encoding"] == {"m": {"seconds": 3.0, "batches": 3, "load_seconds": 0.25},
                                     "m-2": {"seconds": 1.0, "batches": 2, "load_seconds": 0.0}}
     assert expected["clustering"]["kmeans"] == {"seconds": 0.04, "articles": 3}
-    assert scb.job_profile(_job_metrics(prism), ["m", "m-2", "kept"]) == expected
+    assert scb_job.job_profile(_job_metrics(prism), ["m", "m-2", "kept"]) == expected
 
 
 @pytest.mark.slow   # two real Beam jobs, one on Prism (about 30 s): the full tier
@@ -354,7 +355,7 @@ def test_a_kept_rows_file_cut_at_a_line_boundary_is_set_aside_and_its_articles_s
 
     def article_rows(article_id):
         return [{"article_id": article_id, "method": "m", "variant": variant, "algorithm": algorithm, "ARI": 0.5}
-                for variant in scb.VARIANTS for algorithm in ALGORITHMS]
+                for variant in VARIANTS for algorithm in ALGORITHMS]
 
     keep = KeepRowsFn(str(tmp_path), keep_seconds=0)   # a file per article
     keep.start_bundle()
@@ -390,5 +391,6 @@ def test_a_rerun_rescores_the_articles_of_a_kept_rows_file_cut_at_a_line_boundar
     rerun = scb.main(flags)
     assert {entry["articles"] for entry in rerun["summary"] if entry["variant"] == "all"} == {len(articles)}
     assert rerun["summary"] == first["summary"] and rerun["rows"] == first["rows"]
-    assert rerun["counters"][scb.METHODS_SCORED] == 1 and rerun["counters"][scb.METHODS_KEPT] == len(articles) - 1
+    counters = rerun["counters"]
+    assert counters[scb_job.METHODS_SCORED] == 1 and counters[scb_job.METHODS_KEPT] == len(articles) - 1
     assert f"eval.scb: the kept file {cut} is not whole (" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import pytest
 from model_shards import write_triplet_shards
 
 from core import records
-from eval import triplets
+from eval import triplets, triplets_job
 
 ANCHOR = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 POSITIVE = np.array([[2.0, 0.0], [0.0, 1.0], [0.0, 3.0], [1.0, 1.0]])
@@ -16,14 +16,14 @@ NEGATIVE = np.array([[0.0, 1.0], [3.0, 0.0], [1.0, 1.0], [2.0, 2.0]])
 
 
 def test_triplet_accuracies_by_hand():
-    correct = triplets.triplet_correct(ANCHOR, POSITIVE, NEGATIVE)
+    correct = triplets_job.triplet_correct(ANCHOR, POSITIVE, NEGATIVE)
     assert list(correct) == ["cosine", "l1"]                       # the reports' column order
     assert correct["cosine"].tolist() == [True, False, True, False]
     assert correct["l1"].tolist() == [True, False, False, True]
-    result = triplets.triplet_accuracies(correct)
+    result = triplets_job.triplet_accuracies(correct)
     assert [key for key in result] == ["accuracy_cosine", "accuracy_l1", "interval_cosine", "interval_l1"]
     assert (result["accuracy_cosine"], result["accuracy_l1"]) == (0.5, 0.5)
-    result = triplets.triplet_accuracies(triplets.triplet_correct(ANCHOR[:3], POSITIVE[:3], NEGATIVE[:3]))
+    result = triplets_job.triplet_accuracies(triplets_job.triplet_correct(ANCHOR[:3], POSITIVE[:3], NEGATIVE[:3]))
     assert result["accuracy_cosine"] == pytest.approx(2 / 3) and result["accuracy_l1"] == pytest.approx(1 / 3)
     assert result["interval_cosine"]["low"] < 2 / 3 < result["interval_cosine"]["high"]
 
@@ -31,8 +31,8 @@ def test_triplet_accuracies_by_hand():
 def test_sparse_rows_score_as_dense_ones():
     from scipy import sparse
 
-    dense = triplets.triplet_correct(ANCHOR, POSITIVE, NEGATIVE)
-    kept_sparse = triplets.triplet_correct(*map(sparse.csr_matrix, (ANCHOR, POSITIVE, NEGATIVE)))
+    dense = triplets_job.triplet_correct(ANCHOR, POSITIVE, NEGATIVE)
+    kept_sparse = triplets_job.triplet_correct(*map(sparse.csr_matrix, (ANCHOR, POSITIVE, NEGATIVE)))
     assert {key: value.tolist() for key, value in kept_sparse.items()} == {
         key: value.tolist() for key, value in dense.items()}
 
@@ -51,9 +51,9 @@ class _HandMadeEncoder:
 def test_score_encoder_scores_by_the_tested_accuracies():
     """The production path (encode each distinct sentence once, then score) on the hand-made triplets."""
     roles = {role: [f"{letter}{row}" for row in range(4)] for role, letter in zip(records.ROLES, "apn")}
-    accuracies, correct = triplets.score_encoder(_HandMadeEncoder(), roles)
-    assert accuracies == {"method": "by-hand", **triplets.triplet_accuracies(
-        triplets.triplet_correct(ANCHOR, POSITIVE, NEGATIVE))}
+    accuracies, correct = triplets_job.score_encoder(_HandMadeEncoder(), roles)
+    assert accuracies == {"method": "by-hand", **triplets_job.triplet_accuracies(
+        triplets_job.triplet_correct(ANCHOR, POSITIVE, NEGATIVE))}
     assert (accuracies["accuracy_cosine"], accuracies["accuracy_l1"]) == (0.5, 0.5)
     assert correct["l1"].tolist() == [True, False, False, True]
 
@@ -125,10 +125,10 @@ def test_triplets_job_names_missing_shards(tmp_path, topic_shards):
 
 
 def test_a_seeded_sample_of_triplets_is_the_same_in_every_run(topic_shards):
-    whole = triplets.read_triplets(topic_shards, "triplets-sen", "test")
-    sample = triplets.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=4)
-    again = triplets.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=4)
-    other = triplets.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=5)
+    whole = triplets_job.read_triplets(topic_shards, "triplets-sen", "test")
+    sample = triplets_job.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=4)
+    again = triplets_job.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=4)
+    other = triplets_job.read_triplets(topic_shards, "triplets-sen", "test", max_triplets=20, seed=5)
     assert len(sample["anchor"]) == 20 and sample == again and sample != other
     whole_rows = set(zip(*(whole[key] for key in ("anchor", "positive", "negative"))))
     assert set(zip(*(sample[key] for key in ("anchor", "positive", "negative")))) <= whole_rows   # roles aligned

@@ -197,7 +197,7 @@ def test_a_jax_trained_minilm_model_dir_is_the_tf_trainers(embedded_pipeline_out
     done = _in_jax(f"""
         import json, numpy as np, keras
         from model.encoding.trained_net import recorded_config
-        from model.training.job import build_models
+        from model.net.network import build_models
         from model.net.transformer import token_ids
         _, config = recorded_config("{model_dir}")
         encoder, model = build_models(config, None, global_batch=8)

@@ -10,8 +10,9 @@ import weakref
 import numpy as np
 
 from model.config import TrainConfig
+from model.net.network import build_models
 from model.net.vectors import load_word_vectors
-from model.training import job
+from model.training import steps
 
 
 def _config(tmp_path, **flags) -> TrainConfig:
@@ -41,11 +42,11 @@ def test_frozen_word_vectors_are_released_once_the_model_holds_them(tmp_path):
     config = _config(tmp_path)
     matrix = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
     matrix[0] = 0
-    _, model = job.build_models(config, matrix, 16)
-    data = job.Data(None, 5, matrix, None, None, None, {})   # type: ignore[arg-type]
+    _, model = build_models(config, matrix, 16)
+    data = steps.Data(None, 5, matrix, None, None, None, {})   # type: ignore[arg-type]
     held = weakref.ref(matrix)
-    np.testing.assert_array_equal(job.word_vectors(model), matrix)   # what the baseline reads instead
-    kept = job.released(config, data)
+    np.testing.assert_array_equal(steps.word_vectors(model), matrix)   # what the baseline reads instead
+    kept = steps.released(config, data)
     del data, matrix
     gc.collect()
     assert kept.matrix is None and kept.vocabulary_size == 5
@@ -56,8 +57,8 @@ def test_fine_tuned_word_vectors_keep_their_pre_trained_matrix(tmp_path):
     """The mean-vectors baseline averages the pre-trained vectors, which a fine-tuned variable no longer holds."""
     config = _config(tmp_path, fine_tune_embeddings=True)
     matrix = np.ones((7, 5), np.float32)
-    data = job.Data(None, 5, matrix, None, None, None, {})   # type: ignore[arg-type]
-    assert job.released(config, data).matrix is matrix
+    data = steps.Data(None, 5, matrix, None, None, None, {})   # type: ignore[arg-type]
+    assert steps.released(config, data).matrix is matrix
 
 
 def test_keras_under_tensorflow_is_loaded_without_jax():
@@ -125,7 +126,7 @@ def test_a_backup_and_the_best_checkpoint_copy_no_large_frozen_embedding_whole(t
     config = _config(tmp_path)
     matrix = np.random.default_rng(1).normal(size=(100_002, 50)).astype(np.float32)   # 19 MiB
     matrix[0] = 0
-    _, model = job.build_models(config, matrix, 16)
+    _, model = build_models(config, matrix, 16)
     _trained_state(model, 1)
     backup, best = AtomicBackup(str(tmp_path / "backup"), every=50), BestCheckpoint(str(tmp_path / "checkpoints"))
     backup.set_model(model)
@@ -143,9 +144,9 @@ def test_a_backup_and_the_best_checkpoint_copy_no_large_frozen_embedding_whole(t
 
     wanted = _values(model)
     for load in ("resume", "load_weights"):
-        _, restored = job.build_models(config, matrix, 16)
+        _, restored = build_models(config, matrix, 16)
         if load == "resume":
-            state = job.restored_state(restored, str(tmp_path / "backup"))
+            state = steps.restored_state(restored, str(tmp_path / "backup"))
             assert state["step"] == 8 and state == {**read_backup_state(str(tmp_path / "backup")), "step": 8}
         else:
             restored.optimizer.build(restored.trainable_variables)
@@ -163,7 +164,7 @@ def test_weights_written_in_slices_are_keras_own_file(tmp_path, monkeypatch):
 
     config = _config(tmp_path)
     matrix = np.random.default_rng(2).normal(size=(1_001, 5)).astype(np.float32)
-    _, model = job.build_models(config, matrix, 16)
+    _, model = build_models(config, matrix, 16)
     _trained_state(model, 2)
     monkeypatch.setattr(callbacks, "SLICE_BYTES", 256)
     callbacks.save_weights(model, str(tmp_path / "sliced.weights.h5"))
@@ -177,7 +178,7 @@ def test_the_best_checkpoint_is_loaded_again_only_into_a_model_that_does_not_hol
     once a step has trained since, and into any other model, after the heap's free memory went back."""
     config = _config(tmp_path)
     matrix = np.random.default_rng(3).normal(size=(1_001, 5)).astype(np.float32)
-    _, model = job.build_models(config, matrix, 16)
+    _, model = build_models(config, matrix, 16)
     _trained_state(model, 3)
     from model.training.callbacks import BestCheckpoint
 
@@ -194,7 +195,7 @@ def test_the_best_checkpoint_is_loaded_again_only_into_a_model_that_does_not_hol
     monkeypatch.setattr(callbacks, "release_free_heap", lambda: loads.append("trimmed"))
     best.restore(model)
     assert loads == []   # the model holds them
-    _, other = job.build_models(config, matrix, 16)
+    _, other = build_models(config, matrix, 16)
     other.optimizer.build(other.trainable_variables)
     best.restore(other)
     assert loads == ["trimmed", other] and all(a.tobytes() == b.tobytes() for a, b in zip(_values(other), wanted))

@@ -22,9 +22,8 @@ from model.net.head import (
     triplet_and_in_batch_loss,
     triplet_loss,
 )
-from model.net.network import LENGTH_SLICES, build_sentence_encoder, build_triplet_model
+from model.net.network import LENGTH_SLICES, build_models, build_sentence_encoder, build_triplet_model
 from model.net.text import WordIds
-from model.training.job import build_models
 from model.training.model_dir import ENCODER
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ def _excerpt_sentences(pipeline_output) -> list[str]:
     dataset and split), which together hold every sentence the pipeline kept."""
     from core.published import Run
     from core.records import ROLES
-    from eval.scb import read_articles
+    from eval.scb_job import read_articles
     from model.training.arrays import split_triplets
     from model.training.shards import open_run
 

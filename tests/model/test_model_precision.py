@@ -200,7 +200,7 @@ from model.config import TrainConfig
 from model.net.text import ArrayIds, WordIds
 from model.net.wordpieces import wordpieces
 from model.training.arrays import ROLES, batch_arrays, split_triplets
-from model.training.job import build_models
+from model.net.network import build_models
 from model.training.shards import open_run
 
 triplets = list(itertools.islice(split_triplets(open_run(DATA), "triplets-sen", "train"), 8))

@@ -45,7 +45,7 @@ def real_sentences(pipeline_output, limit=1500) -> list[str]:
     """Kept sentences of the excerpt's SCB articles (plain JSON lines, as the pipeline writes them)."""
     from core.files import read_bytes
     from core.records import ScbRecord
-    from eval.scb import scb_files
+    from eval.scb_job import scb_files
 
     sentences = []
     for path in scb_files(str(pipeline_output)):
@@ -89,7 +89,7 @@ def test_untrained_export_equals_the_backbones_mean_pooled_states(tmp_path, refe
 def test_the_transformer_kind_builds_its_net_as_the_flags_say():
     import keras
 
-    from model.training.job import build_models
+    from model.net.network import build_models
 
     config = TrainConfig.from_flags(data="d", model_dir="m", encoder="minilm", frozen_layers=1, transformer_layers=2)
     encoder, model = build_models(config, None, global_batch=8)

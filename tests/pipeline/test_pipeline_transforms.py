@@ -35,7 +35,7 @@ from pipeline.triplets.rules import (
     scb_eligible,
     triplet_slots,
 )
-from pipeline.triplets.transforms import BuildArticles, SentenceTriplets, TitleTriplets, unfilled_slots_counter
+from pipeline.triplets.transforms import BuildArticles, SentenceTriplets, TitleTriplets
 from pipeline.write import examples
 from pipeline.write.transforms import PassageRecords, ScbRecords, WriteJsonLines, WriteTripletSplits
 
@@ -245,7 +245,7 @@ def follow_the_rule(strategy: str, articles: list, buckets: dict | None = None):
 def _check_triplet_counters(result, dataset: str, strategy: str, expected: dict, unfilled: int, articles):
     written = {split: counter(result, counters.split_counter(dataset, split)) for split in SPLITS}
     assert written == {split: len(expected[split]) for split in SPLITS}
-    assert counter(result, unfilled_slots_counter(strategy)) == unfilled
+    assert counter(result, counters.unfilled_slots_counter(strategy)) == unfilled
     # Every slot gives a triplet or is counted unfilled.
     assert sum(written.values()) + unfilled == sum(triplet_slots(article.sections, RULES) for article in articles)
 

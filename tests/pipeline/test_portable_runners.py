@@ -22,6 +22,7 @@ from dump_support import ALL_NEGATIVES
 from core import jobserver, published
 from core.cli import UsageError
 from core.counters import NAMESPACE, CountersMissingError, job_totals
+from core.runner import Runner
 from pipeline import run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ def test_a_runner_that_reports_no_counters_fails_the_run_rather_than_reconciling
     other = monitoring_infos.int64_user_counter("another", "pages_read", 206, ptransform="ReadDump")
     config, _ = run.parse_args(["--output", str(tmp_path / "out")])
     with pytest.raises(CountersMissingError, match="reported none of the job's counters"):
-        run.counters_of(_JobMetrics(committed=[], attempted=[other]), config, "FlinkRunner")
+        run.counters_of(_JobMetrics(committed=[], attempted=[other]), config, Runner("FlinkRunner"))
 
 
 def test_under_a_portable_runner_the_launcher_waits_on_a_job_for_days_unless_told_otherwise():

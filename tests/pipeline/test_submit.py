@@ -14,6 +14,7 @@ import pytest
 
 from core import folders, published
 from core.cli import config_parser, run_cli
+from core.runner import Runner
 from pipeline import publish, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,14 +27,14 @@ def test_wait_false_parses_beside_dataflow_flags_and_its_help_names_the_follow_u
     config, passed = run.parse_args(["--output", "gs://b/out", "--wait", "false", *beam_flags])
     assert config.wait is False and passed == beam_flags
     assert run.parse_args(["--output", "gs://b/out"])[0].wait is True
-    assert [run.is_dataflow(name) for name in ("DataflowRunner", "dataflow",
+    assert [Runner(name).is_dataflow for name in ("DataflowRunner", "dataflow",
                                                "apache_beam.runners.dataflow.dataflow_runner.DataflowRunner",
-                                               "DirectRunner", "PrismRunner", None)] == [True] * 3 + [False] * 3
+                                                "DirectRunner", "PrismRunner", None)] == [True] * 3 + [False] * 3
     # the runners whose workers run here (and so report progress through a local folder)
-    assert [run.is_local(name) for name in (None, "DirectRunner", "direct", "SwitchingDirectRunner",
-                                            "apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner",
-                                            "PrismRunner", "prism", "DataflowRunner", "FlinkRunner",
-                                            "SparkRunner")] == [True] * 7 + [False] * 3
+    assert [Runner(name).is_local for name in (None, "DirectRunner", "direct", "SwitchingDirectRunner",
+                                               "apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner",
+                                               "PrismRunner", "prism", "DataflowRunner", "FlinkRunner",
+                                               "SparkRunner")] == [True] * 7 + [False] * 3
     text = " ".join(config_parser(run.PipelineConfig, "p", "").format_help().split())
     assert "python -m pipeline.publish --output OUTPUT" in text
 
