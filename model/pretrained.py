@@ -2,7 +2,7 @@
 
     python -m model.pretrained --model-dir DIR [--encoder minilm|mpnet] [--checkpoint FOLDER] [--max-tokens 64]
 
-Claims DIR as its own (`model.training.core.folders.COMMAND_CLAIM`: a trained model dir, or any
+Claims DIR as its own (`core.folders.COMMAND_CLAIM`: a trained model dir, or any
 folder holding other files, is refused) and writes its ENCODER (SavedModel: 1-D tf.string ->
 {"embeddings": [n, d]}), the very export `model.train --encoder minilm` writes after
 fine-tuning, with zero training steps: the off-the-shelf baseline is scored through the same

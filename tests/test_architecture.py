@@ -205,3 +205,24 @@ def test_one_way_launches_a_beam_job():
                        and node.func.attr == "run" and isinstance(node.func.value, ast.Name)
                        and node.func.value.id == "pipeline")
     assert launchers == ["core.jobserver"]
+
+
+def _in_function_imports_of_the_project() -> list[str]:
+    """`module:line` of every import of a project module inside a function (each import once)."""
+    found = {}
+    for module, tree in TREES.items():
+        for function in ast.walk(tree):
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(function):
+                    names = ([node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                             else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+                    if any(name.split(".")[0] in STAGES for name in names):
+                        found[f"{module}:{node.lineno}"] = True
+    return sorted(found)
+
+
+def test_commands_import_their_job_once_and_modules_import_at_the_top():
+    """An entry point imports its job module once its flags are parsed; project modules are imported
+    at the top, but for the few that would load TensorFlow where a JAX run must not, or Keras before
+    its backend is chosen (each says why where it imports)."""
+    assert len(_in_function_imports_of_the_project()) <= 60
