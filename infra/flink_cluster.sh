@@ -85,8 +85,18 @@ java_part() {   # java_part NAME HEAP DIRECT CLASS: one part of the cluster, in 
 }
 
 pids=()
-stop() { trap - INT TERM EXIT; kill "${pids[@]}" 2>/dev/null; wait; }
-trap stop INT TERM EXIT
+STOP_GRACE_S=20   # a part's shutdown after SIGTERM; then SIGKILL (three JVMs stopping on 2 busy cores took > 60 s)
+alive() { local pid; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+stop() {
+  trap - INT TERM EXIT
+  kill "${pids[@]}" 2>/dev/null
+  local deadline=$((SECONDS + STOP_GRACE_S))
+  while alive && (( SECONDS < deadline )); do sleep 0.2; done
+  kill -KILL "${pids[@]}" 2>/dev/null
+  wait
+}
+trap 'stop; exit 0' INT TERM   # asked to stop: not an error
+trap stop EXIT
 java_part jobmanager 512m 128m org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint
 for ((n = 1; n <= TASKMANAGERS; n++)); do
   # direct memory: framework off-heap 128m + task off-heap 512m + network 512m
