@@ -238,8 +238,11 @@ def test_a_two_taskmanager_session_cluster_runs_the_job_byte_for_byte(flink_jar,
     launcher's job runs there at parallelism 2 (Flink's REST API shows both TaskManagers and the job
     FINISHED) and writes the DirectRunner's bytes; Ctrl-C stops every part of the cluster."""
     rest_port = _free_port()
+    # Ctrl-C as a terminal sends it: SIGINT at its default in the script (a test run started in the
+    # background inherits it ignored, and a shell cannot trap a signal ignored on entry).
     cluster = subprocess.Popen(["infra/flink_cluster.sh", str(rest_port), "2"], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert cluster.stderr is not None
         ready = cluster.stderr.readline()   # once the REST API lists every TaskManager
